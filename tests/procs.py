@@ -1,0 +1,99 @@
+"""Test-side view of processes, written independently of the library's own /proc code.
+
+Every test tree runs with a unique token in its environment; descendants inherit it (even
+``setsid`` escapees), so "what survived" is every live process whose environment has it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+
+TOKEN_VAR = "TRIO_PROCTREE_TEST_TOKEN"
+
+
+def state(pid: int) -> str | None:
+    """The state letter from /proc/PID/stat ('Z' for a zombie), or None once reaped."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return data[data.rindex(b")") + 2 :].split()[0].decode()
+
+
+def alive(pid: int) -> bool:
+    """Running (or stopped): not a zombie, not reaped. ``kill(pid, 0)`` cannot tell."""
+    return state(pid) not in (None, "Z", "X")
+
+
+def stat_field(pid: int, index: int) -> int:
+    """Field ``index`` (1-based, as in proc(5)) of /proc/PID/stat, for fields after comm."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        data = f.read()
+    return int(data[data.rindex(b")") + 2 :].split()[index - 3])
+
+
+def pgid_of(pid: int) -> int:
+    return stat_field(pid, 5)
+
+
+def starttime(pid: int) -> int:
+    return stat_field(pid, 22)
+
+
+def with_token(pid: int, token: str) -> bool:
+    needle = f"{TOKEN_VAR}={token}".encode()
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return needle in f.read().split(b"\0")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False
+
+
+def survivors(token: str) -> list[int]:
+    """Live processes carrying ``token`` in their environment."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            pid = int(entry)
+            if with_token(pid, token) and alive(pid):
+                found.append(pid)
+    return sorted(found)
+
+
+def kill_survivors(token: str) -> list[int]:
+    """SIGKILL what carries ``token`` (through pidfds: a recycled pid is never hit)."""
+    killed = []
+    for pid in survivors(token):
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        try:
+            if with_token(pid, token):
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+                killed.append(pid)
+        finally:
+            os.close(fd)
+    return killed
+
+
+def new_token() -> str:
+    return uuid.uuid4().hex
+
+
+def children_of_self() -> set[int]:
+    found: set[int] = set()
+    for tid in os.listdir(f"/proc/{os.getpid()}/task"):
+        try:
+            with open(f"/proc/{os.getpid()}/task/{tid}/children") as f:
+                found.update(int(p) for p in f.read().split())
+        except FileNotFoundError:
+            continue
+    return found
+
+
+def open_fds() -> set[int]:
+    return {int(fd) for fd in os.listdir("/proc/self/fd")}

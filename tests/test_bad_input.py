@@ -1,0 +1,119 @@
+"""Bad input fails before anything is started, with a clear error, and leaks nothing."""
+
+from __future__ import annotations
+
+import math
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trio_proctree import open_process_tree, run_process_tree
+
+from . import procs
+
+
+@pytest.fixture
+def nothing_leaks() -> Any:
+    children, fds = procs.children_of_self(), procs.open_fds()
+    yield
+    assert procs.children_of_self() == children
+    assert procs.open_fds() == fds
+
+
+def _open(command: Any, **kwargs: Any) -> Callable[[], Any]:
+    async def enter() -> None:
+        async with open_process_tree(command, **kwargs):
+            pytest.fail("a bad request must not start anything")
+
+    return enter
+
+
+def _run(command: Any, **kwargs: Any) -> Callable[[], Any]:
+    async def run() -> None:
+        await run_process_tree(command, **kwargs)
+
+    return run
+
+
+BAD_REQUESTS = [
+    pytest.param([], {}, ValueError, "empty", id="empty-list"),
+    pytest.param("   ", {"shell": True}, ValueError, "empty", id="empty-shell-string"),
+    pytest.param([""], {}, ValueError, "empty", id="empty-program"),
+    pytest.param("sleep 1", {}, TypeError, "sequence", id="string-without-shell"),
+    pytest.param(["sleep", "1"], {"shell": True}, TypeError, "string", id="list-with-shell"),
+    pytest.param(["sleep", 1], {}, TypeError, "arguments", id="non-string-argument"),
+    pytest.param(["sleep", "1"], {"grace": -1}, ValueError, "grace", id="negative-grace"),
+    pytest.param(["sleep", "1"], {"grace": math.nan}, ValueError, "grace", id="nan-grace"),
+    pytest.param(["sleep", "1"], {"grace": math.inf}, ValueError, "grace", id="inf-grace"),
+    pytest.param(["sleep", "1"], {"stop_signal": 0}, ValueError, "signal", id="signal-0"),
+    pytest.param(["sleep", "1"], {"stop_signal": 12345}, ValueError, "signal", id="signal-12345"),
+    pytest.param(["sleep", "1"], {"stop_signal": "SIGFOO"}, ValueError, "signal", id="signal-name"),
+    pytest.param(
+        ["sleep", "1"], {"stop_signal": signal.SIGSTOP}, ValueError, "SIGSTOP", id="sigstop"
+    ),
+    pytest.param(["sleep", "1"], {"text": True}, TypeError, "text", id="text-mode"),
+    pytest.param(
+        ["no-such-program-xyz"], {}, FileNotFoundError, "no-such-program-xyz", id="missing"
+    ),
+    pytest.param(["/no/such/dir/prog"], {}, FileNotFoundError, "prog", id="missing-path"),
+    pytest.param(["true"], {"cwd": "/no/such/dir"}, FileNotFoundError, "directory", id="bad-cwd"),
+    pytest.param(
+        ["sleep"], {"env": {"PATH": "/nonexistent"}}, FileNotFoundError, "PATH", id="env-path"
+    ),
+]
+
+
+@pytest.mark.parametrize("entry", [_open, _run], ids=["open_process_tree", "run_process_tree"])
+@pytest.mark.parametrize(("command", "kwargs", "error", "message"), BAD_REQUESTS)
+async def test_bad_request_fails_early_and_leaks_nothing(
+    nothing_leaks: None,
+    entry: Callable[..., Callable[[], Any]],
+    command: Any,
+    kwargs: dict[str, Any],
+    error: type[Exception],
+    message: str,
+) -> None:
+    with pytest.raises(error, match=message):
+        await entry(command, **kwargs)()
+
+
+@pytest.fixture
+def not_executable(tmp_path: Path) -> Path:
+    script = tmp_path / "script.sh"
+    script.write_text("#!/bin/sh\necho hi\n")
+    script.chmod(0o644)
+    return script
+
+
+@pytest.mark.parametrize("entry", [_open, _run], ids=["open_process_tree", "run_process_tree"])
+async def test_file_that_is_not_executable_raises_permission_error(
+    nothing_leaks: None, entry: Callable[..., Callable[[], Any]], not_executable: Path
+) -> None:
+    with pytest.raises(PermissionError, match=r"script\.sh"):
+        await entry([str(not_executable)])()
+    with pytest.raises(PermissionError, match=r"script\.sh"):
+        await entry(["script.sh"], env={"PATH": str(not_executable.parent)})()
+
+
+async def test_directory_is_not_an_executable(nothing_leaks: None, tmp_path: Path) -> None:
+    with pytest.raises(PermissionError):
+        await _open([str(tmp_path)])()
+
+
+async def test_relative_program_is_found_from_cwd(tmp_path: Path) -> None:
+    script = tmp_path / "run.sh"
+    script.write_text("#!/bin/sh\necho from-cwd\n")
+    script.chmod(0o755)
+    result = await run_process_tree(["./run.sh"], cwd=tmp_path, capture_stdout=True)
+    assert result.stdout == b"from-cwd\n"
+
+
+def test_errors_come_from_the_call_itself_before_any_await() -> None:
+    # open_process_tree() checks eagerly: no event loop, nothing started.
+    with pytest.raises(FileNotFoundError):
+        open_process_tree(["no-such-program-xyz"])
+    with pytest.raises(ValueError, match="grace"):
+        open_process_tree(["true"], grace=-1)

@@ -1,0 +1,193 @@
+"""The stop policy: its values, and each of its steps against real trees."""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import subprocess
+
+import pytest
+import trio
+
+from trio_proctree import Escalation, Step, open_process_tree
+
+from . import procs
+from .conftest import Tracked, read_pids
+
+IGNORES_TERM = ["sh", "-c", "trap '' TERM; sleep 60 & echo $!; wait"]
+
+
+def test_graceful_is_the_default_policy() -> None:
+    policy = Escalation.graceful()
+    assert policy == Escalation()
+    assert policy.steps == (Step(signal.SIGTERM, 5.0),)
+    assert policy.close_stdin is None
+
+
+def test_worst_case_adds_every_wait() -> None:
+    policy = Escalation(steps=[(signal.SIGINT, 1.5), (signal.SIGTERM, 2.0)], close_stdin=0.5)
+    assert policy.worst_case == pytest.approx(0.5 + 1.5 + 2.0 + policy.kill_wait)
+    assert Escalation.graceful(3.0).worst_case == pytest.approx(3.0 + policy.kill_wait)
+
+
+def test_a_sigkill_step_ends_the_graceful_part() -> None:
+    policy = Escalation(steps=[(signal.SIGTERM, 1.0), (signal.SIGKILL, 9.0), (signal.SIGINT, 9.0)])
+    assert policy.graceful_steps == (Step(signal.SIGTERM, 1.0),)
+    assert policy.worst_case == pytest.approx(1.0 + policy.kill_wait)
+
+
+def test_signal_names_are_accepted() -> None:
+    assert Step("TERM", 1).signal == signal.SIGTERM
+    assert Step("sigint", 1).signal == signal.SIGINT
+
+
+@pytest.mark.parametrize("grace", [-0.1, math.nan, math.inf, "5", True])
+def test_bad_grace_is_refused(grace: object) -> None:
+    with pytest.raises(ValueError, match="grace"):
+        Escalation.graceful(grace)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "sig", [0, 99999, -1, "SIGNOPE", signal.SIGSTOP, signal.SIGCONT, 1.5, None, True]
+)
+def test_invalid_stop_signals_are_refused(sig: object) -> None:
+    with pytest.raises(ValueError, match="signal"):
+        Escalation.graceful(1.0, sig)  # type: ignore[arg-type]
+
+
+def test_an_escalation_needs_a_step() -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        Escalation(steps=[])
+
+
+def test_escalation_and_grace_together_are_refused() -> None:
+    with pytest.raises(ValueError, match="either"):
+        open_process_tree(["true"], grace=1.0, escalation=Escalation())
+
+
+async def test_tree_ignoring_sigterm_is_killed_after_the_grace(
+    tracked: Tracked, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="trio_proctree")
+    async with open_process_tree(
+        IGNORES_TERM, grace=0.3, stdout=subprocess.PIPE, env=tracked.env
+    ) as tree:
+        assert tree.stdout is not None
+        [member] = await read_pids(tree.stdout, 1)
+    assert not procs.alive(member)
+    assert tracked.survivors() == []
+    outcome = tree.outcome
+    assert outcome is not None
+    assert outcome.grace_expired
+    assert outcome.signals == (signal.SIGTERM, signal.SIGCONT, signal.SIGKILL)
+    assert outcome.returncode == -signal.SIGKILL
+    assert outcome.duration >= 0.3
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert str(tree.pid) in warnings[0].getMessage()
+    assert "trap" in warnings[0].getMessage()  # names the command
+    assert "SIGKILL" in warnings[0].getMessage()
+    debug_steps = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert any("sending SIGTERM" in m for m in debug_steps)
+    assert any("sending SIGKILL" in m for m in debug_steps)
+
+
+async def test_cooperative_tree_logs_no_warning(
+    tracked: Tracked, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="trio_proctree")
+    async with open_process_tree(["sleep", "60"], grace=0.5, env=tracked.env):
+        pass
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert any("sending SIGTERM" in r.getMessage() for r in caplog.records)
+
+
+async def test_stopped_member_is_woken_to_act_on_the_stop_signal(tracked: Tracked) -> None:
+    # The leader handles SIGTERM; a stopped process cannot run its handler until continued.
+    # (A stopped process with SIGTERM's default action dies anyway: it needs no SIGCONT.)
+    async with open_process_tree(
+        ["sh", "-c", "trap 'exit 0' TERM; echo ready; while :; do sleep 1; done"],
+        grace=5.0,
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+    ) as tree:
+        assert tree.stdout is not None
+        await tree.stdout.receive_some()
+        tree.send_signal(signal.SIGSTOP)
+        with trio.fail_after(5):
+            # No event tells a parent that a non-child stopped; the stop lands in microseconds.
+            while procs.state(tree.pid) != "T":
+                await trio.sleep(0.001)
+    outcome = tree.outcome
+    assert outcome is not None
+    # Without the SIGCONT the stopped leader would sit out the whole 5 s grace.
+    assert not outcome.grace_expired
+    assert outcome.duration < 2.5
+    assert outcome.signals == (signal.SIGTERM, signal.SIGCONT)
+    assert outcome.returncode == 0  # its own handler ran
+    assert tracked.survivors() == []
+
+
+async def test_steps_run_in_order_until_one_works(tracked: Tracked) -> None:
+    policy = Escalation(steps=[(signal.SIGUSR1, 0.3), (signal.SIGTERM, 2.0)])
+    async with open_process_tree(
+        ["sh", "-c", "trap '' USR1; echo ready; while :; do sleep 0.05; done"],
+        escalation=policy,
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+    ) as tree:
+        assert tree.stdout is not None
+        await tree.stdout.receive_some()
+    outcome = tree.outcome
+    assert outcome is not None
+    assert outcome.signals == (signal.SIGUSR1, signal.SIGCONT, signal.SIGTERM, signal.SIGCONT)
+    assert not outcome.grace_expired
+    assert outcome.duration >= 0.3
+    assert tracked.survivors() == []
+
+
+async def test_close_stdin_step_lets_a_cli_flush_and_exit_without_a_signal(
+    tracked: Tracked, tmp_path: object
+) -> None:
+    # A CLI that writes its last words when its input ends; a signal would lose them.
+    out = f"{tmp_path}/flushed"
+    policy = Escalation(steps=[(signal.SIGTERM, 1.0)], close_stdin=2.0)
+    async with open_process_tree(
+        ["sh", "-c", f"cat >/dev/null; echo flushed > {out}"],
+        escalation=policy,
+        stdin=subprocess.PIPE,
+        env=tracked.env,
+    ) as tree:
+        assert tree.stdin is not None
+        await tree.stdin.send_all(b"work\n")
+    outcome = tree.outcome
+    assert outcome is not None
+    assert outcome.stdin_closed
+    assert outcome.signals == ()
+    assert outcome.returncode == 0
+    with open(out) as f:
+        assert f.read() == "flushed\n"
+
+
+async def test_close_stdin_step_is_skipped_without_a_stdin_pipe(tracked: Tracked) -> None:
+    policy = Escalation(steps=[(signal.SIGTERM, 1.0)], close_stdin=5.0)
+    async with open_process_tree(["sleep", "60"], escalation=policy, env=tracked.env) as tree:
+        pass
+    outcome = tree.outcome
+    assert outcome is not None
+    assert not outcome.stdin_closed
+    assert outcome.signals == (signal.SIGTERM, signal.SIGCONT)
+    assert outcome.duration < 2.5  # did not sit out the 5 s stdin wait
+
+
+async def test_sigkill_as_stop_signal_kills_at_once(tracked: Tracked) -> None:
+    async with open_process_tree(
+        ["sh", "-c", "trap '' TERM; sleep 60"], stop_signal=signal.SIGKILL, env=tracked.env
+    ) as tree:
+        pass
+    outcome = tree.outcome
+    assert outcome is not None
+    assert outcome.signals == (signal.SIGKILL,)
+    assert not outcome.grace_expired
+    assert tracked.survivors() == []

@@ -1,0 +1,52 @@
+"""Waiting is event-driven: a longer grace costs no more wake-ups than a short one."""
+
+from __future__ import annotations
+
+import subprocess
+
+import trio
+import trio.lowlevel
+
+from trio_proctree import open_process_tree
+
+from .conftest import Tracked
+
+
+class StepCounter(trio.abc.Instrument):
+    def __init__(self, task: trio.lowlevel.Task) -> None:
+        self.task = task
+        self.steps = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task is self.task:
+            self.steps += 1
+
+
+async def cleanup_steps(grace: float, tracked: Tracked) -> int:
+    """Scheduler steps the cleanup of a SIGTERM-ignoring tree takes (it sits out the grace)."""
+    async with open_process_tree(
+        ["sh", "-c", "trap '' TERM; echo ready; sleep 60"],
+        grace=grace,
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+    ) as tree:
+        assert tree.stdout is not None
+        await tree.stdout.receive_some()
+        counter = StepCounter(trio.lowlevel.current_task())
+        trio.lowlevel.add_instrument(counter)
+        try:
+            await tree.aclose()
+        finally:
+            trio.lowlevel.remove_instrument(counter)
+    assert tree.outcome is not None
+    assert tree.outcome.grace_expired
+    return counter.steps
+
+
+async def test_a_longer_grace_costs_no_extra_wakeups(tracked: Tracked) -> None:
+    short = await cleanup_steps(0.05, tracked)
+    long = await cleanup_steps(0.5, tracked)
+    # A sleep-poll loop (every 50 ms, say) would add ~9 steps to the longer grace.
+    assert long - short <= 2, (short, long)
+    assert short < 20
+    assert tracked.survivors() == []

@@ -1,0 +1,159 @@
+"""The tree's own group and session, and never a signal to anything outside the tree."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+import trio
+
+from trio_proctree import open_process_tree
+
+from . import procs
+from .conftest import Tracked, read_pids
+
+TWO_SLEEPS = ["sh", "-c", "sleep 60 & echo $!; sleep 61 & echo $!; wait"]
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="steering pid allocation needs root")
+
+
+@contextmanager
+def next_pid_after(pid: int) -> Iterator[None]:
+    """Ask the kernel to hand out ``pid + 1`` next (it skips pids still in use)."""
+    with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+        f.write(str(pid))
+    yield
+
+
+def start_stranger(env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """A process outside every tree, in a session (and group) of its own."""
+    return subprocess.Popen(["sleep", "60"], start_new_session=True, env=env)
+
+
+def stop_stranger(stranger: subprocess.Popen[bytes]) -> None:
+    stranger.kill()
+    stranger.wait()
+
+
+async def test_tree_starts_in_its_own_session(tracked: Tracked) -> None:
+    async with open_process_tree(["sleep", "60"], env=tracked.env) as tree:
+        assert os.getpgid(tree.pid) == tree.pid
+        assert os.getsid(tree.pid) == tree.pid
+    assert tracked.survivors() == []
+
+
+async def test_keeping_the_session_still_gives_a_group_of_its_own(tracked: Tracked) -> None:
+    async with open_process_tree(
+        TWO_SLEEPS, start_new_session=False, stdout=subprocess.PIPE, env=tracked.env
+    ) as tree:
+        assert tree.stdout is not None
+        members = await read_pids(tree.stdout, 2)
+        assert os.getsid(tree.pid) == os.getsid(0)
+        assert os.getpgid(tree.pid) == tree.pid != os.getpgid(0)
+    assert not any(procs.alive(pid) for pid in members)
+    assert tracked.survivors() == []
+
+
+def test_another_process_group_is_refused() -> None:
+    with pytest.raises(ValueError, match="process_group"):
+        open_process_tree(["sleep", "1"], process_group=os.getpgid(0))
+
+
+async def test_send_signal_reaches_every_process_in_the_tree(tracked: Tracked) -> None:
+    async with open_process_tree(TWO_SLEEPS, stdout=subprocess.PIPE, env=tracked.env) as tree:
+        assert tree.stdout is not None
+        members = await read_pids(tree.stdout, 2)
+        tree.send_signal(signal.SIGUSR1)  # default action: terminate
+        assert await tree.wait() == -signal.SIGUSR1
+        with trio.fail_after(5):
+            while any(procs.alive(pid) for pid in members):
+                await trio.sleep(0.001)  # non-children: no exit event without opening pidfds
+    assert tree.outcome is not None
+    assert tree.outcome.signals == ()  # nothing left for cleanup to stop
+
+
+async def test_reading_returncode_never_reaps_the_leader(tracked: Tracked) -> None:
+    async with open_process_tree(
+        ["sh", "-c", "sleep 60 & exit 3"], grace=0.5, env=tracked.env
+    ) as tree:
+        assert await tree.wait() == 3
+        for _ in range(3):
+            assert tree.returncode == 3
+        repr(tree)
+        # Still a zombie: its pid, and so its process group id, stay reserved.
+        assert procs.state(tree.pid) == "Z"
+    assert procs.state(tree.pid) is None  # reaped by cleanup, after the last group signal
+    assert tree.returncode == 3
+    assert tree.outcome is not None
+    assert tree.outcome.returncode == 3
+    assert tracked.survivors() == []
+
+
+@needs_root
+async def test_exited_leader_keeps_its_pgid_reserved_until_cleanup(tracked: Tracked) -> None:
+    async with open_process_tree(
+        ["sh", "-c", "sleep 60 & exit 0"], grace=0.5, env=tracked.env
+    ) as tree:
+        await tree.wait()
+        with next_pid_after(tree.pid - 1):
+            stranger = start_stranger(tracked.env)
+        try:
+            # The kernel skipped the pid: the unreaped leader holds it, so no new group
+            # can take the pgid that cleanup is about to signal.
+            assert stranger.pid != tree.pid
+        finally:
+            stop_stranger(stranger)
+    assert tracked.survivors() == []
+
+
+@needs_root
+async def test_recycled_pgid_is_never_signalled(tracked: Tracked) -> None:
+    async with open_process_tree(["sleep", "60"], env=tracked.env) as tree:
+        pass
+    old_pgid = tree.pid
+    for _ in range(20):  # another process on the machine may take the pid first
+        with next_pid_after(old_pgid - 1):
+            stranger = start_stranger(tracked.env)
+        if stranger.pid == old_pgid:
+            break
+        stop_stranger(stranger)
+    else:  # pragma: no cover
+        pytest.skip("could not make the kernel recycle the pid")
+    try:
+        assert os.getpgid(stranger.pid) == old_pgid  # a new, unrelated group with our old id
+        tree.send_signal(signal.SIGKILL)
+        assert stranger.poll() is None
+        assert procs.alive(stranger.pid)
+    finally:
+        stop_stranger(stranger)
+    assert tracked.survivors() == []
+
+
+async def test_sibling_with_the_same_command_line_survives(tracked: Tracked) -> None:
+    sibling = start_stranger(tracked.env)
+    try:
+        async with open_process_tree(["sleep", "60"], env=tracked.env) as tree:
+            assert procs.alive(tree.pid)
+        assert not procs.alive(tree.pid)
+        assert procs.alive(sibling.pid)
+        assert tracked.survivors() == [sibling.pid]
+    finally:
+        stop_stranger(sibling)
+    assert tracked.survivors() == []
+
+
+def test_windows_is_refused_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "platform", "win32")
+    with pytest.raises(NotImplementedError, match="Windows"):
+        open_process_tree(["sleep", "1"])
+
+
+def test_other_platforms_are_refused_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "platform", "darwin")
+    with pytest.raises(NotImplementedError, match="Linux only"):
+        open_process_tree(["sleep", "1"])

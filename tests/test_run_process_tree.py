@@ -1,0 +1,172 @@
+"""run_process_tree: trio.run_process semantics, for the whole tree; and its pipes."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+import trio
+
+from trio_proctree import ProcessTree, open_process_tree, run_process_tree
+
+from . import procs
+from .conftest import Tracked, read_pids
+
+
+async def test_returns_the_exit_status_and_captured_output(tracked: Tracked) -> None:
+    result = await run_process_tree(
+        ["sh", "-c", "echo out; echo err >&2; exit 0"],
+        capture_stdout=True,
+        capture_stderr=True,
+        env=tracked.env,
+    )
+    assert result.returncode == 0
+    assert result.stdout == b"out\n"
+    assert result.stderr == b"err\n"
+    assert result.args == ["sh", "-c", "echo out; echo err >&2; exit 0"]
+
+
+async def test_nonzero_exit_raises_called_process_error_when_checked(tracked: Tracked) -> None:
+    with pytest.raises(subprocess.CalledProcessError) as caught:
+        await run_process_tree(
+            ["sh", "-c", "echo partial; exit 7"], capture_stdout=True, env=tracked.env
+        )
+    assert caught.value.returncode == 7
+    assert caught.value.output == b"partial\n"
+    result = await run_process_tree(["sh", "-c", "exit 7"], check=False, env=tracked.env)
+    assert result.returncode == 7
+
+
+async def test_stdin_bytes_are_fed_then_closed(tracked: Tracked) -> None:
+    result = await run_process_tree(
+        ["cat"], stdin=b"hello tree", capture_stdout=True, env=tracked.env
+    )
+    assert result.stdout == b"hello tree"
+
+
+async def test_twenty_megabytes_of_output_arrive_whole(tracked: Tracked) -> None:
+    size = 20_000_000
+    result = await run_process_tree(
+        ["head", "-c", str(size), "/dev/urandom"], capture_stdout=True, env=tracked.env
+    )
+    assert len(result.stdout) == size
+
+
+async def test_grandchild_holding_the_pipe_does_not_hang_the_call(tracked: Tracked) -> None:
+    # The background sleep inherits stdout and would keep it open for a minute.
+    with trio.fail_after(10):
+        result = await run_process_tree(
+            ["sh", "-c", "sleep 60 & echo $!; echo done"],
+            capture_stdout=True,
+            grace=0.5,
+            env=tracked.env,
+        )
+    pid_line, done = result.stdout.splitlines()
+    assert done == b"done"
+    assert not procs.alive(int(pid_line))
+    assert tracked.survivors() == []
+
+
+async def test_output_held_open_outside_the_tree_is_read_for_a_bounded_time(
+    tracked: Tracked,
+) -> None:
+    # setsid escapes the process group, and the escapee keeps stdout open. Only the drain
+    # bound lets the call return; the escapee is the subject of the containment issue.
+    with trio.fail_after(10):
+        result = await run_process_tree(
+            ["sh", "-c", "setsid -f sh -c 'echo $$; exec sleep 60'"],
+            capture_stdout=True,
+            grace=0.5,
+            env=tracked.env,
+        )
+    escapee = int(result.stdout)
+    assert procs.alive(escapee)
+    assert tracked.survivors() == [escapee]
+    procs.kill_survivors(tracked.token)
+
+
+async def test_nursery_start_hands_back_the_tree_and_cancel_tears_it_down(
+    tracked: Tracked,
+) -> None:
+    async with trio.open_nursery() as nursery:
+        tree = await nursery.start(
+            lambda task_status: run_process_tree(
+                ["sh", "-c", "sleep 60 & sleep 61 & wait"],
+                grace=0.5,
+                env=tracked.env,
+                task_status=task_status,
+            )
+        )
+        assert isinstance(tree, ProcessTree)
+        assert procs.alive(tree.pid)
+        assert tree.returncode is None
+        nursery.cancel_scope.cancel()
+    assert not procs.alive(tree.pid)
+    assert tree.outcome is not None
+    assert tracked.survivors() == []
+
+
+async def test_cancellation_propagates_unwrapped(tracked: Tracked) -> None:
+    with trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+
+            async def cancel_soon() -> None:
+                await trio.sleep(0.05)
+                scope.cancel()
+
+            nursery.start_soon(cancel_soon)
+            try:
+                await run_process_tree(
+                    ["sh", "-c", "sleep 60 & wait"],
+                    capture_stdout=True,
+                    stdin=b"x",
+                    grace=0.5,
+                    env=tracked.env,
+                )
+            except trio.Cancelled:
+                raise
+            except BaseException as exc:  # pragma: no cover - the failure this test pins
+                pytest.fail(f"expected a bare Cancelled, got {exc!r}")
+    assert scope.cancelled_caught
+    assert tracked.survivors() == []
+
+
+async def test_pipe_arguments_need_nursery_start() -> None:
+    with pytest.raises(ValueError, match=r"nursery\.start"):
+        await run_process_tree(["true"], stdout=subprocess.PIPE)
+    with pytest.raises(ValueError, match="capture_stdout"):
+        await run_process_tree(["true"], capture_stdout=True, stdout=subprocess.DEVNULL)
+    with pytest.raises(TypeError, match="bytes"):
+        await run_process_tree(["true"], stdin="text")  # type: ignore[arg-type]
+
+
+async def test_full_pipe_nobody_reads_does_not_deadlock_cleanup(tracked: Tracked) -> None:
+    # The tree fills its stdout pipe, which nobody reads, and ignores SIGTERM.
+    with trio.fail_after(10):
+        async with open_process_tree(
+            ["sh", "-c", "trap '' TERM; echo $$; head -c 1000000 /dev/zero; sleep 60"],
+            grace=0.3,
+            stdout=subprocess.PIPE,
+            env=tracked.env,
+        ) as tree:
+            assert tree.stdout is not None
+            await read_pids(tree.stdout, 1)
+    assert tree.outcome is not None
+    assert tree.outcome.grace_expired
+    assert tracked.survivors() == []
+
+
+async def test_tree_flushing_into_a_full_pipe_on_sigterm_is_still_stopped(
+    tracked: Tracked,
+) -> None:
+    # On SIGTERM it writes its last words into a pipe that is already full: blocked for good.
+    script = "trap 'head -c 1000000 /dev/zero; exit 0' TERM; echo ready; while :; do sleep 1; done"
+    with trio.fail_after(10):
+        async with open_process_tree(
+            ["sh", "-c", script], grace=0.3, stdout=subprocess.PIPE, env=tracked.env
+        ) as tree:
+            assert tree.stdout is not None
+            await tree.stdout.receive_some()
+    assert tree.outcome is not None
+    assert tree.outcome.signals[-1] == 9
+    assert tracked.survivors() == []

@@ -1,0 +1,184 @@
+"""Every way a tree's scope can end stops the whole tree, and nothing of it survives."""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+import signal
+import subprocess
+
+import pytest
+import trio
+import trio.testing
+
+from trio_proctree import open_process_tree
+
+from . import procs
+from .conftest import Tracked, read_pids
+
+# A leader that starts two members and says their pids.
+TWO_SLEEPS = ["sh", "-c", "sleep 60 & echo $!; sleep 61 & echo $!; wait"]
+
+
+async def test_end_of_block_stops_the_whole_tree(tracked: Tracked) -> None:
+    async with open_process_tree(
+        TWO_SLEEPS, grace=0.5, stdout=subprocess.PIPE, env=tracked.env
+    ) as tree:
+        assert tree.stdout is not None
+        members = await read_pids(tree.stdout, 2)
+        assert all(procs.alive(pid) for pid in [tree.pid, *members])
+    assert not any(procs.alive(pid) for pid in [tree.pid, *members])
+    assert tracked.survivors() == []
+    assert tree.outcome is not None
+    assert tree.outcome.signals == (signal.SIGTERM, signal.SIGCONT)
+    assert tree.outcome.returncode == -signal.SIGTERM
+
+
+async def test_exception_in_block_stops_the_tree_and_propagates_unchanged(
+    tracked: Tracked,
+) -> None:
+    error = ValueError("the user's own error")
+    with pytest.raises(ValueError) as caught:
+        async with open_process_tree(
+            TWO_SLEEPS, grace=0.5, stdout=subprocess.PIPE, env=tracked.env
+        ) as tree:
+            assert tree.stdout is not None
+            members = await read_pids(tree.stdout, 2)
+            raise error
+    # The very object, not an ExceptionGroup around it nor a cleanup error instead of it.
+    assert caught.value is error
+    assert caught.value.__cause__ is None
+    assert not any(procs.alive(pid) for pid in [tree.pid, *members])
+    assert tracked.survivors() == []
+
+
+async def test_cancellation_stops_the_whole_tree(tracked: Tracked) -> None:
+    with trio.CancelScope() as scope:
+        async with open_process_tree(
+            TWO_SLEEPS, grace=0.5, stdout=subprocess.PIPE, env=tracked.env
+        ) as tree:
+            assert tree.stdout is not None
+            members = await read_pids(tree.stdout, 2)
+            scope.cancel()
+            await trio.sleep_forever()
+    assert scope.cancelled_caught
+    assert not any(procs.alive(pid) for pid in [tree.pid, *members])
+    assert tracked.survivors() == []
+
+
+async def test_lingering_descendants_are_stopped_after_the_leader_exited(
+    tracked: Tracked,
+) -> None:
+    async with open_process_tree(
+        ["sh", "-c", "sleep 60 & echo $!; exit 0"],
+        grace=0.5,
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+    ) as tree:
+        assert tree.stdout is not None
+        [orphan] = await read_pids(tree.stdout, 1)
+        assert await tree.wait() == 0
+        assert procs.alive(orphan)
+    assert not procs.alive(orphan)
+    assert tracked.survivors() == []
+    assert tree.outcome is not None
+    assert tree.outcome.lingering_killed == 1
+    assert tree.outcome.signals == (signal.SIGTERM, signal.SIGCONT)
+    assert tree.outcome.returncode == 0
+
+
+async def test_a_tree_that_already_ended_gets_no_signal(tracked: Tracked) -> None:
+    async with open_process_tree(["true"], env=tracked.env) as tree:
+        assert await tree.wait() == 0
+    assert tree.outcome is not None
+    assert tree.outcome.signals == ()
+    assert tree.outcome.lingering_killed == 0
+    assert tree.outcome.returncode == 0
+
+
+async def test_cancellation_while_spawning_still_stops_the_tree(
+    tracked: Tracked, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="trio_proctree")
+    with trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+
+            async def cancel_once_the_spawn_is_under_way() -> None:
+                # Every task blocked: the spawning task is waiting on its worker thread.
+                await trio.testing.wait_all_tasks_blocked()
+                scope.cancel()
+
+            nursery.start_soon(cancel_once_the_spawn_is_under_way)
+            async with open_process_tree(TWO_SLEEPS, grace=0.5, env=tracked.env):
+                pytest.fail("the block must not run: the scope was cancelled during the spawn")
+    assert scope.cancelled_caught
+    started = [int(m) for m in re.findall(r"pid (\d+) \(.*\) started", caplog.text)]
+    assert len(started) == 1, "the spawn did happen: the cancel arrived while it ran"
+    assert procs.state(started[0]) is None, "the leader was reaped"
+    assert tracked.survivors() == []
+
+
+async def test_cancellation_before_spawning_starts_nothing(tracked: Tracked) -> None:
+    before = procs.children_of_self()
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        async with open_process_tree(TWO_SLEEPS, env=tracked.env):
+            pytest.fail("unreachable")
+    assert scope.cancelled_caught
+    assert procs.children_of_self() == before
+    assert tracked.survivors() == []
+
+
+async def test_200_random_cancellation_instants_leave_no_survivors(tracked: Tracked) -> None:
+    rng = random.Random(20261129)
+    cancelled_inside = 0
+    for _ in range(200):
+        with trio.move_on_after(rng.uniform(0, 0.030)):
+            async with open_process_tree(
+                ["sh", "-c", "sleep 60 & sleep 61 & wait"], grace=0.5, env=tracked.env
+            ):
+                cancelled_inside += 1
+                await trio.sleep_forever()
+        assert tracked.survivors() == []
+    # The instants covered both sides of the spawn, so both paths were exercised.
+    assert 0 < cancelled_inside < 200
+
+
+async def test_aclose_is_idempotent_and_safe_concurrently(tracked: Tracked) -> None:
+    async with open_process_tree(
+        TWO_SLEEPS, grace=0.5, stdout=subprocess.PIPE, env=tracked.env
+    ) as tree:
+        assert tree.stdout is not None
+        members = await read_pids(tree.stdout, 2)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(tree.aclose)
+            nursery.start_soon(tree.aclose)
+        first = tree.outcome
+        await tree.aclose()
+        assert tree.outcome is first
+    assert first is not None
+    # One escalation, not two: SIGTERM was sent once.
+    assert first.signals == (signal.SIGTERM, signal.SIGCONT)
+    assert not any(procs.alive(pid) for pid in members)
+    assert tracked.survivors() == []
+
+
+async def test_block_scope_cancel_does_not_cut_cleanup_short(tracked: Tracked) -> None:
+    # A tree that ignores SIGTERM needs the whole grace and SIGKILL; the caller's
+    # cancellation arrives during that wait and must not interrupt it.
+    with trio.move_on_after(0.1) as scope:
+        async with open_process_tree(
+            ["sh", "-c", "trap '' TERM; echo ready; sleep 60 & wait"],
+            grace=0.3,
+            stdout=subprocess.PIPE,
+            env=tracked.env,
+        ) as tree:
+            assert tree.stdout is not None
+            await tree.stdout.receive_some()
+            await tree.aclose()
+    assert scope.cancel_called  # the deadline passed during the cleanup...
+    assert tree.outcome is not None
+    assert tree.outcome.grace_expired  # ...which still ran its whole course
+    assert tree.outcome.duration >= 0.3
+    assert tracked.survivors() == []

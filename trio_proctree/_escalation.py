@@ -1,0 +1,163 @@
+"""The stop policy: what cleanup does to a live tree, in what order, and how long it may take."""
+
+from __future__ import annotations
+
+import math
+import signal
+from collections.abc import Iterable
+
+import attrs
+
+SignalLike = int | str
+
+#: Signals that cannot end a process, so they make no sense as a stop signal:
+#: SIGSTOP only suspends the tree (and cleanup follows every stop signal with SIGCONT),
+#: and SIGCONT resumes it.
+_NOT_STOP_SIGNALS = frozenset({signal.SIGSTOP, signal.SIGCONT})
+
+
+def parse_signal(value: SignalLike, *, what: str = "signal") -> int:
+    """Return ``value`` as a valid signal number (a `signal.Signals` member where one exists).
+
+    Accepts an int, a `signal.Signals` member, or a name such as ``"SIGTERM"`` or ``"TERM"``.
+
+    Raises:
+        ValueError: if ``value`` names no signal this platform has.
+    """
+    if isinstance(value, bool):
+        # bool is an int subclass: True would silently mean SIGHUP.
+        raise ValueError(f"{what} must be a signal, not {value!r}")
+    if isinstance(value, str):
+        name = value.upper()
+        if not name.startswith("SIG"):
+            name = "SIG" + name
+        try:
+            return signal.Signals[name]
+        except KeyError:
+            raise ValueError(f"{what} {value!r} is not a signal name on this platform") from None
+    if not isinstance(value, int):
+        raise ValueError(f"{what} must be a signal number or name, not {value!r}")
+    if value not in signal.valid_signals():
+        raise ValueError(f"{what} {value!r} is not a valid signal on this platform")
+    try:
+        return signal.Signals(value)
+    except ValueError:
+        return value  # a real-time signal without a name of its own
+
+
+def parse_stop_signal(value: SignalLike) -> int:
+    """Like `parse_signal`, and also refuse signals that cannot stop a process."""
+    sig = parse_signal(value, what="stop signal")
+    if sig in _NOT_STOP_SIGNALS:
+        raise ValueError(
+            f"stop signal {signal_name(sig)} cannot stop a process tree; use e.g. SIGTERM"
+        )
+    return sig
+
+
+def parse_duration(value: float, *, what: str) -> float:
+    """Return ``value`` as seconds, refusing negative, NaN and infinite values."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{what} must be a number of seconds, not {value!r}")
+    seconds = float(value)
+    if math.isnan(seconds) or math.isinf(seconds) or seconds < 0:
+        raise ValueError(f"{what} must be a finite number of seconds >= 0, not {value!r}")
+    return seconds
+
+
+def signal_name(sig: int) -> str:
+    """``"SIGTERM"`` for 15; ``"signal 40"`` for a signal without a name."""
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def _step_wait(value: float) -> float:
+    return parse_duration(value, what="step wait")
+
+
+def _optional_stdin_wait(value: float | None) -> float | None:
+    return None if value is None else parse_duration(value, what="close_stdin")
+
+
+def _kill_wait(value: float) -> float:
+    return parse_duration(value, what="kill_wait")
+
+
+@attrs.frozen
+class Step:
+    """One escalation step: send ``signal`` to every process in the tree, then wait up to
+    ``wait`` seconds for the tree to empty."""
+
+    signal: int = attrs.field(converter=parse_stop_signal)
+    wait: float = attrs.field(converter=_step_wait)
+
+
+def _as_steps(steps: Iterable[Step | tuple[SignalLike, float]]) -> tuple[Step, ...]:
+    converted = tuple(s if isinstance(s, Step) else Step(*s) for s in steps)
+    if not converted:
+        raise ValueError("an Escalation needs at least one (signal, wait) step")
+    return converted
+
+
+@attrs.frozen
+class Escalation:
+    """How cleanup stops a tree that is still running.
+
+    In order:
+
+    1. if ``close_stdin`` is set and the tree's stdin is a pipe, close it and wait up to
+       ``close_stdin`` seconds (for CLIs that flush their last output on EOF);
+    2. for each `Step`: send its signal to every process in the tree, then SIGCONT (so that
+       stopped members can act on it), and wait up to its ``wait``;
+    3. SIGKILL every process in the tree and wait up to ``kill_wait`` for it to be gone.
+
+    Cleanup stops at the first wait in which the tree empties. Cleanup runs shielded from
+    cancellation, so a caller's timeout does not cut it short: `worst_case` is its bound.
+
+    ``Escalation(steps=[(signal.SIGINT, 2.0), (signal.SIGTERM, 3.0)], close_stdin=1.0)``
+    """
+
+    steps: tuple[Step, ...] = attrs.field(
+        default=(Step(signal.SIGTERM, 5.0),),
+        converter=_as_steps,
+    )
+    close_stdin: float | None = attrs.field(default=None, converter=_optional_stdin_wait)
+    kill_wait: float = attrs.field(default=2.0, converter=_kill_wait)
+
+    @classmethod
+    def graceful(cls, grace: float = 5.0, stop_signal: SignalLike = signal.SIGTERM) -> Escalation:
+        """The common policy: ``stop_signal``, up to ``grace`` seconds, then SIGKILL."""
+        return cls(steps=(Step(stop_signal, parse_duration(grace, what="grace")),))
+
+    @property
+    def graceful_steps(self) -> tuple[Step, ...]:
+        """The steps before the hard stop: a SIGKILL step ends the escalation there and then."""
+        for index, step in enumerate(self.steps):
+            if step.signal == signal.SIGKILL:
+                return self.steps[:index]
+        return self.steps
+
+    @property
+    def worst_case(self) -> float:
+        """The longest cleanup can take, in seconds: every wait running out in full."""
+        waits = sum(step.wait for step in self.graceful_steps)
+        return (self.close_stdin or 0.0) + waits + self.kill_wait
+
+
+DEFAULT_GRACE = 5.0
+DEFAULT_STOP_SIGNAL = signal.SIGTERM
+
+
+def resolve_policy(
+    grace: float, stop_signal: SignalLike, escalation: Escalation | None
+) -> Escalation:
+    """Turn the ``grace`` / ``stop_signal`` shortcuts or a full ``escalation`` into one policy."""
+    if escalation is None:
+        return Escalation.graceful(grace, stop_signal)
+    if not isinstance(escalation, Escalation):
+        raise ValueError(f"escalation must be an Escalation, not {escalation!r}")
+    if grace != DEFAULT_GRACE or stop_signal != DEFAULT_STOP_SIGNAL:
+        raise ValueError("pass either escalation= or grace=/stop_signal=, not both")
+    return escalation

@@ -1,0 +1,59 @@
+"""What cleanup did to a tree, and the error it raises when it could not finish the job."""
+
+from __future__ import annotations
+
+import logging
+
+import attrs
+
+logger = logging.getLogger("trio_proctree")
+
+
+@attrs.frozen
+class CleanupOutcome:
+    """A record of one tree's cleanup, available as ``tree.outcome`` once cleanup ran."""
+
+    #: How the tree was held together: ``"group"`` (its own process group).
+    containment: str
+    #: Signals sent to the whole tree, in order (each stop signal is followed by SIGCONT).
+    #: Empty when nothing was left running.
+    signals: tuple[int, ...]
+    #: Whether the tree's stdin pipe was closed as the first step.
+    stdin_closed: bool
+    #: Whether the graceful steps ran out of time, so SIGKILL was needed.
+    grace_expired: bool
+    #: Processes other than the leader still running after the leader had exited, which
+    #: cleanup then stopped (``sh -c "sleep 60 & exit 0"`` leaves one).
+    lingering_killed: int
+    #: Seconds from the start of cleanup until the leader was reaped.
+    duration: float
+    #: The leader's exit status (minus the signal number if a signal ended it); None only
+    #: if the leader outlived SIGKILL and could not be reaped.
+    returncode: int | None
+
+
+class CleanupError(RuntimeError):
+    """Cleanup could not make sure the tree is gone (e.g. processes outlived SIGKILL)."""
+
+
+def chain_cleanup_error(exc: BaseException, error: BaseException, label: str) -> None:
+    """Attach a cleanup ``error`` to the ``exc`` already propagating, without replacing it.
+
+    The cleanup error becomes ``exc.__cause__`` when that is free (as the asyncio contract
+    asks) and a note otherwise; it is also logged, since a cancellation that a cancel scope
+    absorbs would take its ``__cause__`` with it.
+    """
+    if exc.__cause__ is None:
+        suppress = exc.__suppress_context__
+        exc.__cause__ = error
+        exc.__suppress_context__ = suppress
+    else:
+        add_note = getattr(exc, "add_note", None)  # Python 3.11+
+        if add_note is not None:
+            add_note(f"cleanup of {label} also failed: {error!r}")
+    logger.error(
+        "cleanup of %s failed while %s was propagating",
+        label,
+        type(exc).__name__,
+        exc_info=error,
+    )

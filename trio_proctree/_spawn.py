@@ -1,0 +1,239 @@
+"""Starting the tree's leader: checking the request before anything runs, then spawning it.
+
+`plan_spawn` validates everything it can without starting a process, so bad input fails
+early and leaks nothing; `spawn` is the blocking part (fork + exec), run by the drivers in
+a worker thread. Both drivers use the same two functions.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Union, cast
+
+import attrs
+
+StrOrPath = Union[str, bytes, "os.PathLike[str]"]
+Command = Union[StrOrPath, Sequence[StrOrPath]]  # noqa: UP007 - a runtime alias with a string part
+
+# trio's streams carry bytes, unbuffered: these options would silently not apply.
+_TEXT_OPTIONS = ("universal_newlines", "text", "encoding", "errors", "bufsize")
+
+
+def require_supported_platform() -> None:
+    """Raise NotImplementedError where trio_proctree cannot keep its guarantees."""
+    if sys.platform == "win32":
+        raise NotImplementedError(
+            "trio_proctree does not support Windows yet (it needs process groups and pidfds; "
+            "job objects are planned)"
+        )
+    if not sys.platform.startswith("linux"):
+        raise NotImplementedError(
+            f"trio_proctree supports Linux only for now, not {sys.platform!r}: it waits on "
+            "pidfds and finds the tree's members in /proc"
+        )
+    _require_pidfd()
+
+
+@functools.cache
+def _require_pidfd() -> None:
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError) as exc:
+        raise NotImplementedError("trio_proctree needs pidfd_open (Linux 5.3 or newer)") from exc
+
+
+@attrs.frozen
+class SpawnPlan:
+    """A checked request to start a tree's leader."""
+
+    command: str | bytes | list[Any]
+    #: `subprocess.Popen` keyword arguments, stdio excluded.
+    options: Mapping[str, Any]
+    stdin: Any
+    stdout: Any
+    stderr: Any
+    #: ``"sleep 60"``: how logs and errors name the command.
+    label: str
+
+
+@attrs.define
+class Spawned:
+    """A started leader, with our ends of its pipes (raw fds; the drivers wrap them)."""
+
+    popen: subprocess.Popen[bytes]
+    pidfd: int
+    stdin: int | None
+    stdout: int | None
+    stderr: int | None
+
+
+def plan_spawn(command: Command, options: Mapping[str, Any]) -> SpawnPlan:
+    """Check ``command`` and ``options`` (those of `trio.lowlevel.open_process`).
+
+    Raises:
+        NotImplementedError: on an unsupported platform.
+        TypeError: for a command of the wrong shape for ``shell``, or text-mode options.
+        ValueError: for an empty command or an option that would break containment.
+        FileNotFoundError: if the executable (or ``cwd``) does not exist.
+        PermissionError: if the executable is not an executable file.
+    """
+    require_supported_platform()
+    options = dict(options)
+    for key in _TEXT_OPTIONS:
+        if options.get(key):
+            raise TypeError(
+                f"process trees talk in unbuffered bytes; the {key!r} option is not supported"
+            )
+    shell = bool(options.get("shell"))
+    argv = _check_command(command, shell)
+    stdin, stdout, stderr = (options.pop(name, None) for name in ("stdin", "stdout", "stderr"))
+    _own_process_group(options)
+    if shell:
+        program = options.get("executable") or "/bin/sh"
+    else:
+        program = options.get("executable") or argv[0]
+    _resolve_executable(program, env=options.get("env"), cwd=options.get("cwd"))
+    return SpawnPlan(
+        command=command if isinstance(command, (str, bytes)) else argv,
+        options=options,
+        stdin=stdin,
+        stdout=stdout,
+        stderr=stderr,
+        label=_describe(command, argv),
+    )
+
+
+def _describe(command: Command, argv: list[Any]) -> str:
+    """How logs name the command: ``sleep 60``, shortened to fit a log line."""
+    if isinstance(command, (str, bytes)):
+        label = os.fsdecode(command)
+    else:
+        label = shlex.join(os.fsdecode(arg) for arg in argv)
+    return label if len(label) <= 120 else label[:117] + "..."
+
+
+def _check_command(command: Command, shell: bool) -> list[Any]:
+    if isinstance(command, (str, bytes)):
+        if not shell:
+            raise TypeError("command must be a sequence (not a string) unless shell=True")
+        if not command.strip():
+            raise ValueError("command is empty")
+        return [command]
+    if shell:
+        raise TypeError("command must be a string (not a sequence) when shell=True")
+    if isinstance(command, os.PathLike):
+        argv: list[Any] = [command]
+    else:
+        argv = list(command)
+    if not argv:
+        raise ValueError("command is empty")
+    for arg in argv:
+        if not isinstance(arg, (str, bytes, os.PathLike)):
+            raise TypeError(f"command arguments must be str, bytes or paths, not {arg!r}")
+    if not os.fsdecode(argv[0]):
+        raise ValueError("command is empty: its program name is ''")
+    return argv
+
+
+def _own_process_group(options: dict[str, Any]) -> None:
+    """Make the leader head its own process group: a new session, or a new group in ours."""
+    process_group = options.pop("process_group", None)
+    if process_group not in (None, 0):
+        raise ValueError(
+            f"process_group={process_group!r} would put the tree into another group; "
+            "every tree gets a group of its own (use start_new_session=False to stay in "
+            "the caller's session)"
+        )
+    if options.pop("start_new_session", True):
+        options["start_new_session"] = True
+    elif sys.version_info >= (3, 11):
+        options["process_group"] = 0
+    else:  # pragma: no cover - Python 3.10 only
+        # Popen(process_group=...) is 3.11+. setpgrp() is async-signal-safe, so running it
+        # between fork and exec is as safe as a preexec_fn gets.
+        user_preexec: Callable[[], object] | None = options.get("preexec_fn")
+
+        def join_new_group() -> None:
+            os.setpgrp()
+            if user_preexec is not None:
+                user_preexec()
+
+        options["preexec_fn"] = join_new_group
+
+
+def _resolve_executable(program: Any, *, env: Mapping[Any, Any] | None, cwd: Any) -> str:
+    """Find ``program`` the way `subprocess.Popen` will, raising the error it would."""
+    name = os.fsdecode(program)
+    directory = None if cwd is None else os.fsdecode(cwd)
+    if directory is not None and not os.path.isdir(directory):
+        raise FileNotFoundError(errno.ENOENT, "working directory does not exist", directory)
+    if os.sep in name:
+        path = name if directory is None else os.path.join(directory, name)
+        if not os.path.exists(path):
+            raise FileNotFoundError(errno.ENOENT, "no such executable", name)
+        if not _is_executable_file(path):
+            raise PermissionError(errno.EACCES, "not an executable file", name)
+        return path
+    search = os.get_exec_path(env)
+    denied = None
+    for entry in search:
+        folder = os.fsdecode(entry) or "."
+        if directory is not None:
+            folder = os.path.join(directory, folder)
+        candidate = os.path.join(folder, name)
+        if _is_executable_file(candidate):
+            return candidate
+        if denied is None and os.path.exists(candidate):
+            denied = candidate
+    if denied is not None:
+        raise PermissionError(errno.EACCES, "not an executable file", denied)
+    raise FileNotFoundError(
+        errno.ENOENT,
+        f"no such executable on PATH ({os.pathsep.join(map(os.fsdecode, search))})",
+        name,
+    )
+
+
+def _is_executable_file(path: str) -> bool:
+    return os.path.isfile(path) and os.access(path, os.X_OK)
+
+
+def spawn(plan: SpawnPlan) -> Spawned:
+    """Start the leader (blocking: run it in a worker thread). Leaks nothing if it fails."""
+    ours: dict[str, int] = {}
+    child_ends: list[int] = []
+    stdio = {"stdin": plan.stdin, "stdout": plan.stdout, "stderr": plan.stderr}
+    try:
+        if plan.stdin == subprocess.PIPE:
+            stdio["stdin"], ours["stdin"] = _pipe(child_ends, child_reads=True)
+        if plan.stdout == subprocess.PIPE:
+            ours["stdout"], stdio["stdout"] = _pipe(child_ends, child_reads=False)
+        if plan.stderr == subprocess.PIPE:
+            ours["stderr"], stdio["stderr"] = _pipe(child_ends, child_reads=False)
+        elif plan.stderr == subprocess.STDOUT and "stdout" in ours:
+            stdio["stderr"] = stdio["stdout"]
+        popen = cast(
+            "subprocess.Popen[bytes]", subprocess.Popen(plan.command, **stdio, **plan.options)
+        )
+    except BaseException:
+        for fd in ours.values():
+            os.close(fd)
+        raise
+    finally:
+        for fd in child_ends:
+            os.close(fd)
+    # The child is ours and unreaped, so its pid cannot have been recycled yet.
+    pidfd = os.pidfd_open(popen.pid)
+    return Spawned(popen, pidfd, ours.get("stdin"), ours.get("stdout"), ours.get("stderr"))
+
+
+def _pipe(child_ends: list[int], *, child_reads: bool) -> tuple[int, int]:
+    read_end, write_end = os.pipe()  # both close-on-exec; Popen dups the child's end onto 0/1/2
+    child_ends.append(read_end if child_reads else write_end)
+    return read_end, write_end

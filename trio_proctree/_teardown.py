@@ -1,0 +1,137 @@
+"""The escalation as a plain state machine: it says what to do next; the drivers do it.
+
+Written once and driven by the trio driver and the asyncio driver, in the manner of h11:
+no I/O here, no clocks, no event loop. The driver reports what happened (did the tree
+empty within the wait?) and gets the next action back.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Generator
+
+import attrs
+
+from ._escalation import Escalation, signal_name
+
+logger = logging.getLogger("trio_proctree")
+
+
+@attrs.frozen
+class CloseStdin:
+    """Close the tree's stdin pipe (EOF for programs that flush and exit on it)."""
+
+
+@attrs.frozen
+class SendSignal:
+    """Send ``signal`` to every process in the tree."""
+
+    signal: int
+
+
+@attrs.frozen
+class KillAll:
+    """Hard-stop every process in the tree (SIGKILL, or the containment's equivalent)."""
+
+
+@attrs.frozen
+class AwaitEmpty:
+    """Wait up to ``timeout`` seconds for the tree to empty; report whether it did."""
+
+    timeout: float
+
+
+@attrs.frozen
+class Finished:
+    """Nothing more to do. ``emptied`` is False only if the tree outlived SIGKILL."""
+
+    emptied: bool
+
+
+Action = CloseStdin | SendSignal | KillAll | AwaitEmpty | Finished
+
+
+class Teardown:
+    """One run of an `Escalation` against one tree.
+
+    Usage by a driver::
+
+        teardown = Teardown(policy, label="pid 123 (sleep 60)", stdin_open=True)
+        action = teardown.start(tree_alive=...)
+        while not isinstance(action, Finished):
+            ...perform action...
+            action = teardown.send(emptied)  # emptied: bool for AwaitEmpty, None otherwise
+
+    It also keeps the record of what it asked for, for the cleanup outcome.
+    """
+
+    def __init__(self, policy: Escalation, *, label: str, stdin_open: bool) -> None:
+        self.policy = policy
+        self.label = label
+        self._stdin_open = stdin_open
+        self.signals: list[int] = []
+        self.stdin_closed = False
+        self.grace_expired = False
+        self._plan = self._run()
+
+    def start(self, *, tree_alive: bool) -> Action:
+        if not tree_alive:
+            logger.debug("%s: nothing left running, no signal needed", self.label)
+            return Finished(emptied=True)
+        return next(self._plan)
+
+    def send(self, emptied: bool | None = None) -> Action:
+        try:
+            return self._plan.send(emptied)
+        except StopIteration as done:
+            finished: Finished = done.value
+            return finished
+
+    def _run(self) -> Generator[Action, bool | None, Finished]:
+        policy = self.policy
+        if policy.close_stdin is not None and self._stdin_open:
+            logger.debug("%s: closing stdin, waiting up to %gs", self.label, policy.close_stdin)
+            self.stdin_closed = True
+            yield CloseStdin()
+            if (yield AwaitEmpty(policy.close_stdin)):
+                return Finished(emptied=True)
+        for step in policy.graceful_steps:
+            logger.debug(
+                "%s: sending %s to the tree, waiting up to %gs",
+                self.label,
+                signal_name(step.signal),
+                step.wait,
+            )
+            self.signals.append(step.signal)
+            yield SendSignal(step.signal)
+            # A stopped process never acts on the stop signal: wake it so it can.
+            self.signals.append(signal.SIGCONT)
+            yield SendSignal(signal.SIGCONT)
+            if (yield AwaitEmpty(step.wait)):
+                return Finished(emptied=True)
+            logger.debug(
+                "%s: still running %gs after %s", self.label, step.wait, signal_name(step.signal)
+            )
+        if policy.graceful_steps:
+            self.grace_expired = True
+            last = policy.graceful_steps[-1]
+            logger.warning(
+                "%s still running %gs after %s; sending SIGKILL to the tree",
+                self.label,
+                last.wait,
+                signal_name(last.signal),
+            )
+        logger.debug(
+            "%s: sending SIGKILL to the tree, waiting up to %gs", self.label, policy.kill_wait
+        )
+        self.signals.append(signal.SIGKILL)
+        yield KillAll()
+        if (yield AwaitEmpty(policy.kill_wait)):
+            return Finished(emptied=True)
+        logger.error(
+            "%s: processes still alive %gs after SIGKILL (uninterruptible sleep?)",
+            self.label,
+            policy.kill_wait,
+        )
+        return Finished(emptied=False)

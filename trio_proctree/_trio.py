@@ -1,0 +1,474 @@
+"""The trio driver: process trees whose lifetime is a trio scope."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from types import TracebackType
+from typing import Any, Protocol, cast
+
+import trio
+
+from ._containment import NEED_SCAN, ProcessGroupContainment
+from ._escalation import (
+    DEFAULT_GRACE,
+    DEFAULT_STOP_SIGNAL,
+    Escalation,
+    SignalLike,
+    parse_signal,
+    resolve_policy,
+)
+from ._leader import Leader
+from ._outcome import CleanupError, CleanupOutcome, chain_cleanup_error
+from ._spawn import Command, SpawnPlan, plan_spawn, spawn
+from ._teardown import AwaitEmpty, CloseStdin, Finished, KillAll, SendSignal, Teardown
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup  # trio's own dependency on 3.10
+
+logger = logging.getLogger("trio_proctree")
+
+#: After the tree is gone, how long `run_process_tree` keeps reading output pipes that
+#: something outside the tree still holds open (bounded, like Go's ``Cmd.WaitDelay``).
+PIPE_DRAIN_TIMEOUT = 1.0
+
+
+class HasFileno(Protocol):
+    def fileno(self) -> int: ...
+
+
+class ProcessTree:
+    """A running process tree: a leader and everything it starts.
+
+    Made by `open_process_tree` and `run_process_tree`; its cleanup runs when their scope
+    ends, or earlier with `aclose`.
+    """
+
+    def __init__(self, spawned: Any, plan: SpawnPlan, policy: Escalation) -> None:
+        self.args = plan.command
+        self._leader = Leader(spawned.popen, spawned.pidfd)
+        self._containment = ProcessGroupContainment(self._leader)
+        self._policy = policy
+        self._label = f"pid {self._leader.pid} ({plan.label})"
+        #: The leader's stdin, when it was ``subprocess.PIPE``.
+        self.stdin: trio.abc.SendStream | None = _stream(spawned.stdin)
+        #: The leader's stdout, when it was ``subprocess.PIPE``.
+        self.stdout: trio.abc.ReceiveStream | None = _stream(spawned.stdout)
+        #: The leader's stderr, when it was ``subprocess.PIPE``.
+        self.stderr: trio.abc.ReceiveStream | None = _stream(spawned.stderr)
+        #: What cleanup did (a `CleanupOutcome`); None until cleanup has run.
+        self.outcome: CleanupOutcome | None = None
+        self._wait_lock = trio.Lock()
+        self._cleanup_started = False
+        self._cleanup_done = trio.Event()
+        logger.debug("%s started, process group %d", self._label, self._leader.pid)
+
+    def __repr__(self) -> str:
+        return f"<trio_proctree.ProcessTree {self._label} returncode={self.returncode}>"
+
+    @property
+    def pid(self) -> int:
+        """The leader's pid; also the tree's process group id."""
+        return self._leader.pid
+
+    @property
+    def containment(self) -> str:
+        """How the tree is held together: ``"group"``."""
+        return self._containment.name
+
+    @property
+    def returncode(self) -> int | None:
+        """The leader's exit status, or None while it runs. Reading it never reaps the leader."""
+        return self._leader.poll()
+
+    async def wait(self) -> int:
+        """Wait for the leader to exit and return its exit status.
+
+        The rest of the tree may still be running; the leader is not reaped until cleanup.
+        """
+        async with self._wait_lock:
+            if self.returncode is None and not self._leader.reaped:
+                try:
+                    await trio.lowlevel.wait_readable(self._leader.pidfd)
+                except trio.ClosedResourceError:
+                    pass  # cleanup reaped the leader while we waited
+        returncode = self.returncode
+        if returncode is None:  # pragma: no cover - the leader was reaped by someone else
+            raise CleanupError(f"{self._label}: exit status lost (reaped outside trio_proctree)")
+        return returncode
+
+    def send_signal(self, sig: SignalLike) -> None:
+        """Send ``sig`` to every process in the tree (a no-op once cleanup has reaped it)."""
+        sig = parse_signal(sig)
+        if self._leader.reaped:
+            # Once the leader is reaped its group id may be recycled: signal nothing.
+            return
+        self._containment.signal(sig)
+
+    @trio.lowlevel.enable_ki_protection
+    async def aclose(self) -> None:
+        """Run the cleanup now: stop the tree as the escalation policy says, then reap it.
+
+        Idempotent: later and concurrent calls wait for the first one to finish. Shielded
+        from cancellation; bounded by ``escalation.worst_case`` (grace + 2 s by default).
+
+        Raises:
+            CleanupError: if processes of the tree outlived SIGKILL.
+            OSError: if signalling the tree failed.
+        """
+        if self._cleanup_started:
+            await self._cleanup_done.wait()
+            return
+        self._cleanup_started = True
+        try:
+            # Shielded: a cleanup cut short by a cancellation is a leaked tree. Bounded by the
+            # policy's worst case, which the caller's own timeout therefore does not cut.
+            with trio.CancelScope(shield=True):
+                await self._cleanup()
+        finally:
+            self._cleanup_done.set()
+
+    async def _cleanup(self) -> None:
+        started = time.monotonic()
+        teardown = Teardown(self._policy, label=self._label, stdin_open=self.stdin is not None)
+        errors: list[Exception] = []
+        action: Any = None
+        try:
+            action = teardown.start(tree_alive=not await self._wait_empty(0))
+            while not isinstance(action, Finished):
+                emptied = None
+                if isinstance(action, AwaitEmpty):
+                    emptied = await self._wait_empty(action.timeout)
+                elif isinstance(action, CloseStdin):
+                    await self._close_stream("stdin", errors)
+                elif isinstance(action, SendSignal):
+                    _collect(errors, self._containment.signal, action.signal)
+                elif isinstance(action, KillAll):  # pragma: no branch
+                    _collect(errors, self._containment.kill)
+                action = teardown.send(emptied)
+        finally:
+            # Only now that the tree is empty (or beyond help) do our pipe ends go: closing
+            # them first would kill writers with SIGPIPE instead of letting them stop.
+            for name in ("stdin", "stdout", "stderr"):
+                await self._close_stream(name, errors)
+            returncode = self._leader.reap()
+            if returncode is not None:
+                trio.lowlevel.notify_closing(self._leader.pidfd)
+                os.close(self._leader.pidfd)
+            self._containment.release()
+            self.outcome = CleanupOutcome(
+                containment=self._containment.name,
+                signals=tuple(teardown.signals),
+                stdin_closed=teardown.stdin_closed,
+                grace_expired=teardown.grace_expired,
+                lingering_killed=self._containment.lingering,
+                duration=time.monotonic() - started,
+                returncode=returncode,
+            )
+        if not action.emptied:
+            errors.insert(0, CleanupError(f"{self._label}: processes outlived SIGKILL"))
+        if errors:
+            for extra in errors[1:]:
+                logger.error("%s: another cleanup error", self._label, exc_info=extra)
+            raise errors[0]
+
+    async def _wait_empty(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the tree to empty: True if it did."""
+        with trio.move_on_after(timeout):
+            while True:
+                pending = self._containment.pending()
+                if pending is NEED_SCAN:
+                    # Let the other teardowns woken with this one reach this point too, so
+                    # that one /proc scan serves them all.
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                    continue
+                if not pending:
+                    return True
+                # Event-driven: a pidfd turns readable when its process exits.
+                await trio.lowlevel.wait_readable(pending[0])
+        return False
+
+    async def _close_stream(self, name: str, errors: list[Exception]) -> None:
+        stream = getattr(self, name)
+        if stream is not None:
+            setattr(self, name, None)
+            try:
+                await stream.aclose()
+            except trio.ClosedResourceError:
+                pass
+            except Exception as exc:  # noqa: BLE001 - kept and raised after cleanup
+                errors.append(exc)
+
+    async def _aclose_under(self, exc: BaseException) -> None:
+        """Clean up while ``exc`` propagates: a cleanup error rides along, never replaces it."""
+        try:
+            await self.aclose()
+        except Exception as error:  # noqa: BLE001
+            chain_cleanup_error(exc, error, self._label)
+
+
+def _stream(fd: int | None) -> trio.lowlevel.FdStream | None:
+    return None if fd is None else trio.lowlevel.FdStream(fd)
+
+
+def _collect(errors: list[Exception], func: Any, *args: Any) -> None:
+    # A failed step must not stop the escalation: the next one may still work.
+    try:
+        func(*args)
+    except OSError as exc:
+        errors.append(exc)
+
+
+class _TreeScope:
+    """The async context manager `open_process_tree` returns."""
+
+    def __init__(self, plan: SpawnPlan, policy: Escalation) -> None:
+        self._plan = plan
+        self._policy = policy
+        self._tree: ProcessTree | None = None
+
+    @trio.lowlevel.enable_ki_protection
+    async def __aenter__(self) -> ProcessTree:
+        if self._tree is not None:
+            raise RuntimeError("this open_process_tree() scope was already entered")
+        # Not abandoned on cancel: a cancellation that arrives while the worker thread forks
+        # waits for the spawn, so the process is never lost...
+        spawned = await trio.to_thread.run_sync(spawn, self._plan)
+        tree = self._tree = ProcessTree(spawned, self._plan, self._policy)
+        # ...and is delivered here, with the tree already in hand: the block does not run
+        # and the tree is stopped before the Cancelled goes on.
+        try:
+            await trio.lowlevel.checkpoint_if_cancelled()
+        except BaseException as exc:
+            with trio.CancelScope(shield=True):
+                await tree._aclose_under(exc)
+            raise
+        return tree
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool:
+        assert self._tree is not None
+        # Shielded even when the cleanup already ran (an earlier aclose()): the checkpoint
+        # in waiting for it must not turn into a Cancelled that replaces ``exc``.
+        with trio.CancelScope(shield=True):
+            if exc is None:
+                await self._tree.aclose()
+            else:
+                await self._tree._aclose_under(exc)
+        return False
+
+
+def open_process_tree(
+    command: Command,
+    *,
+    grace: float = DEFAULT_GRACE,
+    stop_signal: SignalLike = DEFAULT_STOP_SIGNAL,
+    escalation: Escalation | None = None,
+    **options: Any,
+) -> _TreeScope:
+    """Start ``command`` as the leader of a new process tree, for the length of a block.
+
+    ::
+
+        async with open_process_tree(["make", "-j8"], grace=2.0) as tree:
+            await tree.wait()
+
+    However the block ends — normally, by an exception, or by cancellation — cleanup
+    stops whatever of the tree is still running: ``stop_signal`` to every process, SIGCONT,
+    up to ``grace`` seconds for the tree to empty, then SIGKILL, then the leader is reaped.
+    Lingering descendants are stopped even after the leader has exited.
+
+    Cleanup is shielded from cancellation, so it can outlast the caller's own timeout: by
+    at most ``grace`` + 2 s with the defaults (``escalation.worst_case`` in general).
+
+    Args:
+      command: a sequence of arguments, or a string with ``shell=True``.
+      grace: seconds between the stop signal and SIGKILL.
+      stop_signal: the first signal cleanup sends.
+      escalation: a full `Escalation` policy instead of ``grace`` and ``stop_signal``.
+      **options: as for `trio.lowlevel.open_process` (``stdin``, ``stdout``, ``stderr``,
+        ``cwd``, ``env``, ...). The tree starts in a new session; pass
+        ``start_new_session=False`` to keep the caller's session (and controlling
+        terminal) but still get a process group of its own.
+
+    Raises (before anything is started):
+      ValueError: empty command, bad ``grace``, invalid ``stop_signal``.
+      FileNotFoundError: the executable does not exist.
+      PermissionError: the executable is not executable.
+      NotImplementedError: on platforms other than Linux.
+    """
+    policy = resolve_policy(grace, stop_signal, escalation)
+    return _TreeScope(plan_spawn(command, options), policy)
+
+
+async def run_process_tree(
+    command: Command,
+    *,
+    stdin: bytes | bytearray | memoryview[int] | int | HasFileno | None = b"",
+    capture_stdout: bool = False,
+    capture_stderr: bool = False,
+    check: bool = True,
+    grace: float = DEFAULT_GRACE,
+    stop_signal: SignalLike = DEFAULT_STOP_SIGNAL,
+    escalation: Escalation | None = None,
+    task_status: trio.TaskStatus[ProcessTree] = trio.TASK_STATUS_IGNORED,
+    **options: Any,
+) -> subprocess.CompletedProcess[bytes]:
+    """Run ``command`` as a process tree to completion, like `trio.run_process`.
+
+    When the leader exits, whatever it left running is stopped (the escalation), so the
+    call returns once the whole tree is gone. Cancellation stops the tree the same way.
+    With ``tree = await nursery.start(run_process_tree, cmd)`` the `ProcessTree` is handed
+    back as soon as the leader runs, and cancelling the nursery tears the tree down.
+
+    Cleanup is shielded from cancellation: a cancelled call can take up to
+    ``escalation.worst_case`` (``grace`` + 2 s by default) to return. After the tree is
+    gone, output still held open by something outside it is read for at most
+    `PIPE_DRAIN_TIMEOUT` seconds.
+
+    Args:
+      stdin: bytes to feed to the leader's stdin (then closed), or what
+        `trio.lowlevel.open_process` accepts (``None`` inherits ours).
+      capture_stdout, capture_stderr: collect the output into the result.
+      check: raise `subprocess.CalledProcessError` if the leader exits non-zero.
+      grace, stop_signal, escalation, options: as for `open_process_tree`.
+
+    Returns:
+      `subprocess.CompletedProcess` with the leader's exit status and captured output.
+    """
+    if isinstance(stdin, str):
+        raise TypeError("stdin must be bytes, not str")
+    options = dict(options)
+    if task_status is trio.TASK_STATUS_IGNORED:
+        for name, value in (
+            ("stdin", stdin),
+            ("stdout", options.get("stdout")),
+            ("stderr", options.get("stderr")),
+        ):
+            if value is subprocess.PIPE:
+                raise ValueError(f"{name}=subprocess.PIPE is only useful with nursery.start()")
+    feed = None
+    if isinstance(stdin, (bytes, bytearray, memoryview)):
+        feed = bytes(stdin)
+        options["stdin"] = subprocess.PIPE
+    else:
+        options["stdin"] = stdin
+    for wanted, name in ((capture_stdout, "stdout"), (capture_stderr, "stderr")):
+        if wanted:
+            if name in options:
+                raise ValueError(f"can't specify both {name}= and capture_{name}=True")
+            options[name] = subprocess.PIPE
+    outputs: dict[str, list[bytes]] = {}
+
+    readers: list[tuple[str, trio.lowlevel.FdStream]] = []
+    try:
+        async with open_process_tree(
+            command, grace=grace, stop_signal=stop_signal, escalation=escalation, **options
+        ) as tree:
+            # The streams this function reads are taken off the tree, so that its cleanup
+            # leaves them open to be read to the end here.
+            for name, wanted in (("stdout", capture_stdout), ("stderr", capture_stderr)):
+                stream = getattr(tree, name)
+                if wanted and stream is not None:
+                    setattr(tree, name, None)
+                    outputs[name] = []
+                    readers.append((name, stream))
+            stdin_stream = tree.stdin if feed is not None else None
+            if feed is not None:
+                tree.stdin = None
+            await _run_to_end(tree, feed, stdin_stream, readers, outputs, task_status)
+    finally:
+        # Closed only after the tree's cleanup: on cancellation the tree is stopped by the
+        # escalation, not by SIGPIPE from pipes we closed under it.
+        for _, stream in readers:
+            stream.close()
+
+    stdout = b"".join(outputs["stdout"]) if capture_stdout else None
+    stderr = b"".join(outputs["stderr"]) if capture_stderr else None
+    returncode = tree.outcome.returncode if tree.outcome is not None else None
+    assert returncode is not None
+    if check and returncode != 0:
+        raise subprocess.CalledProcessError(returncode, tree.args, output=stdout, stderr=stderr)
+    return subprocess.CompletedProcess(tree.args, returncode, stdout, stderr)
+
+
+async def _run_to_end(  # noqa: PLR0917 - one private call site
+    tree: ProcessTree,
+    feed: bytes | None,
+    stdin_stream: trio.abc.SendStream | None,
+    readers: list[tuple[str, trio.lowlevel.FdStream]],
+    outputs: Mapping[str, list[bytes]],
+    task_status: trio.TaskStatus[ProcessTree],
+) -> None:
+    drained = [trio.Event() for _ in readers]
+    single: BaseException | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            if stdin_stream is not None and feed is not None:
+                nursery.start_soon(_feed, stdin_stream, feed)
+            for (name, stream), done in zip(readers, drained, strict=True):
+                nursery.start_soon(_read_all, stream, outputs[name], done)
+            task_status.started(tree)
+            await tree.wait()
+            # The leader is done: stop what it left behind, so the pipes reach EOF.
+            await tree.aclose()
+            with trio.move_on_after(PIPE_DRAIN_TIMEOUT) as drain:
+                for done in drained:
+                    await done.wait()
+            if drain.cancelled_caught:
+                logger.warning(
+                    "%s: output pipe still open %gs after the tree ended (held by a process "
+                    "outside it); returning what was read",
+                    tree._label,
+                    PIPE_DRAIN_TIMEOUT,
+                )
+            nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        single = _single_exception(group)
+        if single is None:
+            raise
+    if single is not None:
+        # Our internal nursery is an implementation detail: callers see the one exception
+        # (a Cancelled, say) unwrapped, as if there were no nursery.
+        raise single
+
+
+def _single_exception(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
+    """The exception a group stands for: its first Cancelled if it holds nothing else,
+    its only other exception if there is one, else None (keep the group)."""
+    cancelled, rest = group.split(trio.Cancelled)
+    if rest is None:
+        return next(_leaves(group)) if cancelled is not None else None
+    leaves = list(_leaves(rest))
+    return leaves[0] if len(leaves) == 1 else None
+
+
+def _leaves(exc: BaseException) -> Iterator[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        group = cast("BaseExceptionGroup[BaseException]", exc)
+        for inner in group.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield exc
+
+
+async def _feed(stream: trio.abc.SendStream, data: bytes) -> None:
+    async with stream:
+        try:
+            await stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the tree stopped reading: what it did not take is not ours to report
+
+
+async def _read_all(stream: trio.abc.ReceiveStream, chunks: list[bytes], done: trio.Event) -> None:
+    async for chunk in stream:
+        chunks.append(bytes(chunk))
+    done.set()
