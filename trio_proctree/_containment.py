@@ -16,7 +16,7 @@ import time
 from typing import Protocol
 
 from ._leader import Leader
-from ._procfs import ProcStat, process_table, read_stat
+from ._procfs import process_table, read_stat
 
 logger = logging.getLogger("trio_proctree")
 
@@ -67,21 +67,28 @@ class Containment(Protocol):
         ...
 
 
-def open_verified_pidfd(process: ProcStat, pgid: int) -> int | None:
-    """A pidfd for ``process`` if it is still that process in group ``pgid``, else None.
+def open_member_pidfd(pid: int, pgid: int) -> int | None:
+    """A pidfd for ``pid`` if it is a live process in group ``pgid``, else None.
 
-    The pid may have been recycled between the scan and here; re-reading the stat after
-    the pidfd is open proves the pidfd refers to the scanned process.
+    The pid may have been recycled since a scan saw it. The stat read after the pidfd is
+    open, with the pidfd still unreadable (its process not exited) after that read, proves
+    the stat and the pidfd describe the same live process.
     """
     try:
-        fd = os.pidfd_open(process.pid)
+        fd = os.pidfd_open(pid)
     except ProcessLookupError:
         return None
-    now = read_stat(process.pid)
-    if now is None or not now.alive or now.starttime != process.starttime or now.pgid != pgid:
+    now = read_stat(pid)
+    if now is None or not now.alive or now.pgid != pgid or _exited(fd):
         os.close(fd)
         return None
     return fd
+
+
+def _exited(pidfd: int) -> bool:
+    poller = select.poll()  # not select(): pidfds of many trees go past fd 1024
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 class ProcessGroupContainment:
@@ -140,11 +147,11 @@ class ProcessGroupContainment:
         if not self._leader.pins_group:
             # Without the pin a process in this pgid may be a stranger: watch nobody new.
             return []
-        for member in snapshot.in_group(self._pgid):
-            fd = open_verified_pidfd(member, self._pgid)
+        for pid in snapshot.in_group(self._pgid):
+            fd = open_member_pidfd(pid, self._pgid)
             if fd is not None:
-                self._lingering.add(member.pid)
-                self._watch(member.pid, fd)
+                self._lingering.add(pid)
+                self._watch(pid, fd)
         return list(self._watched.values())
 
     def _watch(self, pid: int, fd: int) -> None:

@@ -12,8 +12,6 @@ import logging
 import os
 import subprocess
 
-from ._procfs import read_stat
-
 logger = logging.getLogger("trio_proctree")
 
 # waitid() options that report an exit without consuming it (the zombie stays).
@@ -33,9 +31,6 @@ class Leader:
         self.pid = popen.pid
         #: Readable once the leader has exited; owned by the tree, closed after the reap.
         self.pidfd = pidfd
-        stat = read_stat(self.pid)
-        assert stat is not None, "an unreaped child always has a /proc entry"
-        self.starttime = stat.starttime
         self._returncode: int | None = None
         self.reaped = False
         #: Someone else (an ``os.wait()`` elsewhere in the program) reaped the leader: its

@@ -138,7 +138,7 @@ class ProcessTree:
         errors: list[Exception] = []
         action: Any = None
         try:
-            action = teardown.start(tree_alive=not await self._wait_empty(0))
+            action = teardown.start(tree_alive=bool(await self._pending()))
             while not isinstance(action, Finished):
                 emptied = None
                 if isinstance(action, AwaitEmpty):
@@ -176,20 +176,24 @@ class ProcessTree:
                 logger.error("%s: another cleanup error", self._label, exc_info=extra)
             raise errors[0]
 
+    async def _pending(self) -> list[int]:
+        """The pidfds of the tree's live members, as the containment reports them."""
+        pending = self._containment.pending()
+        if pending is NEED_SCAN:
+            # Let the other teardowns woken with this one reach this point too, so that one
+            # /proc scan serves them all.
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            pending = self._containment.pending()
+        assert isinstance(pending, list)
+        return pending
+
     async def _wait_empty(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for the tree to empty: True if it did."""
         with trio.move_on_after(timeout):
-            while True:
-                pending = self._containment.pending()
-                if pending is NEED_SCAN:
-                    # Let the other teardowns woken with this one reach this point too, so
-                    # that one /proc scan serves them all.
-                    await trio.lowlevel.cancel_shielded_checkpoint()
-                    continue
-                if not pending:
-                    return True
+            while pending := await self._pending():
                 # Event-driven: a pidfd turns readable when its process exits.
                 await trio.lowlevel.wait_readable(pending[0])
+            return True
         return False
 
     async def _close_stream(self, name: str, errors: list[Exception]) -> None:

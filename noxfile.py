@@ -1,0 +1,78 @@
+"""Test, lint and type-check sessions: ``nox`` runs them all (the README's test command)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+
+import nox
+
+#: Every interpreter ``requires-python`` and the classifiers admit gets a test session.
+PYTHONS = ["3.10", "3.11", "3.12", "3.13", "3.14"]
+#: Interpreters a machine may lack: their session reports "skipped" (never passes). Any
+#: other missing interpreter fails the run, also on CI, where nox would otherwise error
+#: on every missing one alike.
+OPTIONAL_PYTHONS = {"3.14"}
+
+nox.options.sessions = ["interpreters", "tests", "lint", "typecheck"]
+nox.options.error_on_missing_interpreters = False
+nox.options.download_python = "never"  # offline machines: find, never fetch, interpreters
+nox.options.reuse_existing_virtualenvs = True
+
+
+def _add_pyenv_interpreters() -> None:
+    """Put pyenv's installed versions on PATH ahead of its shims.
+
+    A pyenv shim for a version that is installed but not selected exists and fails when
+    run; the version's own bin directory works.
+    """
+    root = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
+    found = sorted(glob.glob(os.path.join(root, "versions", "3.*", "bin")))
+    if found:
+        os.environ["PATH"] = os.pathsep.join([*found, os.environ.get("PATH", "")])
+
+
+_add_pyenv_interpreters()
+
+
+@nox.session(python=False)
+def interpreters(session: nox.Session) -> None:
+    """Fail if a required interpreter is missing; say which optional ones will be skipped."""
+    missing = [v for v in PYTHONS if shutil.which(f"python{v}") is None]
+    for version in missing:
+        if version in OPTIONAL_PYTHONS:
+            session.log(f"python{version}: skipped: interpreter not found")
+    required = [v for v in missing if v not in OPTIONAL_PYTHONS]
+    if required:
+        session.error(f"required interpreters not found: {', '.join(required)}")
+
+
+@nox.session(python=PYTHONS)
+def tests(session: nox.Session) -> None:
+    """The test suite with real processes; pass pytest arguments after ``--``."""
+    session.install("-e", ".", "pytest", "pytest-trio", "pytest-timeout")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session(python="3.11")
+def lint(session: nox.Session) -> None:
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(python="3.11")
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict and pyright (strict) on the package, for the oldest supported Python."""
+    # exceptiongroup: trio's own backport, imported on 3.10, which both checkers target.
+    session.install("-e", ".", "mypy", "pyright", "exceptiongroup")
+    session.run("mypy", "--strict")
+    session.run("pyright")
+
+
+@nox.session(python="3.11")
+def bench(session: nox.Session) -> None:
+    """Benchmarks, as ratios against a hand-rolled killpg baseline in the same run."""
+    session.install("-e", ".")
+    session.run("python", "bench/bench_teardown.py", *session.posargs)
