@@ -2,11 +2,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import trio
 
+from trio_proctree import ContainmentUnavailable
+from trio_proctree._choose import choose_containment
+
 from . import procs
+
+#: Every behaviour is pinned under each containment a machine offers.
+CONTAINMENTS = ["cgroup", "group"]
 
 
 class Tracked:
@@ -27,6 +34,16 @@ def tracked() -> Iterator[Tracked]:
     yield tracker
     leaked = procs.kill_survivors(tracker.token)
     assert not leaked, f"processes outlived the test (killed now): {leaked}"
+
+
+@pytest.fixture(params=CONTAINMENTS)
+def contained(request: pytest.FixtureRequest, tracked: Tracked) -> dict[str, Any]:
+    """Keyword arguments for a tree: the tracked environment and one containment."""
+    try:
+        choose_containment(request.param)
+    except ContainmentUnavailable as exc:  # pragma: no cover - on machines without cgroups
+        pytest.skip(str(exc))
+    return {"env": tracked.env, "containment": request.param}
 
 
 async def read_pids(stream: trio.abc.ReceiveStream, count: int) -> list[int]:

@@ -38,9 +38,11 @@ def fail_first_stop_signal(tree: ProcessTree) -> PermissionError:
 SLEEPER = ["sh", "-c", "sleep 60 & wait"]
 
 
-async def test_cleanup_error_alone_reaches_the_caller_itself(tracked: Tracked) -> None:
+async def test_cleanup_error_alone_reaches_the_caller_itself(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
     with pytest.raises(PermissionError) as caught:
-        async with open_process_tree(SLEEPER, grace=0.2, env=tracked.env) as tree:
+        async with open_process_tree(SLEEPER, grace=0.2, **contained) as tree:
             injected = fail_first_stop_signal(tree)
     assert caught.value is injected
     # The escalation went on past the failed step: SIGKILL still stopped the tree.
@@ -50,11 +52,11 @@ async def test_cleanup_error_alone_reaches_the_caller_itself(tracked: Tracked) -
 
 
 async def test_user_exception_wins_and_carries_the_cleanup_error(
-    tracked: Tracked, caplog: pytest.LogCaptureFixture
+    tracked: Tracked, caplog: pytest.LogCaptureFixture, contained: dict[str, Any]
 ) -> None:
     mine = KeyError("the user's error")
     with pytest.raises(KeyError) as caught:
-        async with open_process_tree(SLEEPER, grace=0.2, env=tracked.env) as tree:
+        async with open_process_tree(SLEEPER, grace=0.2, **contained) as tree:
             injected = fail_first_stop_signal(tree)
             raise mine
     assert caught.value is mine
@@ -64,13 +66,13 @@ async def test_user_exception_wins_and_carries_the_cleanup_error(
 
 
 async def test_cancellation_wins_and_carries_the_cleanup_error(
-    tracked: Tracked, caplog: pytest.LogCaptureFixture
+    tracked: Tracked, caplog: pytest.LogCaptureFixture, contained: dict[str, Any]
 ) -> None:
     caplog.set_level(logging.ERROR, logger="trio_proctree")
     seen: list[BaseException] = []
     with trio.CancelScope() as scope:
         try:
-            async with open_process_tree(SLEEPER, grace=0.2, env=tracked.env) as tree:
+            async with open_process_tree(SLEEPER, grace=0.2, **contained) as tree:
                 injected = fail_first_stop_signal(tree)
                 scope.cancel()
                 await trio.sleep_forever()
@@ -88,12 +90,14 @@ async def test_cancellation_wins_and_carries_the_cleanup_error(
     assert tracked.survivors() == []
 
 
-async def test_existing_cause_is_kept_and_the_cleanup_error_noted(tracked: Tracked) -> None:
+async def test_existing_cause_is_kept_and_the_cleanup_error_noted(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
     root = OSError("root cause")
     mine = RuntimeError("wrapped")
     mine.__cause__ = root
     with pytest.raises(RuntimeError) as caught:
-        async with open_process_tree(SLEEPER, grace=0.2, env=tracked.env) as tree:
+        async with open_process_tree(SLEEPER, grace=0.2, **contained) as tree:
             fail_first_stop_signal(tree)
             raise mine
     assert caught.value is mine

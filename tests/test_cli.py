@@ -25,7 +25,9 @@ def test_demo_shows_what_each_strategy_leaves_and_leaves_nothing(tracked: Tracke
     assert result.returncode == 0, result.stderr
     survivors = {
         m.group("strategy").strip(): int(m.group("count"))
-        for m in re.finditer(r"^(?P<strategy>.+?)\s+(?P<count>\d+)\s+[\d.]+ ms$", result.stdout, re.M)
+        for m in re.finditer(
+            r"^(?P<strategy>.+?)\s+(?P<count>\d+)\s+[\d.]+ ms$", result.stdout, re.M
+        )
     }
     assert survivors == {
         "no cleanup (cancel the awaiting task)": 3,

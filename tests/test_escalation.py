@@ -6,6 +6,7 @@ import logging
 import math
 import signal
 import subprocess
+from typing import Any
 
 import pytest
 import trio
@@ -67,11 +68,11 @@ def test_escalation_and_grace_together_are_refused() -> None:
 
 
 async def test_tree_ignoring_sigterm_is_killed_after_the_grace(
-    tracked: Tracked, caplog: pytest.LogCaptureFixture
+    tracked: Tracked, caplog: pytest.LogCaptureFixture, contained: dict[str, Any]
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="trio_proctree")
     async with open_process_tree(
-        IGNORES_TERM, grace=0.3, stdout=subprocess.PIPE, env=tracked.env
+        IGNORES_TERM, grace=0.3, stdout=subprocess.PIPE, **contained
     ) as tree:
         assert tree.stdout is not None
         [member] = await read_pids(tree.stdout, 1)
@@ -94,23 +95,25 @@ async def test_tree_ignoring_sigterm_is_killed_after_the_grace(
 
 
 async def test_cooperative_tree_logs_no_warning(
-    tracked: Tracked, caplog: pytest.LogCaptureFixture
+    tracked: Tracked, caplog: pytest.LogCaptureFixture, contained: dict[str, Any]
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="trio_proctree")
-    async with open_process_tree(["sleep", "60"], grace=0.5, env=tracked.env):
+    async with open_process_tree(["sleep", "60"], grace=0.5, **contained):
         pass
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
     assert any("sending SIGTERM" in r.getMessage() for r in caplog.records)
 
 
-async def test_stopped_member_is_woken_to_act_on_the_stop_signal(tracked: Tracked) -> None:
+async def test_stopped_member_is_woken_to_act_on_the_stop_signal(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
     # The leader handles SIGTERM; a stopped process cannot run its handler until continued.
     # (A stopped process with SIGTERM's default action dies anyway: it needs no SIGCONT.)
     async with open_process_tree(
         ["sh", "-c", "trap 'exit 0' TERM; echo ready; while :; do sleep 1; done"],
         grace=5.0,
         stdout=subprocess.PIPE,
-        env=tracked.env,
+        **contained,
     ) as tree:
         assert tree.stdout is not None
         await tree.stdout.receive_some()
@@ -129,13 +132,15 @@ async def test_stopped_member_is_woken_to_act_on_the_stop_signal(tracked: Tracke
     assert tracked.survivors() == []
 
 
-async def test_steps_run_in_order_until_one_works(tracked: Tracked) -> None:
+async def test_steps_run_in_order_until_one_works(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
     policy = Escalation(steps=[(signal.SIGUSR1, 0.3), (signal.SIGTERM, 2.0)])
     async with open_process_tree(
         ["sh", "-c", "trap '' USR1; echo ready; while :; do sleep 0.05; done"],
         escalation=policy,
         stdout=subprocess.PIPE,
-        env=tracked.env,
+        **contained,
     ) as tree:
         assert tree.stdout is not None
         await tree.stdout.receive_some()
@@ -148,7 +153,7 @@ async def test_steps_run_in_order_until_one_works(tracked: Tracked) -> None:
 
 
 async def test_close_stdin_step_lets_a_cli_flush_and_exit_without_a_signal(
-    tracked: Tracked, tmp_path: object
+    tracked: Tracked, tmp_path: object, contained: dict[str, Any]
 ) -> None:
     # A CLI that writes its last words when its input ends; a signal would lose them.
     out = f"{tmp_path}/flushed"
@@ -157,7 +162,7 @@ async def test_close_stdin_step_lets_a_cli_flush_and_exit_without_a_signal(
         ["sh", "-c", f"cat >/dev/null; echo flushed > {out}"],
         escalation=policy,
         stdin=subprocess.PIPE,
-        env=tracked.env,
+        **contained,
     ) as tree:
         assert tree.stdin is not None
         await tree.stdin.send_all(b"work\n")
@@ -170,9 +175,11 @@ async def test_close_stdin_step_lets_a_cli_flush_and_exit_without_a_signal(
         assert f.read() == "flushed\n"
 
 
-async def test_close_stdin_step_is_skipped_without_a_stdin_pipe(tracked: Tracked) -> None:
+async def test_close_stdin_step_is_skipped_without_a_stdin_pipe(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
     policy = Escalation(steps=[(signal.SIGTERM, 1.0)], close_stdin=5.0)
-    async with open_process_tree(["sleep", "60"], escalation=policy, env=tracked.env) as tree:
+    async with open_process_tree(["sleep", "60"], escalation=policy, **contained) as tree:
         pass
     outcome = tree.outcome
     assert outcome is not None
@@ -181,9 +188,11 @@ async def test_close_stdin_step_is_skipped_without_a_stdin_pipe(tracked: Tracked
     assert outcome.duration < 2.5  # did not sit out the 5 s stdin wait
 
 
-async def test_sigkill_as_stop_signal_kills_at_once(tracked: Tracked) -> None:
+async def test_sigkill_as_stop_signal_kills_at_once(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
     async with open_process_tree(
-        ["sh", "-c", "trap '' TERM; sleep 60"], stop_signal=signal.SIGKILL, env=tracked.env
+        ["sh", "-c", "trap '' TERM; sleep 60"], stop_signal=signal.SIGKILL, **contained
     ) as tree:
         pass
     outcome = tree.outcome

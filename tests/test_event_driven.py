@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from typing import Any
 
 import trio
 import trio.lowlevel
@@ -22,13 +23,13 @@ class StepCounter(trio.abc.Instrument):
             self.steps += 1
 
 
-async def cleanup_steps(grace: float, tracked: Tracked) -> int:
+async def cleanup_steps(grace: float, contained: dict[str, Any]) -> int:
     """Scheduler steps the cleanup of a SIGTERM-ignoring tree takes (it sits out the grace)."""
     async with open_process_tree(
         ["sh", "-c", "trap '' TERM; echo ready; sleep 60"],
         grace=grace,
         stdout=subprocess.PIPE,
-        env=tracked.env,
+        **contained,
     ) as tree:
         assert tree.stdout is not None
         await tree.stdout.receive_some()
@@ -43,9 +44,11 @@ async def cleanup_steps(grace: float, tracked: Tracked) -> int:
     return counter.steps
 
 
-async def test_a_longer_grace_costs_no_extra_wakeups(tracked: Tracked) -> None:
-    short = await cleanup_steps(0.05, tracked)
-    long = await cleanup_steps(0.5, tracked)
+async def test_a_longer_grace_costs_no_extra_wakeups(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    short = await cleanup_steps(0.05, contained)
+    long = await cleanup_steps(0.5, contained)
     # A sleep-poll loop (every 50 ms, say) would add ~9 steps to the longer grace.
     assert long - short <= 2, (short, long)
     assert short < 20

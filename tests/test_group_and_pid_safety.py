@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 import trio
@@ -40,16 +41,18 @@ def stop_stranger(stranger: subprocess.Popen[bytes]) -> None:
     stranger.wait()
 
 
-async def test_tree_starts_in_its_own_session(tracked: Tracked) -> None:
-    async with open_process_tree(["sleep", "60"], env=tracked.env) as tree:
+async def test_tree_starts_in_its_own_session(tracked: Tracked, contained: dict[str, Any]) -> None:
+    async with open_process_tree(["sleep", "60"], **contained) as tree:
         assert os.getpgid(tree.pid) == tree.pid
         assert os.getsid(tree.pid) == tree.pid
     assert tracked.survivors() == []
 
 
-async def test_keeping_the_session_still_gives_a_group_of_its_own(tracked: Tracked) -> None:
+async def test_keeping_the_session_still_gives_a_group_of_its_own(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
     async with open_process_tree(
-        TWO_SLEEPS, start_new_session=False, stdout=subprocess.PIPE, env=tracked.env
+        TWO_SLEEPS, start_new_session=False, stdout=subprocess.PIPE, **contained
     ) as tree:
         assert tree.stdout is not None
         members = await read_pids(tree.stdout, 2)
@@ -64,8 +67,10 @@ def test_another_process_group_is_refused() -> None:
         open_process_tree(["sleep", "1"], process_group=os.getpgid(0))
 
 
-async def test_send_signal_reaches_every_process_in_the_tree(tracked: Tracked) -> None:
-    async with open_process_tree(TWO_SLEEPS, stdout=subprocess.PIPE, env=tracked.env) as tree:
+async def test_send_signal_reaches_every_process_in_the_tree(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    async with open_process_tree(TWO_SLEEPS, stdout=subprocess.PIPE, **contained) as tree:
         assert tree.stdout is not None
         members = await read_pids(tree.stdout, 2)
         tree.send_signal(signal.SIGUSR1)  # default action: terminate
@@ -77,10 +82,10 @@ async def test_send_signal_reaches_every_process_in_the_tree(tracked: Tracked) -
     assert tree.outcome.signals == ()  # nothing left for cleanup to stop
 
 
-async def test_reading_returncode_never_reaps_the_leader(tracked: Tracked) -> None:
-    async with open_process_tree(
-        ["sh", "-c", "sleep 60 & exit 3"], grace=0.5, env=tracked.env
-    ) as tree:
+async def test_reading_returncode_never_reaps_the_leader(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    async with open_process_tree(["sh", "-c", "sleep 60 & exit 3"], grace=0.5, **contained) as tree:
         assert await tree.wait() == 3
         for _ in range(3):
             assert tree.returncode == 3
@@ -95,10 +100,10 @@ async def test_reading_returncode_never_reaps_the_leader(tracked: Tracked) -> No
 
 
 @needs_root
-async def test_exited_leader_keeps_its_pgid_reserved_until_cleanup(tracked: Tracked) -> None:
-    async with open_process_tree(
-        ["sh", "-c", "sleep 60 & exit 0"], grace=0.5, env=tracked.env
-    ) as tree:
+async def test_exited_leader_keeps_its_pgid_reserved_until_cleanup(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    async with open_process_tree(["sh", "-c", "sleep 60 & exit 0"], grace=0.5, **contained) as tree:
         await tree.wait()
         with next_pid_after(tree.pid - 1):
             stranger = start_stranger(tracked.env)
@@ -112,8 +117,10 @@ async def test_exited_leader_keeps_its_pgid_reserved_until_cleanup(tracked: Trac
 
 
 @needs_root
-async def test_recycled_pgid_is_never_signalled(tracked: Tracked) -> None:
-    async with open_process_tree(["sleep", "60"], env=tracked.env) as tree:
+async def test_recycled_pgid_is_never_signalled(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    async with open_process_tree(["sleep", "60"], **contained) as tree:
         pass
     old_pgid = tree.pid
     for _ in range(20):  # another process on the machine may take the pid first
@@ -134,10 +141,12 @@ async def test_recycled_pgid_is_never_signalled(tracked: Tracked) -> None:
     assert tracked.survivors() == []
 
 
-async def test_sibling_with_the_same_command_line_survives(tracked: Tracked) -> None:
+async def test_sibling_with_the_same_command_line_survives(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
     sibling = start_stranger(tracked.env)
     try:
-        async with open_process_tree(["sleep", "60"], env=tracked.env) as tree:
+        async with open_process_tree(["sleep", "60"], **contained) as tree:
             assert procs.alive(tree.pid)
         assert not procs.alive(tree.pid)
         assert procs.alive(sibling.pid)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -13,12 +16,14 @@ from . import procs
 from .conftest import Tracked, read_pids
 
 
-async def test_returns_the_exit_status_and_captured_output(tracked: Tracked) -> None:
+async def test_returns_the_exit_status_and_captured_output(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
     result = await run_process_tree(
         ["sh", "-c", "echo out; echo err >&2; exit 0"],
         capture_stdout=True,
         capture_stderr=True,
-        env=tracked.env,
+        **contained,
     )
     assert result.returncode == 0
     assert result.stdout == b"out\n"
@@ -26,40 +31,44 @@ async def test_returns_the_exit_status_and_captured_output(tracked: Tracked) -> 
     assert result.args == ["sh", "-c", "echo out; echo err >&2; exit 0"]
 
 
-async def test_nonzero_exit_raises_called_process_error_when_checked(tracked: Tracked) -> None:
+async def test_nonzero_exit_raises_called_process_error_when_checked(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
     with pytest.raises(subprocess.CalledProcessError) as caught:
         await run_process_tree(
-            ["sh", "-c", "echo partial; exit 7"], capture_stdout=True, env=tracked.env
+            ["sh", "-c", "echo partial; exit 7"], capture_stdout=True, **contained
         )
     assert caught.value.returncode == 7
     assert caught.value.output == b"partial\n"
-    result = await run_process_tree(["sh", "-c", "exit 7"], check=False, env=tracked.env)
+    result = await run_process_tree(["sh", "-c", "exit 7"], check=False, **contained)
     assert result.returncode == 7
 
 
-async def test_stdin_bytes_are_fed_then_closed(tracked: Tracked) -> None:
-    result = await run_process_tree(
-        ["cat"], stdin=b"hello tree", capture_stdout=True, env=tracked.env
-    )
+async def test_stdin_bytes_are_fed_then_closed(tracked: Tracked, contained: dict[str, Any]) -> None:
+    result = await run_process_tree(["cat"], stdin=b"hello tree", capture_stdout=True, **contained)
     assert result.stdout == b"hello tree"
 
 
-async def test_twenty_megabytes_of_output_arrive_whole(tracked: Tracked) -> None:
+async def test_twenty_megabytes_of_output_arrive_whole(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
     size = 20_000_000
     result = await run_process_tree(
-        ["head", "-c", str(size), "/dev/urandom"], capture_stdout=True, env=tracked.env
+        ["head", "-c", str(size), "/dev/urandom"], capture_stdout=True, **contained
     )
     assert len(result.stdout) == size
 
 
-async def test_grandchild_holding_the_pipe_does_not_hang_the_call(tracked: Tracked) -> None:
+async def test_grandchild_holding_the_pipe_does_not_hang_the_call(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
     # The background sleep inherits stdout and would keep it open for a minute.
     with trio.fail_after(10):
         result = await run_process_tree(
             ["sh", "-c", "sleep 60 & echo $!; echo done"],
             capture_stdout=True,
             grace=0.5,
-            env=tracked.env,
+            **contained,
         )
     pid_line, done = result.stdout.splitlines()
     assert done == b"done"
@@ -67,17 +76,18 @@ async def test_grandchild_holding_the_pipe_does_not_hang_the_call(tracked: Track
     assert tracked.survivors() == []
 
 
-async def test_output_held_open_outside_the_tree_is_read_for_a_bounded_time(
+async def test_output_held_open_outside_the_group_is_read_for_a_bounded_time(
     tracked: Tracked,
 ) -> None:
-    # setsid escapes the process group, and the escapee keeps stdout open. Only the drain
-    # bound lets the call return; the escapee is the subject of the containment issue.
+    # setsid escapes the process group, and the escapee keeps stdout open. With only a
+    # group for containment, the drain bound alone lets the call return.
     with trio.fail_after(10):
         result = await run_process_tree(
             ["sh", "-c", "setsid -f sh -c 'echo $$; exec sleep 60'"],
             capture_stdout=True,
             grace=0.5,
             env=tracked.env,
+            containment="group",
         )
     escapee = int(result.stdout)
     assert procs.alive(escapee)
@@ -85,15 +95,36 @@ async def test_output_held_open_outside_the_tree_is_read_for_a_bounded_time(
     procs.kill_survivors(tracked.token)
 
 
+async def test_escapee_holding_the_pipe_is_stopped_by_its_cgroup(
+    tracked: Tracked, tmp_path: Path
+) -> None:
+    # The leader waits (on a fifo) until the escapee has said its pid, then exits.
+    fifo = tmp_path / "ready"
+    os.mkfifo(fifo)
+    script = f"setsid -f sh -c 'echo $$; echo > {fifo}; exec sleep 60'; read x < {fifo}"
+    with trio.fail_after(10):
+        result = await run_process_tree(
+            ["sh", "-c", script],
+            capture_stdout=True,
+            grace=0.5,
+            env=tracked.env,
+            containment="cgroup",
+        )
+    escapee = int(result.stdout)
+    assert not procs.alive(escapee)
+    assert tracked.survivors() == []
+
+
 async def test_nursery_start_hands_back_the_tree_and_cancel_tears_it_down(
     tracked: Tracked,
+    contained: dict[str, Any],
 ) -> None:
     async with trio.open_nursery() as nursery:
         tree = await nursery.start(
             lambda task_status: run_process_tree(
                 ["sh", "-c", "sleep 60 & sleep 61 & wait"],
                 grace=0.5,
-                env=tracked.env,
+                **contained,
                 task_status=task_status,
             )
         )
@@ -106,7 +137,9 @@ async def test_nursery_start_hands_back_the_tree_and_cancel_tears_it_down(
     assert tracked.survivors() == []
 
 
-async def test_cancellation_propagates_unwrapped(tracked: Tracked) -> None:
+async def test_cancellation_propagates_unwrapped(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
     with trio.CancelScope() as scope:
         async with trio.open_nursery() as nursery:
 
@@ -121,7 +154,7 @@ async def test_cancellation_propagates_unwrapped(tracked: Tracked) -> None:
                     capture_stdout=True,
                     stdin=b"x",
                     grace=0.5,
-                    env=tracked.env,
+                    **contained,
                 )
             except trio.Cancelled:
                 raise
@@ -140,14 +173,16 @@ async def test_pipe_arguments_need_nursery_start() -> None:
         await run_process_tree(["true"], stdin="text")  # type: ignore[arg-type]
 
 
-async def test_full_pipe_nobody_reads_does_not_deadlock_cleanup(tracked: Tracked) -> None:
+async def test_full_pipe_nobody_reads_does_not_deadlock_cleanup(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
     # The tree fills its stdout pipe, which nobody reads, and ignores SIGTERM.
     with trio.fail_after(10):
         async with open_process_tree(
             ["sh", "-c", "trap '' TERM; echo $$; head -c 1000000 /dev/zero; sleep 60"],
             grace=0.3,
             stdout=subprocess.PIPE,
-            env=tracked.env,
+            **contained,
         ) as tree:
             assert tree.stdout is not None
             await read_pids(tree.stdout, 1)
@@ -158,12 +193,13 @@ async def test_full_pipe_nobody_reads_does_not_deadlock_cleanup(tracked: Tracked
 
 async def test_tree_flushing_into_a_full_pipe_on_sigterm_is_still_stopped(
     tracked: Tracked,
+    contained: dict[str, Any],
 ) -> None:
     # On SIGTERM it writes its last words into a pipe that is already full: blocked for good.
     script = "trap 'head -c 1000000 /dev/zero; exit 0' TERM; echo ready; while :; do sleep 1; done"
     with trio.fail_after(10):
         async with open_process_tree(
-            ["sh", "-c", script], grace=0.3, stdout=subprocess.PIPE, env=tracked.env
+            ["sh", "-c", script], grace=0.3, stdout=subprocess.PIPE, **contained
         ) as tree:
             assert tree.stdout is not None
             await tree.stdout.receive_some()

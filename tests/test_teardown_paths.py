@@ -7,6 +7,7 @@ import random
 import re
 import signal
 import subprocess
+from typing import Any
 
 import pytest
 import trio
@@ -21,9 +22,11 @@ from .conftest import Tracked, read_pids
 TWO_SLEEPS = ["sh", "-c", "sleep 60 & echo $!; sleep 61 & echo $!; wait"]
 
 
-async def test_end_of_block_stops_the_whole_tree(tracked: Tracked) -> None:
+async def test_end_of_block_stops_the_whole_tree(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
     async with open_process_tree(
-        TWO_SLEEPS, grace=0.5, stdout=subprocess.PIPE, env=tracked.env
+        TWO_SLEEPS, grace=0.5, stdout=subprocess.PIPE, **contained
     ) as tree:
         assert tree.stdout is not None
         members = await read_pids(tree.stdout, 2)
@@ -37,11 +40,12 @@ async def test_end_of_block_stops_the_whole_tree(tracked: Tracked) -> None:
 
 async def test_exception_in_block_stops_the_tree_and_propagates_unchanged(
     tracked: Tracked,
+    contained: dict[str, Any],
 ) -> None:
     error = ValueError("the user's own error")
     with pytest.raises(ValueError) as caught:
         async with open_process_tree(
-            TWO_SLEEPS, grace=0.5, stdout=subprocess.PIPE, env=tracked.env
+            TWO_SLEEPS, grace=0.5, stdout=subprocess.PIPE, **contained
         ) as tree:
             assert tree.stdout is not None
             members = await read_pids(tree.stdout, 2)
@@ -53,10 +57,12 @@ async def test_exception_in_block_stops_the_tree_and_propagates_unchanged(
     assert tracked.survivors() == []
 
 
-async def test_cancellation_stops_the_whole_tree(tracked: Tracked) -> None:
+async def test_cancellation_stops_the_whole_tree(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
     with trio.CancelScope() as scope:
         async with open_process_tree(
-            TWO_SLEEPS, grace=0.5, stdout=subprocess.PIPE, env=tracked.env
+            TWO_SLEEPS, grace=0.5, stdout=subprocess.PIPE, **contained
         ) as tree:
             assert tree.stdout is not None
             members = await read_pids(tree.stdout, 2)
@@ -69,12 +75,13 @@ async def test_cancellation_stops_the_whole_tree(tracked: Tracked) -> None:
 
 async def test_lingering_descendants_are_stopped_after_the_leader_exited(
     tracked: Tracked,
+    contained: dict[str, Any],
 ) -> None:
     async with open_process_tree(
         ["sh", "-c", "sleep 60 & echo $!; exit 0"],
         grace=0.5,
         stdout=subprocess.PIPE,
-        env=tracked.env,
+        **contained,
     ) as tree:
         assert tree.stdout is not None
         [orphan] = await read_pids(tree.stdout, 1)
@@ -88,8 +95,10 @@ async def test_lingering_descendants_are_stopped_after_the_leader_exited(
     assert tree.outcome.returncode == 0
 
 
-async def test_a_tree_that_already_ended_gets_no_signal(tracked: Tracked) -> None:
-    async with open_process_tree(["true"], env=tracked.env) as tree:
+async def test_a_tree_that_already_ended_gets_no_signal(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    async with open_process_tree(["true"], **contained) as tree:
         assert await tree.wait() == 0
     assert tree.outcome is not None
     assert tree.outcome.signals == ()
@@ -98,7 +107,9 @@ async def test_a_tree_that_already_ended_gets_no_signal(tracked: Tracked) -> Non
 
 
 async def test_cancellation_while_spawning_still_stops_the_tree(
-    tracked: Tracked, caplog: pytest.LogCaptureFixture
+    tracked: Tracked,
+    caplog: pytest.LogCaptureFixture,
+    contained: dict[str, Any],
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="trio_proctree")
     with trio.CancelScope() as scope:
@@ -110,7 +121,7 @@ async def test_cancellation_while_spawning_still_stops_the_tree(
                 scope.cancel()
 
             nursery.start_soon(cancel_once_the_spawn_is_under_way)
-            async with open_process_tree(TWO_SLEEPS, grace=0.5, env=tracked.env):
+            async with open_process_tree(TWO_SLEEPS, grace=0.5, **contained):
                 pytest.fail("the block must not run: the scope was cancelled during the spawn")
     assert scope.cancelled_caught
     started = [int(m) for m in re.findall(r"pid (\d+) \(.*\) started", caplog.text)]
@@ -119,24 +130,28 @@ async def test_cancellation_while_spawning_still_stops_the_tree(
     assert tracked.survivors() == []
 
 
-async def test_cancellation_before_spawning_starts_nothing(tracked: Tracked) -> None:
+async def test_cancellation_before_spawning_starts_nothing(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
     before = procs.children_of_self()
     with trio.CancelScope() as scope:
         scope.cancel()
-        async with open_process_tree(TWO_SLEEPS, env=tracked.env):
+        async with open_process_tree(TWO_SLEEPS, **contained):
             pytest.fail("unreachable")
     assert scope.cancelled_caught
     assert procs.children_of_self() == before
     assert tracked.survivors() == []
 
 
-async def test_200_random_cancellation_instants_leave_no_survivors(tracked: Tracked) -> None:
+async def test_200_random_cancellation_instants_leave_no_survivors(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
     rng = random.Random(20261129)
     cancelled_inside = 0
     for _ in range(200):
         with trio.move_on_after(rng.uniform(0, 0.030)):
             async with open_process_tree(
-                ["sh", "-c", "sleep 60 & sleep 61 & wait"], grace=0.5, env=tracked.env
+                ["sh", "-c", "sleep 60 & sleep 61 & wait"], grace=0.5, **contained
             ):
                 cancelled_inside += 1
                 await trio.sleep_forever()
@@ -145,9 +160,11 @@ async def test_200_random_cancellation_instants_leave_no_survivors(tracked: Trac
     assert 0 < cancelled_inside < 200
 
 
-async def test_aclose_is_idempotent_and_safe_concurrently(tracked: Tracked) -> None:
+async def test_aclose_is_idempotent_and_safe_concurrently(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
     async with open_process_tree(
-        TWO_SLEEPS, grace=0.5, stdout=subprocess.PIPE, env=tracked.env
+        TWO_SLEEPS, grace=0.5, stdout=subprocess.PIPE, **contained
     ) as tree:
         assert tree.stdout is not None
         members = await read_pids(tree.stdout, 2)
@@ -164,7 +181,9 @@ async def test_aclose_is_idempotent_and_safe_concurrently(tracked: Tracked) -> N
     assert tracked.survivors() == []
 
 
-async def test_block_scope_cancel_does_not_cut_cleanup_short(tracked: Tracked) -> None:
+async def test_block_scope_cancel_does_not_cut_cleanup_short(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
     # A tree that ignores SIGTERM needs the whole grace and SIGKILL; the caller's
     # cancellation arrives during that wait and must not interrupt it.
     with trio.move_on_after(0.1) as scope:
@@ -172,7 +191,7 @@ async def test_block_scope_cancel_does_not_cut_cleanup_short(tracked: Tracked) -
             ["sh", "-c", "trap '' TERM; echo ready; sleep 60 & wait"],
             grace=0.3,
             stdout=subprocess.PIPE,
-            env=tracked.env,
+            **contained,
         ) as tree:
             assert tree.stdout is not None
             await tree.stdout.receive_some()

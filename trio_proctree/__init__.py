@@ -1,5 +1,6 @@
 """Tie the lifetime of a subprocess tree (the child and all it starts) to a trio scope."""
 
+from ._choose import ContainmentUnavailable
 from ._escalation import Escalation, Step
 from ._outcome import CleanupError, CleanupOutcome
 from ._trio import PIPE_DRAIN_TIMEOUT, ProcessTree, open_process_tree, run_process_tree
@@ -8,6 +9,7 @@ __all__ = [
     "PIPE_DRAIN_TIMEOUT",
     "CleanupError",
     "CleanupOutcome",
+    "ContainmentUnavailable",
     "Escalation",
     "ProcessTree",
     "Step",

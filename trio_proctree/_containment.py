@@ -13,10 +13,12 @@ import os
 import select
 import signal
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from ._leader import Leader
 from ._procfs import process_table, read_stat
+from ._spawn import SpawnPlan
 
 logger = logging.getLogger("trio_proctree")
 
@@ -42,8 +44,16 @@ class ContainmentLost(OSError):
 class Containment(Protocol):
     """What the drivers need from a containment strategy."""
 
-    #: ``"group"`` (and later ``"cgroup"``, ``"subreaper"``).
+    #: ``"cgroup"``, ``"subreaper"`` or ``"group"``.
     name: str
+
+    def prepare(self, plan: SpawnPlan) -> SpawnPlan:
+        """The spawn request adjusted so the leader starts inside the containment."""
+        ...
+
+    def attach(self, leader: Leader) -> None:
+        """Take charge of the tree whose leader has just started."""
+        ...
 
     def signal(self, sig: int) -> None:
         """Send ``sig`` to every process in the tree."""
@@ -54,7 +64,7 @@ class Containment(Protocol):
         ...
 
     def pending(self) -> Pending:
-        """File descriptors to wait on (any turning readable: ask again); [] once empty."""
+        """Pidfds to wait on (any turning readable: ask again); [] once the tree is empty."""
         ...
 
     @property
@@ -62,9 +72,39 @@ class Containment(Protocol):
         """How many processes other than the leader were still running after it exited."""
         ...
 
-    def release(self) -> None:
-        """Free what the containment holds. Called once, after the leader is reaped."""
+    @property
+    def escapees(self) -> int:
+        """How many members outside the tree's process group cleanup found (and stopped)."""
         ...
+
+    def release(self) -> None:
+        """Free what the containment holds. Called once, at the end of cleanup."""
+        ...
+
+
+def exited(pidfd: int) -> bool:
+    """Whether the pidfd's process has exited (its pidfd is readable)."""
+    poller = select.poll()  # not select(): pidfds of many trees go past fd 1024
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def forget_exited(watched: dict[int, int], also: Callable[[int], bool]) -> None:
+    """Drop (and close) the pidfds in ``watched`` whose process exited, or that ``also`` names."""
+    poller = select.poll()
+    for fd in watched.values():
+        poller.register(fd, select.POLLIN)
+    gone = {fd for fd, _ in poller.poll(0)}
+    for pid, fd in list(watched.items()):
+        if fd in gone or also(pid):
+            del watched[pid]
+            os.close(fd)
+
+
+def close_all(watched: dict[int, int]) -> None:
+    for fd in watched.values():
+        os.close(fd)
+    watched.clear()
 
 
 def open_member_pidfd(pid: int, pgid: int) -> int | None:
@@ -79,16 +119,10 @@ def open_member_pidfd(pid: int, pgid: int) -> int | None:
     except ProcessLookupError:
         return None
     now = read_stat(pid)
-    if now is None or not now.alive or now.pgid != pgid or _exited(fd):
+    if now is None or not now.alive or now.pgid != pgid or exited(fd):
         os.close(fd)
         return None
     return fd
-
-
-def _exited(pidfd: int) -> bool:
-    poller = select.poll()  # not select(): pidfds of many trees go past fd 1024
-    poller.register(pidfd, select.POLLIN)
-    return bool(poller.poll(0))
 
 
 class ProcessGroupContainment:
@@ -102,17 +136,26 @@ class ProcessGroupContainment:
 
     name = "group"
 
-    def __init__(self, leader: Leader) -> None:
-        self._leader = leader
-        self._pgid = leader.pid
+    def __init__(self) -> None:
         self._watched: dict[int, int] = {}  # pid -> pidfd of members believed alive
         self._started = False
         self._scan_after: int | None = None
         self._lingering: set[int] = set()
 
+    def prepare(self, plan: SpawnPlan) -> SpawnPlan:
+        return plan  # plan_spawn already gives the leader a group of its own
+
+    def attach(self, leader: Leader) -> None:
+        self._leader = leader
+        self._pgid = leader.pid
+
     @property
     def lingering(self) -> int:
         return len(self._lingering)
+
+    @property
+    def escapees(self) -> int:
+        return 0  # a process group cannot see them
 
     def signal(self, sig: int) -> None:
         if not self._leader.pins_group:
@@ -129,12 +172,16 @@ class ProcessGroupContainment:
     def kill(self) -> None:
         self.signal(signal.SIGKILL)
 
+    def watch_leader(self, watched: dict[int, int]) -> None:
+        """Start watching the leader (unless it was reaped elsewhere: its pid may be reused)."""
+        if self._leader.pins_group:
+            watched[self._leader.pid] = os.pidfd_open(self._leader.pid)
+
     def pending(self) -> Pending:
         if not self._started:
             self._started = True
-            if self._leader.pins_group:  # else its pid may be someone else's by now
-                self._watch(self._leader.pid, os.pidfd_open(self._leader.pid))
-        self._forget_gone()
+            self.watch_leader(self._watched)
+        forget_exited(self._watched, also=self._left_group)
         if self._watched:
             return list(self._watched.values())
         # Every member we knew of has exited. Any other one must show up in a scan taken
@@ -151,31 +198,18 @@ class ProcessGroupContainment:
             fd = open_member_pidfd(pid, self._pgid)
             if fd is not None:
                 self._lingering.add(pid)
-                self._watch(pid, fd)
+                self._watched[pid] = fd
         return list(self._watched.values())
 
-    def _watch(self, pid: int, fd: int) -> None:
-        self._watched[pid] = fd
-
-    def _forget_gone(self) -> None:
-        """Drop members that exited, and members that left the group (escaped it)."""
-        poller = select.poll()
-        for fd in self._watched.values():
-            poller.register(fd, select.POLLIN)
-        exited = {fd for fd, _ in poller.poll(0)}
-        for pid, fd in list(self._watched.items()):
-            if fd not in exited and pid != self._leader.pid:
-                stat = read_stat(pid)
-                if stat is not None and stat.pgid != self._pgid:
-                    logger.debug(
-                        "pid %d left process group %d; it escapes the tree", pid, self._pgid
-                    )
-                    exited.add(fd)
-            if fd in exited:
-                del self._watched[pid]
-                os.close(fd)
+    def _left_group(self, pid: int) -> bool:
+        """Whether member ``pid`` has left the group (so it escapes the tree)."""
+        if pid == self._leader.pid:
+            return False
+        stat = read_stat(pid)
+        if stat is not None and stat.pgid != self._pgid:
+            logger.debug("pid %d left process group %d; it escapes the tree", pid, self._pgid)
+            return True
+        return False
 
     def release(self) -> None:
-        for fd in self._watched.values():
-            os.close(fd)
-        self._watched.clear()
+        close_all(self._watched)

@@ -13,7 +13,7 @@ logger = logging.getLogger("trio_proctree")
 class CleanupOutcome:
     """A record of one tree's cleanup, available as ``tree.outcome`` once cleanup ran."""
 
-    #: How the tree was held together: ``"group"`` (its own process group).
+    #: How the tree was held together: ``"cgroup"`` or ``"group"``.
     containment: str
     #: Signals sent to the whole tree, in order (each stop signal is followed by SIGCONT).
     #: Empty when nothing was left running.
@@ -25,6 +25,9 @@ class CleanupOutcome:
     #: Processes other than the leader still running after the leader had exited, which
     #: cleanup then stopped (``sh -c "sleep 60 & exit 0"`` leaves one).
     lingering_killed: int
+    #: Members outside the tree's process group (``setsid`` daemons, double forks) that
+    #: cleanup found and stopped; only a cgroup can see them.
+    escapees_killed: int
     #: Seconds from the start of cleanup until the leader was reaped.
     duration: float
     #: The leader's exit status (minus the signal number if a signal ended it); None only

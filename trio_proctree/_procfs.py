@@ -46,18 +46,27 @@ def parse_stat(pid: int, data: bytes) -> ProcStat:
     )
 
 
+def read_file(path: str, *, dir_fd: int | None = None) -> bytes:
+    """A small kernel file (procfs, cgroupfs) in one go: os.read, no buffered-IO layers.
+
+    Raises FileNotFoundError, or ProcessLookupError for a process that is gone.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def read_stat(pid: int) -> ProcStat | None:
     """The process's stat, or None once it has been reaped (or never existed)."""
     try:
-        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        data = read_file(f"/proc/{pid}/stat")
     except (FileNotFoundError, ProcessLookupError):
         return None
-    try:
-        data = os.read(fd, 1024)
-    except ProcessLookupError:  # reaped between open and read
-        return None
-    finally:
-        os.close(fd)
     return parse_stat(pid, data) if data else None
 
 
@@ -96,15 +105,9 @@ def scan() -> Snapshot:
             if not entry.isdigit():
                 continue
             try:
-                fd = os.open(entry + "/stat", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc)
+                data = read_file(entry + "/stat", dir_fd=proc)
             except OSError:
                 continue  # exited since the listing
-            try:
-                data = os.read(fd, 512)
-            except OSError:
-                continue
-            finally:
-                os.close(fd)
             # "pid (comm) state ppid pgrp ...": comm may hold spaces and ')'.
             state, _ppid, pgrp = data[data.rfind(b")") + 2 :].split(b" ", 3)[:3]
             if state not in _DEAD_BYTES:

@@ -13,7 +13,8 @@ from typing import Any, Protocol, cast
 
 import trio
 
-from ._containment import NEED_SCAN, ProcessGroupContainment
+from ._choose import ContainmentFactory, choose_containment, start_tree
+from ._containment import NEED_SCAN, Containment
 from ._escalation import (
     DEFAULT_GRACE,
     DEFAULT_STOP_SIGNAL,
@@ -24,7 +25,7 @@ from ._escalation import (
 )
 from ._leader import Leader
 from ._outcome import CleanupError, CleanupOutcome, chain_cleanup_error
-from ._spawn import Command, SpawnPlan, plan_spawn, spawn
+from ._spawn import Command, Spawned, SpawnPlan, plan_spawn
 from ._teardown import AwaitEmpty, CloseStdin, Finished, KillAll, SendSignal, Teardown
 
 if sys.version_info < (3, 11):  # pragma: no cover
@@ -48,10 +49,13 @@ class ProcessTree:
     ends, or earlier with `aclose`.
     """
 
-    def __init__(self, spawned: Any, plan: SpawnPlan, policy: Escalation) -> None:
+    def __init__(
+        self, spawned: Spawned, containment: Containment, plan: SpawnPlan, policy: Escalation
+    ) -> None:
         self.args = plan.command
         self._leader = Leader(spawned.popen, spawned.pidfd)
-        self._containment = ProcessGroupContainment(self._leader)
+        self._containment = containment
+        containment.attach(self._leader)
         self._policy = policy
         self._label = f"pid {self._leader.pid} ({plan.label})"
         #: The leader's stdin, when it was ``subprocess.PIPE``.
@@ -65,7 +69,7 @@ class ProcessTree:
         self._wait_lock = trio.Lock()
         self._cleanup_started = False
         self._cleanup_done = trio.Event()
-        logger.debug("%s started, process group %d", self._label, self._leader.pid)
+        logger.debug("%s started, contained by %s", self._label, containment.name)
 
     def __repr__(self) -> str:
         return f"<trio_proctree.ProcessTree {self._label} returncode={self.returncode}>"
@@ -77,7 +81,7 @@ class ProcessTree:
 
     @property
     def containment(self) -> str:
-        """How the tree is held together: ``"group"``."""
+        """How the tree is held together: ``"cgroup"`` or ``"group"``."""
         return self._containment.name
 
     @property
@@ -166,6 +170,7 @@ class ProcessTree:
                 stdin_closed=teardown.stdin_closed,
                 grace_expired=teardown.grace_expired,
                 lingering_killed=self._containment.lingering,
+                escapees_killed=self._containment.escapees,
                 duration=time.monotonic() - started,
                 returncode=returncode,
             )
@@ -230,9 +235,12 @@ def _collect(errors: list[Exception], func: Any, *args: Any) -> None:
 class _TreeScope:
     """The async context manager `open_process_tree` returns."""
 
-    def __init__(self, plan: SpawnPlan, policy: Escalation) -> None:
+    def __init__(
+        self, plan: SpawnPlan, policy: Escalation, make_containment: ContainmentFactory
+    ) -> None:
         self._plan = plan
         self._policy = policy
+        self._make_containment = make_containment
         self._tree: ProcessTree | None = None
 
     @trio.lowlevel.enable_ki_protection
@@ -241,8 +249,10 @@ class _TreeScope:
             raise RuntimeError("this open_process_tree() scope was already entered")
         # Not abandoned on cancel: a cancellation that arrives while the worker thread forks
         # waits for the spawn, so the process is never lost...
-        spawned = await trio.to_thread.run_sync(spawn, self._plan)
-        tree = self._tree = ProcessTree(spawned, self._plan, self._policy)
+        spawned, containment = await trio.to_thread.run_sync(
+            start_tree, self._plan, self._make_containment
+        )
+        tree = self._tree = ProcessTree(spawned, containment, self._plan, self._policy)
         # ...and is delivered here, with the tree already in hand: the block does not run
         # and the tree is stopped before the Cancelled goes on.
         try:
@@ -276,6 +286,7 @@ def open_process_tree(
     grace: float = DEFAULT_GRACE,
     stop_signal: SignalLike = DEFAULT_STOP_SIGNAL,
     escalation: Escalation | None = None,
+    containment: str = "auto",
     **options: Any,
 ) -> _TreeScope:
     """Start ``command`` as the leader of a new process tree, for the length of a block.
@@ -310,7 +321,8 @@ def open_process_tree(
       NotImplementedError: on platforms other than Linux.
     """
     policy = resolve_policy(grace, stop_signal, escalation)
-    return _TreeScope(plan_spawn(command, options), policy)
+    plan = plan_spawn(command, options)
+    return _TreeScope(plan, policy, choose_containment(containment))
 
 
 async def run_process_tree(
@@ -323,6 +335,7 @@ async def run_process_tree(
     grace: float = DEFAULT_GRACE,
     stop_signal: SignalLike = DEFAULT_STOP_SIGNAL,
     escalation: Escalation | None = None,
+    containment: str = "auto",
     task_status: trio.TaskStatus[ProcessTree] = trio.TASK_STATUS_IGNORED,
     **options: Any,
 ) -> subprocess.CompletedProcess[bytes]:
@@ -375,7 +388,12 @@ async def run_process_tree(
     readers: list[tuple[str, trio.lowlevel.FdStream]] = []
     try:
         async with open_process_tree(
-            command, grace=grace, stop_signal=stop_signal, escalation=escalation, **options
+            command,
+            grace=grace,
+            stop_signal=stop_signal,
+            escalation=escalation,
+            containment=containment,
+            **options,
         ) as tree:
             # The streams this function reads are taken off the tree, so that its cleanup
             # leaves them open to be read to the end here.

@@ -1,0 +1,401 @@
+"""cgroup v2 containment: every tree in a cgroup of its own, which no descendant can leave.
+
+A process group misses descendants that call ``setsid()``; a cgroup keeps them all. Each
+process that uses trio_proctree gets one directory next to its own cgroup,
+``trio_proctree-<pid>-<starttime>``, and each tree a ``tree-<n>`` cgroup inside it.
+
+The leader is placed in its cgroup before the user's program runs, without ``preexec_fn``
+(unsafe in a threaded program, and trio spawns from worker threads): the command is
+started through ``/bin/sh``, which writes its own pid into the cgroup and then ``exec``\\ s
+the command. A process moved into a cgroup after it forked would leave its existing
+children outside.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import itertools
+import logging
+import os
+import signal
+import threading
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import attrs
+
+from ._containment import ProcessGroupContainment, close_all, exited, forget_exited
+from ._leader import Leader
+from ._procfs import read_file, read_stat
+from ._spawn import SpawnPlan
+
+logger = logging.getLogger("trio_proctree")
+
+_HOME_PREFIX = "trio_proctree-"
+
+#: Joins the cgroup named by $0 (its cgroup.procs), then becomes the command. Exit status
+#: 125 (and a message) if the cgroup cannot be joined, as env(1) and timeout(1) use it.
+_JOIN_AND_EXEC = (
+    'echo $$ > "$0" || { echo "trio_proctree: cannot join cgroup ${0%/*}" >&2; exit 125; }; '
+    'exec "$@"'
+)
+
+
+def _unescape_mount_path(field: str) -> str:
+    # mountinfo escapes space, tab, newline and backslash as octal (\040 ...).
+    return field.encode().decode("unicode_escape")
+
+
+def find_cgroup2_mount(mountinfo: str) -> str | None:
+    """Where the cgroup v2 hierarchy is mounted: ``/sys/fs/cgroup`` on pure v2 hosts,
+    ``/sys/fs/cgroup/unified`` on hybrid ones. None if it is not mounted."""
+    for line in mountinfo.splitlines():
+        before, _, after = line.partition(" - ")
+        if after.split(" ", 1)[0] == "cgroup2":
+            return _unescape_mount_path(before.split(" ")[4])
+    return None
+
+
+def own_cgroup(proc_self_cgroup: str) -> str | None:
+    """Our cgroup v2 path (``/user.slice/...``), from the ``0::`` line of /proc/self/cgroup."""
+    for line in proc_self_cgroup.splitlines():
+        if line.startswith("0::"):
+            return line[3:]
+    return None
+
+
+def _read(path: str) -> str:
+    return read_file(path).decode()
+
+
+def _populated(cgroup: str) -> bool:
+    return b"populated 1" in read_file(os.path.join(cgroup, "cgroup.events"))
+
+
+def _procs(cgroup: str) -> list[int]:
+    """Every process in the cgroup and in the cgroups a member may have made inside it."""
+    try:
+        pids = [int(pid) for pid in read_file(os.path.join(cgroup, "cgroup.procs")).split()]
+    except FileNotFoundError:
+        return []  # removed meanwhile
+    for inner in _subdirs(cgroup):
+        pids.extend(_procs(inner))
+    return pids
+
+
+def _kill(cgroup: str) -> None:
+    fd = os.open(os.path.join(cgroup, "cgroup.kill"), os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, b"1")
+    finally:
+        os.close(fd)
+
+
+@attrs.define
+class CgroupHome:
+    """This process's directory of tree cgroups.
+
+    Emptied tree cgroups are kept for the next tree: an empty cgroup is as good as a new
+    one, and reusing it saves a mkdir when a tree starts and an rmdir when it ends.
+    """
+
+    path: str
+    #: The path as /proc/PID/cgroup shows it, for telling members from strangers.
+    relative: str
+    _free: list[str] = attrs.field(factory=list)
+    _counter: Iterator[int] = attrs.field(factory=itertools.count)
+    _lock: threading.Lock = attrs.field(factory=threading.Lock)
+
+    #: How many emptied tree cgroups are kept for reuse.
+    KEEP = 64
+
+    def take_tree(self) -> str:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+            path = os.path.join(self.path, f"tree-{next(self._counter)}")
+        os.mkdir(path)
+        return path
+
+    def give_back(self, tree: str) -> None:
+        """Keep an empty tree cgroup for reuse (or remove it, when enough are kept)."""
+        with self._lock:
+            if len(self._free) < self.KEEP:
+                self._free.append(tree)
+                return
+        os.rmdir(tree)
+
+    def remove(self) -> None:
+        """Remove the kept cgroups and the home itself (at interpreter exit)."""
+        with self._lock:
+            free, self._free = self._free, []
+        for tree in free:
+            with contextlib.suppress(OSError):
+                os.rmdir(tree)
+        with contextlib.suppress(OSError):
+            os.rmdir(self.path)  # fails, rightly, while some tree is still open
+
+
+class CgroupUnavailable(Exception):
+    """Why cgroup containment cannot be used here (the message says)."""
+
+
+_home_lock = threading.Lock()
+
+
+def cgroup_home() -> CgroupHome:
+    """This process's home for tree cgroups, created on first use.
+
+    Raises:
+        CgroupUnavailable: no writable cgroup v2 hierarchy is delegated to us.
+    """
+    with _home_lock:
+        return _home_for(os.getpid())  # a forked child gets a home of its own
+
+
+@functools.cache
+def _home_for(pid: int) -> CgroupHome:
+    mount = find_cgroup2_mount(_read("/proc/self/mountinfo"))
+    if mount is None:
+        raise CgroupUnavailable("no cgroup v2 hierarchy is mounted")
+    own = own_cgroup(_read("/proc/self/cgroup"))
+    if own is None:
+        raise CgroupUnavailable("this process is in no cgroup v2 cgroup")
+    parent = os.path.join(mount, own.lstrip("/"))
+    if not os.access(parent, os.W_OK):
+        raise CgroupUnavailable(f"the cgroup {parent} is not writable (not delegated to us)")
+    stat = read_stat(pid)
+    assert stat is not None
+    name = f"{_HOME_PREFIX}{pid}-{stat.starttime}"
+    path = os.path.join(parent, name)
+    _sweep_stale_homes(parent)
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise CgroupUnavailable(f"cannot create a cgroup under {parent}: {exc}") from exc
+    if not os.path.exists(os.path.join(path, "cgroup.kill")):
+        os.rmdir(path)
+        raise CgroupUnavailable("cgroup.kill is missing (needs Linux 5.14 or newer)")
+    relative = "/" + os.path.join(own.strip("/"), name)
+    home = CgroupHome(path, relative.replace("//", "/"))
+    atexit.register(home.remove)
+    return home
+
+
+def _sweep_stale_homes(parent: str) -> None:
+    """Remove the homes of processes that died without cleaning up (crashed, SIGKILLed).
+
+    What still runs in them outlived its owner: the parent-death backstop should have
+    killed it, and this does, before removing the directories.
+    """
+    try:
+        entries = os.listdir(parent)
+    except OSError:
+        return
+    for name in entries:
+        if not name.startswith(_HOME_PREFIX):
+            continue
+        try:
+            pid_text, start_text = name[len(_HOME_PREFIX) :].split("-")
+            owner, start = int(pid_text), int(start_text)
+        except ValueError:
+            continue
+        stat = read_stat(owner)
+        if stat is not None and stat.starttime == start:
+            continue  # its owner still runs
+        home = os.path.join(parent, name)
+        for tree in _subdirs(home):
+            try:
+                if _populated(tree):
+                    logger.warning("killing what outlived its owner in %s", tree)
+                    _kill(tree)
+                os.rmdir(tree)
+            except OSError as exc:
+                logger.debug("cannot remove stale cgroup %s yet: %s", tree, exc)
+        try:
+            os.rmdir(home)
+        except OSError:
+            continue
+        logger.debug("removed stale cgroup home %s", home)
+
+
+def _subdirs(path: str) -> list[str]:
+    """The cgroups directly inside ``path`` (members may make some)."""
+    try:
+        if os.stat(path).st_nlink <= 2:  # a directory's link count is 2 + its subdirectories
+            return []
+        return [entry.path for entry in os.scandir(path) if entry.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+
+
+def in_cgroup(pid: int, relative: str) -> bool:
+    """Whether ``pid`` is in the cgroup with this /proc/PID/cgroup path, or below it."""
+    try:
+        path = own_cgroup(_read(f"/proc/{pid}/cgroup"))
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return path is not None and (path == relative or path.startswith(relative + "/"))
+
+
+def open_cgroup_member_pidfd(pid: int, relative: str) -> int | None:
+    """A pidfd for ``pid`` if it is a live process in the cgroup, else None.
+
+    The membership read after the pidfd is open, with the pidfd still unreadable after
+    that read, proves both describe the same live process, not a recycled pid.
+    """
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return None
+    if not in_cgroup(pid, relative) or exited(fd):
+        os.close(fd)
+        return None
+    return fd
+
+
+class CgroupContainment:
+    """The tree is its cgroup, which also holds every descendant that left the group.
+
+    Members are tracked by pidfd from the first time cleanup sees them, so one pass over
+    cgroup.procs serves the stop signal, SIGCONT and the wait.
+    """
+
+    name = "cgroup"
+
+    def __init__(self, home: CgroupHome) -> None:
+        self._home = home
+        self.path = home.take_tree()
+        self._relative = f"{home.relative}/{os.path.basename(self.path)}"
+        # The group covers the moment before the leader has joined the cgroup: sh has not
+        # forked by then, so the leader is all there is, and it heads the group.
+        self._group = ProcessGroupContainment()
+        self._members: dict[int, int] = {}  # pid -> pidfd, for members believed alive
+        self._escapees: set[int] = set()
+        self._lingering: set[int] = set()
+        self._surveyed = False
+        self._emptied = False
+        self._sent: list[int] = []  # signals sent so far, for members found later
+
+    def prepare(self, plan: SpawnPlan) -> SpawnPlan:
+        options = dict(plan.options)
+        shell = options.pop("shell", False)
+        executable = options.pop("executable", None)
+        if shell:
+            argv: list[Any] = [executable or "/bin/sh", "-c", plan.command]
+        else:
+            assert isinstance(plan.command, list)
+            argv = list(plan.command)
+            if executable is not None:
+                argv[0] = executable  # (sh's exec cannot set a different argv[0])
+        procs = os.path.join(self.path, "cgroup.procs")
+        command = ["/bin/sh", "-c", _JOIN_AND_EXEC, procs, *argv]
+        return attrs.evolve(plan, command=command, options=options)
+
+    def attach(self, leader: Leader) -> None:
+        self._leader = leader
+        self._group.attach(leader)
+        self._group.watch_leader(self._members)
+
+    @property
+    def lingering(self) -> int:
+        return len(self._lingering)
+
+    @property
+    def escapees(self) -> int:
+        return len(self._escapees)
+
+    def _track_new_members(self) -> list[int]:
+        """Start tracking members not tracked yet; return the new escapees among them."""
+        new_escapees = []
+        for pid in _procs(self.path):
+            if pid not in self._members:
+                fd = self._open_member(pid)
+                if fd is not None:
+                    self._members[pid] = fd
+                    if pid in self._escapees:
+                        new_escapees.append(pid)
+        return new_escapees
+
+    def _open_member(self, pid: int) -> int | None:
+        """A pidfd for ``pid`` if it is a live member, noting whether it is an escapee.
+
+        The stat read after the pidfd is open, with the pidfd still unreadable after the
+        read, proves both describe the same live process. In the tree's process group
+        (its pgid pinned by the unreaped leader) it is a member; outside it, its cgroup
+        has to say so.
+        """
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return None
+        stat = read_stat(pid)
+        if stat is not None and stat.pgid != self._leader.pid:
+            if in_cgroup(pid, self._relative):
+                self._escapees.add(pid)
+            else:
+                stat = None
+        if stat is None or not stat.alive or exited(fd):
+            os.close(fd)
+            return None
+        return fd
+
+    def _signal_escapees(self, pids: Iterable[int], signals: Iterable[int]) -> None:
+        for pid in pids:
+            fd = self._members.get(pid)
+            if fd is not None:
+                for sig in signals:
+                    signal.pidfd_send_signal(fd, sig)
+
+    def signal(self, sig: int) -> None:
+        if not self._surveyed:
+            # Learn the members while they are calm: reading /proc and cgroup.procs while
+            # processes exit is several times slower.
+            self._surveyed = True
+            self._track_new_members()
+        # The group, and the leader should it not have joined the cgroup yet, in one call;
+        # then the escapees one by one. Members that appear later (forked meanwhile) get
+        # the signals sent so far when pending() finds them.
+        self._group.signal(sig)
+        self._signal_escapees(self._escapees, [sig])
+        self._sent.append(sig)
+
+    def kill(self) -> None:
+        # cgroup.kill reaches every member, escapees included, and no fork can race it.
+        _kill(self.path)
+        self._group.kill()  # the leader, should it not have joined the cgroup yet
+
+    def pending(self) -> list[int]:
+        forget_exited(self._members, also=lambda pid: False)
+        # Every tracked member has exited: the cgroup says whether others remain, e.g.
+        # forked while we signalled. (A listed member gone before its pidfd opened leaves
+        # nothing to track while the cgroup still reads populated for a moment: read again.)
+        while not self._members and _populated(self.path):
+            self._signal_escapees(self._track_new_members(), self._sent)
+        if self._leader.poll() is not None:
+            self._lingering.update(pid for pid in self._members if pid != self._leader.pid)
+        self._emptied = not self._members
+        return list(self._members.values())
+
+    def release(self) -> None:
+        close_all(self._members)
+        # Members may have made cgroups inside ours: remove the deepest first.
+        for folder in sorted(_all_dirs(self.path)[1:], key=len, reverse=True):
+            with contextlib.suppress(FileNotFoundError):
+                os.rmdir(folder)
+        # Empty is known from pending(); nothing re-enters an empty cgroup by itself.
+        if self._emptied and not _subdirs(self.path):
+            self._home.give_back(self.path)
+        else:
+            logger.warning("cgroup %s may not be empty; leaving it for the sweep", self.path)
+
+
+def _all_dirs(path: str) -> list[str]:
+    found = [path]
+    for inner in _subdirs(path):
+        found.extend(_all_dirs(inner))
+    return found

@@ -1,0 +1,60 @@
+"""Picking a tree's containment ("auto", "cgroup", "subreaper", "group") and starting the
+tree inside it. Shared by the trio and asyncio drivers."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from ._cgroup import CgroupContainment, CgroupUnavailable, cgroup_home
+from ._containment import Containment, ProcessGroupContainment
+from ._spawn import Spawned, SpawnPlan, spawn
+
+logger = logging.getLogger("trio_proctree")
+
+CONTAINMENTS = ("auto", "cgroup", "group")
+
+
+class ContainmentUnavailable(RuntimeError):
+    """The containment asked for cannot be used on this machine (the message says why)."""
+
+
+ContainmentFactory = Callable[[], Containment]
+
+
+def choose_containment(mode: str) -> ContainmentFactory:
+    """How trees will be contained; checked before anything is spawned.
+
+    ``"auto"`` takes the strongest available: a cgroup of its own where a writable cgroup
+    v2 hierarchy is delegated to us, else the process group.
+
+    Raises:
+        ValueError: ``mode`` names no containment.
+        ContainmentUnavailable: ``mode`` is not available here.
+    """
+    if mode not in CONTAINMENTS:
+        raise ValueError(
+            f"containment must be one of {', '.join(map(repr, CONTAINMENTS))}, not {mode!r}"
+        )
+    if mode in ("auto", "cgroup"):
+        try:
+            home = cgroup_home()
+        except CgroupUnavailable as exc:
+            if mode == "cgroup":
+                raise ContainmentUnavailable(f"cgroup containment is unavailable: {exc}") from None
+            logger.debug("cgroup containment unavailable (%s); using the process group", exc)
+        else:
+            return lambda: CgroupContainment(home)
+    return ProcessGroupContainment
+
+
+def start_tree(
+    plan: SpawnPlan, make_containment: ContainmentFactory
+) -> tuple[Spawned, Containment]:
+    """Start the leader inside a new containment (blocking: drivers run it in a thread)."""
+    containment = make_containment()
+    try:
+        return spawn(containment.prepare(plan)), containment
+    except BaseException:
+        containment.release()
+        raise
