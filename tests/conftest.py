@@ -13,7 +13,7 @@ from trio_proctree._choose import choose_containment
 from . import procs
 
 #: Every behaviour is pinned under each containment a machine offers.
-CONTAINMENTS = ["cgroup", "group"]
+CONTAINMENTS = ["cgroup", "subreaper", "group"]
 
 
 class Tracked:

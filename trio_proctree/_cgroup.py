@@ -19,16 +19,14 @@ import functools
 import itertools
 import logging
 import os
-import signal
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import attrs
 
-from ._containment import ProcessGroupContainment, close_all, exited, forget_exited
-from ._leader import Leader
-from ._procfs import read_file, read_stat
+from ._containment import MemberTracking
+from ._procfs import ProcStat, read_file, read_stat
 from ._spawn import SpawnPlan
 
 logger = logging.getLogger("trio_proctree")
@@ -104,7 +102,7 @@ class CgroupHome:
     path: str
     #: The path as /proc/PID/cgroup shows it, for telling members from strangers.
     relative: str
-    _free: list[str] = attrs.field(factory=list)
+    _free: list[str] = attrs.field(factory=list[str])
     _counter: Iterator[int] = attrs.field(factory=itertools.count)
     _lock: threading.Lock = attrs.field(factory=threading.Lock)
 
@@ -242,44 +240,16 @@ def in_cgroup(pid: int, relative: str) -> bool:
     return path is not None and (path == relative or path.startswith(relative + "/"))
 
 
-def open_cgroup_member_pidfd(pid: int, relative: str) -> int | None:
-    """A pidfd for ``pid`` if it is a live process in the cgroup, else None.
-
-    The membership read after the pidfd is open, with the pidfd still unreadable after
-    that read, proves both describe the same live process, not a recycled pid.
-    """
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return None
-    if not in_cgroup(pid, relative) or exited(fd):
-        os.close(fd)
-        return None
-    return fd
-
-
-class CgroupContainment:
-    """The tree is its cgroup, which also holds every descendant that left the group.
-
-    Members are tracked by pidfd from the first time cleanup sees them, so one pass over
-    cgroup.procs serves the stop signal, SIGCONT and the wait.
-    """
+class CgroupContainment(MemberTracking):
+    """The tree is its cgroup, which also holds every descendant that left the group."""
 
     name = "cgroup"
 
     def __init__(self, home: CgroupHome) -> None:
+        super().__init__()
         self._home = home
         self.path = home.take_tree()
         self._relative = f"{home.relative}/{os.path.basename(self.path)}"
-        # The group covers the moment before the leader has joined the cgroup: sh has not
-        # forked by then, so the leader is all there is, and it heads the group.
-        self._group = ProcessGroupContainment()
-        self._members: dict[int, int] = {}  # pid -> pidfd, for members believed alive
-        self._escapees: set[int] = set()
-        self._lingering: set[int] = set()
-        self._surveyed = False
-        self._emptied = False
-        self._sent: list[int] = []  # signals sent so far, for members found later
 
     def prepare(self, plan: SpawnPlan) -> SpawnPlan:
         options = dict(plan.options)
@@ -296,93 +266,22 @@ class CgroupContainment:
         command = ["/bin/sh", "-c", _JOIN_AND_EXEC, procs, *argv]
         return attrs.evolve(plan, command=command, options=options)
 
-    def attach(self, leader: Leader) -> None:
-        self._leader = leader
-        self._group.attach(leader)
-        self._group.watch_leader(self._members)
-
     @property
-    def lingering(self) -> int:
-        return len(self._lingering)
+    def backstop(self) -> list[str]:
+        return [f"cgroup {self.path}"]
 
-    @property
-    def escapees(self) -> int:
-        return len(self._escapees)
+    def _list_members(self) -> list[int]:
+        return _procs(self.path)
 
-    def _track_new_members(self) -> list[int]:
-        """Start tracking members not tracked yet; return the new escapees among them."""
-        new_escapees = []
-        for pid in _procs(self.path):
-            if pid not in self._members:
-                fd = self._open_member(pid)
-                if fd is not None:
-                    self._members[pid] = fd
-                    if pid in self._escapees:
-                        new_escapees.append(pid)
-        return new_escapees
+    def _confirm_escapee(self, pid: int, stat: ProcStat) -> bool:
+        return in_cgroup(pid, self._relative)
 
-    def _open_member(self, pid: int) -> int | None:
-        """A pidfd for ``pid`` if it is a live member, noting whether it is an escapee.
-
-        The stat read after the pidfd is open, with the pidfd still unreadable after the
-        read, proves both describe the same live process. In the tree's process group
-        (its pgid pinned by the unreaped leader) it is a member; outside it, its cgroup
-        has to say so.
-        """
-        try:
-            fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            return None
-        stat = read_stat(pid)
-        if stat is not None and stat.pgid != self._leader.pid:
-            if in_cgroup(pid, self._relative):
-                self._escapees.add(pid)
-            else:
-                stat = None
-        if stat is None or not stat.alive or exited(fd):
-            os.close(fd)
-            return None
-        return fd
-
-    def _signal_escapees(self, pids: Iterable[int], signals: Iterable[int]) -> None:
-        for pid in pids:
-            fd = self._members.get(pid)
-            if fd is not None:
-                for sig in signals:
-                    signal.pidfd_send_signal(fd, sig)
-
-    def signal(self, sig: int) -> None:
-        if not self._surveyed:
-            # Learn the members while they are calm: reading /proc and cgroup.procs while
-            # processes exit is several times slower.
-            self._surveyed = True
-            self._track_new_members()
-        # The group, and the leader should it not have joined the cgroup yet, in one call;
-        # then the escapees one by one. Members that appear later (forked meanwhile) get
-        # the signals sent so far when pending() finds them.
-        self._group.signal(sig)
-        self._signal_escapees(self._escapees, [sig])
-        self._sent.append(sig)
-
-    def kill(self) -> None:
+    def _hard_kill(self) -> None:
         # cgroup.kill reaches every member, escapees included, and no fork can race it.
         _kill(self.path)
-        self._group.kill()  # the leader, should it not have joined the cgroup yet
-
-    def pending(self) -> list[int]:
-        forget_exited(self._members, also=lambda pid: False)
-        # Every tracked member has exited: the cgroup says whether others remain, e.g.
-        # forked while we signalled. (A listed member gone before its pidfd opened leaves
-        # nothing to track while the cgroup still reads populated for a moment: read again.)
-        while not self._members and _populated(self.path):
-            self._signal_escapees(self._track_new_members(), self._sent)
-        if self._leader.poll() is not None:
-            self._lingering.update(pid for pid in self._members if pid != self._leader.pid)
-        self._emptied = not self._members
-        return list(self._members.values())
 
     def release(self) -> None:
-        close_all(self._members)
+        super().release()
         # Members may have made cgroups inside ours: remove the deepest first.
         for folder in sorted(_all_dirs(self.path)[1:], key=len, reverse=True):
             with contextlib.suppress(FileNotFoundError):

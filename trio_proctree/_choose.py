@@ -6,13 +6,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from . import _watchdog as watchdog
 from ._cgroup import CgroupContainment, CgroupUnavailable, cgroup_home
 from ._containment import Containment, ProcessGroupContainment
 from ._spawn import Spawned, SpawnPlan, spawn
+from ._subreaper import SubreaperContainment, SubreaperUnavailable, become_subreaper
 
 logger = logging.getLogger("trio_proctree")
 
-CONTAINMENTS = ("auto", "cgroup", "group")
+CONTAINMENTS = ("auto", "cgroup", "subreaper", "group")
 
 
 class ContainmentUnavailable(RuntimeError):
@@ -26,7 +28,8 @@ def choose_containment(mode: str) -> ContainmentFactory:
     """How trees will be contained; checked before anything is spawned.
 
     ``"auto"`` takes the strongest available: a cgroup of its own where a writable cgroup
-    v2 hierarchy is delegated to us, else the process group.
+    v2 hierarchy is delegated to us, else this process as child subreaper (process-wide),
+    else the process group alone.
 
     Raises:
         ValueError: ``mode`` names no containment.
@@ -42,9 +45,20 @@ def choose_containment(mode: str) -> ContainmentFactory:
         except CgroupUnavailable as exc:
             if mode == "cgroup":
                 raise ContainmentUnavailable(f"cgroup containment is unavailable: {exc}") from None
-            logger.debug("cgroup containment unavailable (%s); using the process group", exc)
+            logger.debug("cgroup containment unavailable (%s)", exc)
         else:
             return lambda: CgroupContainment(home)
+    if mode in ("auto", "subreaper"):
+        try:
+            become_subreaper()
+        except SubreaperUnavailable as exc:
+            if mode == "subreaper":
+                raise ContainmentUnavailable(
+                    f"subreaper containment is unavailable: {exc}"
+                ) from None
+            logger.debug("subreaper containment unavailable (%s); using the process group", exc)
+        else:
+            return SubreaperContainment
     return ProcessGroupContainment
 
 
@@ -52,6 +66,7 @@ def start_tree(
     plan: SpawnPlan, make_containment: ContainmentFactory
 ) -> tuple[Spawned, Containment]:
     """Start the leader inside a new containment (blocking: drivers run it in a thread)."""
+    watchdog.ensure_started()
     containment = make_containment()
     try:
         return spawn(containment.prepare(plan)), containment

@@ -13,11 +13,12 @@ import os
 import select
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
+from . import _watchdog as watchdog
 from ._leader import Leader
-from ._procfs import process_table, read_stat
+from ._procfs import ProcStat, process_table, read_stat
 from ._spawn import SpawnPlan
 
 logger = logging.getLogger("trio_proctree")
@@ -141,6 +142,8 @@ class ProcessGroupContainment:
         self._started = False
         self._scan_after: int | None = None
         self._lingering: set[int] = set()
+        #: What the parent-death watchdog kills, should we die before cleanup.
+        self.backstop: list[str] = []
 
     def prepare(self, plan: SpawnPlan) -> SpawnPlan:
         return plan  # plan_spawn already gives the leader a group of its own
@@ -148,6 +151,11 @@ class ProcessGroupContainment:
     def attach(self, leader: Leader) -> None:
         self._leader = leader
         self._pgid = leader.pid
+        stat = read_stat(leader.pid)
+        assert stat is not None, "an unreaped child always has a /proc entry"
+        self.backstop = [f"group {self._pgid} {stat.starttime}"]
+        for entry in self.backstop:
+            watchdog.register(entry)
 
     @property
     def lingering(self) -> int:
@@ -213,3 +221,144 @@ class ProcessGroupContainment:
 
     def release(self) -> None:
         close_all(self._watched)
+        for entry in self.backstop:
+            watchdog.unregister(entry)
+
+
+class MemberTracking:
+    """What the cgroup and subreaper containments share: the tree's group, plus members
+    found by listing and tracked by pidfd from the first time cleanup sees them.
+
+    One pass over the members serves the stop signal, SIGCONT and the wait. Members in
+    the group get ``killpg``; escapees (members outside the group) get each signal
+    through their pidfds, so a recycled pid is never hit.
+
+    Subclasses say how members are listed (`_list_members`), how one found outside the
+    group is confirmed as a member (`_confirm_escapee`) and how all are hard-stopped.
+    """
+
+    name: str
+
+    def __init__(self) -> None:
+        # The group covers the leader even before the members can be listed.
+        self._group = ProcessGroupContainment()
+        self._members: dict[int, int] = {}  # pid -> pidfd, for members believed alive
+        self._escapees: set[int] = set()
+        self._lingering: set[int] = set()
+        self._surveyed = False
+        self._emptied = False
+        self._sent: list[int] = []  # signals sent so far, replayed to members found later
+
+    def prepare(self, plan: SpawnPlan) -> SpawnPlan:
+        return plan
+
+    def attach(self, leader: Leader) -> None:
+        self._leader = leader
+        self._group.attach(leader)
+        self._group.watch_leader(self._members)
+        for entry in self.backstop:
+            watchdog.register(entry)
+
+    @property
+    def backstop(self) -> list[str]:
+        """What the parent-death watchdog kills, should we die before cleanup."""
+        return []
+
+    @property
+    def lingering(self) -> int:
+        return len(self._lingering)
+
+    @property
+    def escapees(self) -> int:
+        return len(self._escapees)
+
+    def _list_members(self) -> list[int]:
+        """Pids of the tree's live processes (a listing: some may be gone already)."""
+        raise NotImplementedError
+
+    def _confirm_escapee(self, pid: int, stat: ProcStat) -> bool:
+        """Whether ``pid``, outside the group, is a member (read after its pidfd opened)."""
+        raise NotImplementedError
+
+    def _hard_kill(self) -> None:
+        raise NotImplementedError
+
+    def _track_new_members(self) -> tuple[int, list[int]]:
+        """Track listed members not tracked yet: (how many were listed, new escapees)."""
+        listed = self._list_members()
+        new_escapees: list[int] = []
+        for pid in listed:
+            if pid not in self._members:
+                fd = self._open_member(pid)
+                if fd is not None:
+                    self._members[pid] = fd
+                    if pid in self._escapees:
+                        new_escapees.append(pid)
+        return len(listed), new_escapees
+
+    def _open_member(self, pid: int) -> int | None:
+        """A pidfd for ``pid`` if it is a live member, noting whether it is an escapee.
+
+        The stat read after the pidfd is open, with the pidfd still unreadable after the
+        read, proves both describe the same live process. In the tree's process group
+        (its pgid pinned by the unreaped leader) it is a member; outside it, the
+        containment has to confirm it.
+        """
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return None
+        stat = read_stat(pid)
+        if stat is not None and stat.pgid != self._leader.pid:
+            if self._confirm_escapee(pid, stat):
+                self._escapees.add(pid)
+            else:
+                stat = None
+        if stat is None or not stat.alive or exited(fd):
+            os.close(fd)
+            return None
+        return fd
+
+    def _signal_escapees(self, pids: Iterable[int], signals: Iterable[int]) -> None:
+        for pid in pids:
+            fd = self._members.get(pid)
+            if fd is not None:
+                for sig in signals:
+                    signal.pidfd_send_signal(fd, sig)
+
+    def signal(self, sig: int) -> None:
+        if not self._surveyed:
+            # Learn the members while they are calm: reading /proc and cgroupfs while
+            # processes exit is several times slower.
+            self._surveyed = True
+            self._track_new_members()
+        # The group, in one call; then the escapees one by one. Members that appear later
+        # (forked meanwhile) get the signals sent so far when pending() finds them.
+        self._group.signal(sig)
+        self._signal_escapees(self._escapees, [sig])
+        self._sent.append(sig)
+
+    def kill(self) -> None:
+        self._hard_kill()
+        self._group.kill()
+
+    def pending(self) -> Pending:
+        forget_exited(self._members, also=lambda pid: False)
+        # Every tracked member has exited: a new listing says whether others remain (forked
+        # while we signalled, say). One listed but gone before its pidfd opened leaves
+        # nothing to track while it finishes exiting: list again.
+        while not self._members:
+            listed, new_escapees = self._track_new_members()
+            if not listed:
+                break
+            self._signal_escapees(new_escapees, self._sent)
+        if self._leader.poll() is not None:
+            self._lingering.update(pid for pid in self._members if pid != self._leader.pid)
+        self._emptied = not self._members
+        return list(self._members.values())
+
+    def release(self) -> None:
+        close_all(self._members)
+        self._group.release()
+        for entry in self.backstop:
+            watchdog.unregister(entry)

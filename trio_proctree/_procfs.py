@@ -53,7 +53,7 @@ def read_file(path: str, *, dir_fd: int | None = None) -> bytes:
     """
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
-        chunks = []
+        chunks: list[bytes] = []
         while chunk := os.read(fd, 65536):
             chunks.append(chunk)
         return b"".join(chunks)

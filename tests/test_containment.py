@@ -1,0 +1,305 @@
+"""Containment beyond the process group: escapees, daemons, fork bombs, stopped members,
+and the parent itself killed with SIGKILL. Each shape under each containment."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+import trio_proctree
+from trio_proctree import ContainmentUnavailable, _cgroup, open_process_tree
+from trio_proctree._cgroup import find_cgroup2_mount, own_cgroup
+
+from . import procs
+from .conftest import Tracked, read_pids
+
+# A member that calls setsid() (leaves group and session), says its pid, and lingers.
+SETSID_ESCAPEE = ["sh", "-c", "setsid -f sh -c 'echo $$; exec sleep 60'; sleep 60"]
+
+# The classic daemon: fork, setsid, fork again, the middle one exits; the grandchild
+# (re-parented, in a session of its own) says its pid.
+DOUBLE_FORK = [
+    sys.executable,
+    "-c",
+    textwrap.dedent(
+        """
+        import os, sys, time
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                print(os.getpid(), flush=True)
+                time.sleep(60)
+            os._exit(0)
+        os.wait()
+        time.sleep(60)
+        """
+    ),
+]
+
+# 2**8 - 1 = 255 shells, each with a sleep: ~510 processes. The 128 leaves say so.
+FORK_BOMB_DEPTH = 7
+FORK_BOMB = [
+    "sh",
+    "-c",
+    "f() { if [ $1 -gt 0 ]; then f $(($1-1)) & f $(($1-1)) & else echo $$; fi; sleep 60; }; "
+    f"f {FORK_BOMB_DEPTH}",
+]
+
+# Contain everything the machine offers, plus "auto" (cgroup here, where we are root).
+STRONG = ["cgroup", "subreaper", "auto"]
+
+
+def available(containment: str) -> None:
+    try:
+        open_process_tree(["true"], containment=containment)
+    except ContainmentUnavailable as exc:  # pragma: no cover - machines without cgroups
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(params=STRONG)
+def strong(request: pytest.FixtureRequest) -> str:
+    available(request.param)
+    return str(request.param)
+
+
+async def test_setsid_escapee_is_killed(tracked: Tracked, strong: str) -> None:
+    async with open_process_tree(
+        SETSID_ESCAPEE, grace=0.5, stdout=subprocess.PIPE, env=tracked.env, containment=strong
+    ) as tree:
+        assert tree.stdout is not None
+        [escapee] = await read_pids(tree.stdout, 1)
+        assert os.getsid(escapee) == escapee != tree.pid  # it did leave the session
+    assert not procs.alive(escapee)
+    assert tracked.survivors() == []
+    assert tree.outcome is not None
+    assert tree.outcome.escapees_killed >= 1
+    assert tree.outcome.containment == tree.containment != "group"
+
+
+async def test_double_fork_daemon_is_killed(tracked: Tracked, strong: str) -> None:
+    async with open_process_tree(
+        DOUBLE_FORK, grace=0.5, stdout=subprocess.PIPE, env=tracked.env, containment=strong
+    ) as tree:
+        assert tree.stdout is not None
+        [daemon] = await read_pids(tree.stdout, 1)
+        assert os.getsid(daemon) != tree.pid
+        assert procs.stat_field(daemon, 4) != tree.pid  # re-parented away from the tree
+    assert not procs.alive(daemon)
+    assert tracked.survivors() == []
+
+
+async def test_fork_bomb_of_hundreds_is_killed(tracked: Tracked, strong: str) -> None:
+    async with open_process_tree(
+        FORK_BOMB, grace=0.5, stdout=subprocess.PIPE, env=tracked.env, containment=strong
+    ) as tree:
+        assert tree.stdout is not None
+        leaves = await read_pids(tree.stdout, 2**FORK_BOMB_DEPTH)
+        assert len(tracked.survivors()) >= 2 ** (FORK_BOMB_DEPTH + 1) - 1  # all the shells
+    assert not any(procs.alive(pid) for pid in leaves)
+    assert tracked.survivors() == []
+
+
+async def test_stopped_escapee_gets_sigcont_and_stops_gracefully(
+    tracked: Tracked, strong: str, tmp_path: Path
+) -> None:
+    # The escapee handles SIGTERM by writing a file; stopped, it could not run the handler.
+    done = tmp_path / "handled"
+    escapee = f"trap 'echo handled > {done}; exit 0' TERM; echo $$; while :; do sleep 1; done"
+    async with open_process_tree(
+        ["sh", "-c", f'setsid -f sh -c "{escapee}"; sleep 60'],
+        grace=5.0,
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+        containment=strong,
+    ) as tree:
+        assert tree.stdout is not None
+        [member] = await read_pids(tree.stdout, 1)
+        os.kill(member, signal.SIGSTOP)  # our own test process, by pid
+        with trio.fail_after(5):
+            while procs.state(member) != "T":  # no event tells us a non-child stopped
+                await trio.sleep(0.001)
+    assert tree.outcome is not None
+    assert not tree.outcome.grace_expired
+    assert done.read_text() == "handled\n"
+    assert tracked.survivors() == []
+
+
+async def test_process_group_alone_misses_exactly_the_escapees(tracked: Tracked) -> None:
+    # Documents the group containment's limit: what left the group survives the teardown;
+    # everything still in the group does not.
+    async with open_process_tree(
+        ["sh", "-c", "setsid -f sh -c 'echo $$; exec sleep 60'; sleep 60 & echo $!; wait"],
+        grace=0.5,
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+        containment="group",
+    ) as tree:
+        assert tree.stdout is not None
+        pids = await read_pids(tree.stdout, 2)
+    escapee = next(pid for pid in pids if os.getsid(pid) == pid)
+    in_group = next(pid for pid in pids if pid != escapee)
+    assert not procs.alive(in_group)
+    assert tracked.survivors() == [escapee]
+    assert tree.outcome is not None
+    assert tree.outcome.escapees_killed == 0
+    assert procs.kill_survivors(tracked.token) == [escapee]
+
+
+# --- the parent process SIGKILLed: the watchdog ------------------------------------------
+
+PARENT = textwrap.dedent(
+    """
+    import subprocess, sys, trio
+    from trio_proctree import open_process_tree
+
+    async def main(containment, shape):
+        async with open_process_tree(
+            ["sh", "-c", shape], containment=containment, stdout=subprocess.PIPE
+        ) as tree:
+            data = b""
+            while data.count(b"\\n") < 2:
+                data += await tree.stdout.receive_some()
+            sys.stdout.write(f"{tree.pid}\\n{data.decode()}ready\\n")
+            sys.stdout.flush()
+            await trio.sleep_forever()
+
+    trio.run(main, sys.argv[1], sys.argv[2])
+    """
+)
+# A group member and a setsid escapee, each saying its pid.
+PARENT_TREE = "sleep 60 & echo $!; setsid -f sh -c 'echo $$; exec sleep 60'; wait"
+
+
+@contextlib.contextmanager
+def parent_with_a_tree(tracked: Tracked, containment: str) -> Iterator[tuple[Any, list[int]]]:
+    """A Python process holding a tree open: (its Popen, [leader, member, escapee])."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, containment, PARENT_TREE],
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+    )
+    with parent:
+        try:
+            assert parent.stdout is not None
+            lines = [parent.stdout.readline() for _ in range(4)]
+            assert lines[-1] == b"ready\n", lines
+            yield parent, [int(line) for line in lines[:3]]
+        finally:
+            parent.kill()
+
+
+async def until_gone(pids: list[int], within: float) -> None:
+    with trio.move_on_after(within):
+        while any(procs.alive(pid) for pid in pids):
+            await trio.sleep(0.01)  # strangers' deaths: no event to wait on
+
+
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper"])
+async def test_parent_killed_with_sigkill_takes_its_trees_along(
+    tracked: Tracked, containment: str
+) -> None:
+    available(containment)
+    with parent_with_a_tree(tracked, containment) as (parent, pids):
+        assert all(procs.alive(pid) for pid in pids)
+        parent.send_signal(signal.SIGKILL)  # no atexit, no cleanup: only the watchdog
+        parent.wait()
+        await until_gone(pids, within=1.0)
+        assert [pid for pid in pids if procs.alive(pid)] == []
+    assert tracked.survivors() == []
+
+
+async def test_parent_killed_with_sigkill_group_alone_loses_the_escapee(
+    tracked: Tracked,
+) -> None:
+    with parent_with_a_tree(tracked, "group") as (parent, pids):
+        leader, member, escapee = pids
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        await until_gone([leader, member], within=1.0)
+        assert not procs.alive(leader)
+        assert not procs.alive(member)
+        assert procs.alive(escapee)  # the documented limit of a process group
+    assert procs.kill_survivors(tracked.token) == [escapee]
+
+
+# --- choosing, and the cgroup hierarchy ------------------------------------------------
+
+
+def test_unknown_containment_is_refused() -> None:
+    with pytest.raises(ValueError, match="containment"):
+        open_process_tree(["true"], containment="jail")
+
+
+async def test_tree_says_which_containment_it_got(tracked: Tracked) -> None:
+    async with open_process_tree(["true"], env=tracked.env, containment="group") as tree:
+        assert tree.containment == "group"
+    assert tree.outcome is not None
+    assert tree.outcome.containment == "group"
+
+
+def test_cgroup2_mount_is_found_on_pure_and_hybrid_hosts() -> None:
+    pure = "29 23 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
+    hybrid = (
+        "31 23 0:28 / /sys/fs/cgroup rw - tmpfs tmpfs rw,mode=755\n"
+        "32 31 0:29 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n"
+        "41 31 0:38 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n"
+    )
+    spaced = "41 31 0:38 / /mnt/my\\040cgroups rw - cgroup2 cgroup2 rw\n"
+    assert find_cgroup2_mount(pure) == "/sys/fs/cgroup"
+    assert find_cgroup2_mount(hybrid) == "/sys/fs/cgroup/unified"
+    assert find_cgroup2_mount(spaced) == "/mnt/my cgroups"
+    assert find_cgroup2_mount("32 31 0:29 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw\n") is None
+
+
+def test_own_cgroup_is_read_from_the_unified_line() -> None:
+    assert own_cgroup("12:pids:/x\n0::/user.slice/app.scope\n") == "/user.slice/app.scope"
+    assert own_cgroup("4:memory:/x\n") is None
+
+
+def test_stale_cgroup_of_a_dead_owner_is_swept_and_its_processes_killed(
+    tracked: Tracked,
+) -> None:
+    available("cgroup")
+    home = _cgroup.cgroup_home()
+    parent = os.path.dirname(home.path)
+    # A home whose owner is gone: pid 1 with a start time it never had.
+    stale = os.path.join(parent, "trio_proctree-1-999999999")
+    tree = os.path.join(stale, "tree-0")
+    os.makedirs(tree)
+    leftover = subprocess.Popen(
+        ["/bin/sh", "-c", _cgroup._JOIN_AND_EXEC, f"{tree}/cgroup.procs", "sleep", "60"],
+        env=tracked.env,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 5
+        while not _cgroup._procs(tree):  # the wrapper joins the cgroup as it starts
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        _cgroup._sweep_stale_homes(parent)
+        assert leftover.wait(timeout=5) == -signal.SIGKILL
+        while os.path.exists(stale):  # rmdir succeeds once the killed process is gone
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+            _cgroup._sweep_stale_homes(parent)
+    finally:
+        if leftover.poll() is None:  # pragma: no cover - only if the sweep failed
+            leftover.kill()
+            leftover.wait()
+    assert os.path.exists(home.path)  # ours, alive, untouched
+    assert tracked.survivors() == []
+
+
+def test_version_is_exposed() -> None:
+    assert trio_proctree.__version__

@@ -1,0 +1,173 @@
+"""Child-subreaper containment, for where no cgroup is delegated to us.
+
+With ``PR_SET_CHILD_SUBREAPER`` set, a descendant whose parent dies re-parents to this
+process instead of to init, so every process a tree ever starts stays below us, and the
+tree is "the leader's descendants, and those re-parented to us from the tree".
+
+The setting is process-wide: orphans of *every* child of this process re-parent to it,
+those of trees trio_proctree does not own included. trio_proctree reaps only the
+processes that came from its own trees; it never waits for any other.
+
+A re-parented process is known to come from a tree by its process group, or, if it left
+the group, by a marker in its environment (``TRIO_PROCTREE_TREE``), inherited from the
+leader. An escapee that both leaves the group and clears its environment is missed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import logging
+import os
+import signal
+import threading
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from ._containment import MemberTracking, forget_exited
+from ._procfs import ProcStat, read_file, read_stat
+from ._spawn import SpawnPlan
+
+logger = logging.getLogger("trio_proctree")
+
+PR_SET_CHILD_SUBREAPER = 36
+MARKER_VAR = "TRIO_PROCTREE_TREE"
+
+_lock = threading.Lock()
+_subreaper_in: set[int] = set()  # the pid that set it: a forked child must set it again
+_tree_numbers = itertools.count()
+
+
+class SubreaperUnavailable(Exception):
+    """Why this process cannot become a child subreaper (the message says)."""
+
+
+def become_subreaper() -> None:
+    """Make this process the child subreaper of its descendants (once per process)."""
+    with _lock:
+        if os.getpid() in _subreaper_in:
+            return
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            result = libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        except (OSError, AttributeError) as exc:
+            raise SubreaperUnavailable(f"prctl is not available: {exc}") from exc
+        if result != 0:
+            error = ctypes.get_errno()
+            raise SubreaperUnavailable(f"PR_SET_CHILD_SUBREAPER failed: {os.strerror(error)}")
+        _subreaper_in.add(os.getpid())
+        logger.debug("pid %d is now the child subreaper of its descendants", os.getpid())
+
+
+def children(pid: int) -> list[int]:
+    """The children of ``pid`` (of all its threads: a re-parented orphan may sit on any)."""
+    found: list[int] = []
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except (FileNotFoundError, ProcessLookupError):
+        return found
+    for tid in threads:
+        try:
+            listing = read_file(f"/proc/{pid}/task/{tid}/children")
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        found.extend(int(child) for child in listing.split())
+    return found
+
+
+def _environment_has(pid: int, entry: bytes) -> bool:
+    try:
+        return entry in read_file(f"/proc/{pid}/environ").split(b"\0")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False
+
+
+class SubreaperContainment(MemberTracking):
+    """The tree is the leader's descendants plus what re-parented to us from the tree."""
+
+    name = "subreaper"
+
+    def __init__(self) -> None:
+        super().__init__()
+        become_subreaper()
+        self.marker = f"{os.getpid()}-{next(_tree_numbers)}-{uuid.uuid4().hex[:8]}"
+        self._marker_entry = f"{MARKER_VAR}={self.marker}".encode()
+        #: (pid, starttime) of every member seen, to recognise their zombies later.
+        self._seen: set[tuple[int, int]] = set()
+
+    def prepare(self, plan: SpawnPlan) -> SpawnPlan:
+        env: Mapping[Any, Any] = plan.options.get("env") or os.environ
+        if any(isinstance(key, bytes) for key in env):
+            marked = {**env, MARKER_VAR.encode(): self.marker.encode()}
+        else:
+            marked = {**env, MARKER_VAR: self.marker}
+        return attrs.evolve(plan, options={**plan.options, "env": marked})
+
+    @property
+    def backstop(self) -> list[str]:
+        return [f"marker {MARKER_VAR}={self.marker}"]
+
+    def _from_this_tree(self, stat: ProcStat) -> bool:
+        """Whether a process re-parented to us came from this tree."""
+        return stat.pgid == self._leader.pid or _environment_has(stat.pid, self._marker_entry)
+
+    def _list_members(self) -> list[int]:
+        # Every process of the tree is below us: the leader's subtree, and the subtrees of
+        # what re-parented to us from the tree.
+        roots: list[int] = []
+        for child in children(os.getpid()):
+            stat = read_stat(child)
+            if stat is not None and (child == self._leader.pid or self._from_this_tree(stat)):
+                roots.append(child)
+        members: list[int] = []
+        while roots:
+            pid = roots.pop()
+            stat = read_stat(pid)
+            if stat is None:
+                continue
+            if stat.alive:
+                members.append(pid)
+                self._seen.add((pid, stat.starttime))
+            roots.extend(children(pid))
+        return members
+
+    def _confirm_escapee(self, pid: int, stat: ProcStat) -> bool:
+        # Listed as a descendant; still one if its parent is us or a member we track.
+        return (
+            stat.ppid in self._members
+            or stat.ppid == self._leader.pid
+            or (stat.ppid == os.getpid() and self._from_this_tree(stat))
+        )
+
+    def _hard_kill(self) -> None:
+        # No atomic kill here: SIGKILL every member, and list again until nobody new shows
+        # up (a member may fork until its SIGKILL lands).
+        killed: set[int] = set()
+        while True:
+            self._track_new_members()
+            forget_exited(self._members, also=lambda pid: False)
+            targets = [pid for pid in self._members if pid not in killed]
+            if not targets:
+                return
+            for pid in targets:
+                killed.add(pid)
+                signal.pidfd_send_signal(self._members[pid], signal.SIGKILL)
+
+    def release(self) -> None:
+        super().release()
+        self._reap_orphans()
+
+    def _reap_orphans(self) -> None:
+        """Reap the tree's processes that re-parented to us and died (never another's)."""
+        for child in children(os.getpid()):
+            stat = read_stat(child)
+            if stat is None or stat.alive or child == self._leader.pid:
+                continue  # the leader is reaped by its driver, after the last signal
+            if stat.pgid == self._leader.pid or (child, stat.starttime) in self._seen:
+                try:
+                    os.waitpid(child, os.WNOHANG)
+                except ChildProcessError:
+                    pass  # reaped meanwhile

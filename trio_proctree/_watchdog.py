@@ -1,0 +1,201 @@
+"""The parent-death backstop: one small process that kills our trees if we die first.
+
+atexit hooks do not run when a process is SIGKILLed, and ``PR_SET_PDEATHSIG`` covers only
+the direct child (and, set from trio's worker threads, fires when that thread retires,
+killing a healthy child). So each process that starts trees also starts, on first use,
+one watchdog (not one per tree): a ``python -I -S`` running `_WATCHDOG`, in a session of
+its own so terminal signals do not reach it, reading our registrations from a pipe. When
+that pipe reaches EOF — we exited, however — it SIGKILLs what is still registered:
+
+- ``cgroup PATH``: the whole cgroup, through ``cgroup.kill``;
+- ``group PGID STARTTIME``: the process group, only while its leader (that pid with that
+  start time, alive or a zombie) still pins the group id, so a recycled group is never hit;
+- ``marker VAR=VALUE``: every process whose environment carries the marker, through
+  pidfds (the subreaper containment's escapees).
+
+Trees are registered when they start and unregistered when their cleanup finishes.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import subprocess
+import sys
+import threading
+
+logger = logging.getLogger("trio_proctree")
+
+_WATCHDOG = r"""
+import os, signal, sys
+
+def stat(pid):
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return data[data.rindex(b")") + 2:].split()
+
+def kill_cgroup(path):
+    try:
+        with open(os.path.join(path, "cgroup.kill"), "w") as f:
+            f.write("1")
+    except OSError:
+        pass
+
+def kill_group(pgid, starttime):
+    fields = stat(pgid)
+    if fields is not None and fields[19] == starttime:  # the leader still pins the pgid
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except OSError:
+            pass
+
+def marked(pid, entry):
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            return entry in f.read().split(b"\0")
+    except OSError:
+        return False
+
+def kill_marked(entry):
+    while True:
+        hit = False
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or not marked(int(name), entry):
+                continue
+            try:
+                fd = os.pidfd_open(int(name))
+            except OSError:
+                continue
+            try:
+                if marked(int(name), entry):  # still the same process: the pidfd pins it
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                    hit = True
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        if not hit:
+            return
+
+for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(sig, signal.SIG_IGN)
+live = set()
+for line in sys.stdin.buffer:
+    op, entry = line[:1], line[1:].rstrip(b"\n")
+    if op == b"+":
+        live.add(entry)
+    else:
+        live.discard(entry)
+for entry in sorted(live):
+    kind, _, rest = entry.partition(b" ")
+    if kind == b"group":
+        pgid, starttime = rest.split()
+        kill_group(int(pgid), starttime)
+for entry in sorted(live):
+    kind, _, rest = entry.partition(b" ")
+    if kind == b"cgroup":
+        kill_cgroup(os.fsdecode(rest))
+    elif kind == b"marker":
+        kill_marked(rest)
+"""
+
+
+class Watchdog:
+    """Our end of the watchdog: registrations go down its stdin pipe."""
+
+    def __init__(self) -> None:
+        self._process = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _WATCHDOG],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+            close_fds=True,
+        )
+        assert self._process.stdin is not None
+        self._pipe = self._process.stdin.fileno()
+        self.pid = self._process.pid
+        logger.debug("watchdog pid %d started", self.pid)
+
+    def send(self, line: str) -> None:
+        data = (line + "\n").encode()
+        # One write per line: well under PIPE_BUF, so lines from threads never interleave.
+        os.write(self._pipe, data)
+
+    def forget(self) -> None:
+        """In a forked child: drop the parent's watchdog without telling it anything."""
+        assert self._process.stdin is not None
+        self._process.stdin.close()
+        self._process.returncode = 0  # not ours to reap, nor to warn about
+
+    def stop(self) -> None:
+        """Close the pipe (the watchdog kills what is still registered) and reap it."""
+        assert self._process.stdin is not None
+        self._process.stdin.close()
+        self._process.wait()
+
+
+_lock = threading.Lock()
+_current: list[Watchdog] = []
+
+
+def _watchdog() -> Watchdog:
+    with _lock:
+        if not _current:
+            _current.append(Watchdog())
+        return _current[0]
+
+
+def ensure_started() -> None:
+    """Start the watchdog if it is not running (blocking: spawns a process)."""
+    try:
+        _watchdog()
+    except OSError as exc:
+        logger.warning("cannot start the parent-death backstop: %s", exc)
+
+
+def register(entry: str) -> None:
+    """Have ``entry`` (``cgroup PATH``, ``group PGID START``, ``marker VAR=VALUE``) killed
+    should this process die before `unregister`."""
+    try:
+        _watchdog().send("+" + entry)
+    except OSError as exc:
+        # A lost watchdog must not stop trees from running: their cleanup still holds.
+        logger.warning("parent-death backstop unavailable: %s", exc)
+        _drop()
+
+
+def unregister(entry: str) -> None:
+    with _lock:
+        current = list(_current)
+    for watchdog in current:
+        try:
+            watchdog.send("-" + entry)
+        except OSError:
+            _drop()
+
+
+def _drop() -> None:
+    with _lock:
+        _current.clear()
+
+
+def _after_fork_in_child() -> None:
+    # The child must not keep the parent's pipe open (the watchdog would then miss the
+    # parent's death); it starts a watchdog of its own when it starts a tree.
+    for watchdog in _current:
+        watchdog.forget()
+    _current.clear()
+
+
+def _at_exit() -> None:
+    for watchdog in _current:
+        watchdog.stop()
+    _current.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(_at_exit)
