@@ -22,7 +22,7 @@ from .conftest import Tracked
 def fail_first_stop_signal(tree: ProcessTree) -> PermissionError:
     """Make the tree's first SIGTERM fail with EPERM; return the error it will raise."""
     error = PermissionError(1, "Operation not permitted (injected)")
-    containment: Any = tree._containment
+    containment: Any = tree._core.containment
     real_signal = containment.signal
 
     def signal_once_failing(sig: int) -> None:

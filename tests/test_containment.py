@@ -216,6 +216,8 @@ async def test_parent_killed_with_sigkill_takes_its_trees_along(
         parent.wait()
         await until_gone(pids, within=1.0)
         assert [pid for pid in pids if procs.alive(pid)] == []
+    # The watchdog (it carries our token too) exits once it has done its job.
+    await until_gone(tracked.survivors(), within=1.0)
     assert tracked.survivors() == []
 
 
@@ -230,6 +232,7 @@ async def test_parent_killed_with_sigkill_group_alone_loses_the_escapee(
         assert not procs.alive(leader)
         assert not procs.alive(member)
         assert procs.alive(escapee)  # the documented limit of a process group
+    await until_gone([pid for pid in tracked.survivors() if pid != escapee], within=1.0)
     assert procs.kill_survivors(tracked.token) == [escapee]
 
 

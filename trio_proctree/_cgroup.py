@@ -13,9 +13,7 @@ children outside.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import functools
 import itertools
 import logging
 import os
@@ -150,11 +148,24 @@ def cgroup_home() -> CgroupHome:
         CgroupUnavailable: no writable cgroup v2 hierarchy is delegated to us.
     """
     with _home_lock:
-        return _home_for(os.getpid())  # a forked child gets a home of its own
+        pid = os.getpid()  # a forked child gets a home of its own
+        if pid not in _homes:
+            _homes[pid] = _make_home(pid)
+        return _homes[pid]
 
 
-@functools.cache
-def _home_for(pid: int) -> CgroupHome:
+_homes: dict[int, CgroupHome] = {}
+
+
+def remove_home() -> None:
+    """Remove this process's home, if it made one and no tree is left in it (at exit)."""
+    with _home_lock:
+        home = _homes.pop(os.getpid(), None)
+    if home is not None:
+        home.remove()
+
+
+def _make_home(pid: int) -> CgroupHome:
     mount = find_cgroup2_mount(_read("/proc/self/mountinfo"))
     if mount is None:
         raise CgroupUnavailable("no cgroup v2 hierarchy is mounted")
@@ -179,9 +190,7 @@ def _home_for(pid: int) -> CgroupHome:
         os.rmdir(path)
         raise CgroupUnavailable("cgroup.kill is missing (needs Linux 5.14 or newer)")
     relative = "/" + os.path.join(own.strip("/"), name)
-    home = CgroupHome(path, relative.replace("//", "/"))
-    atexit.register(home.remove)
-    return home
+    return CgroupHome(path, relative.replace("//", "/"))
 
 
 def _sweep_stale_homes(parent: str) -> None:

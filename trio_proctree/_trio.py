@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Mapping
 from types import TracebackType
 from typing import Any, Protocol, cast
@@ -14,19 +12,16 @@ from typing import Any, Protocol, cast
 import trio
 
 from ._choose import ContainmentFactory, choose_containment, start_tree
-from ._containment import NEED_SCAN, Containment
+from ._core import TreeCore
 from ._escalation import (
     DEFAULT_GRACE,
     DEFAULT_STOP_SIGNAL,
     Escalation,
     SignalLike,
-    parse_signal,
     resolve_policy,
 )
-from ._leader import Leader
 from ._outcome import CleanupError, CleanupOutcome, chain_cleanup_error
 from ._spawn import Command, Spawned, SpawnPlan, plan_spawn
-from ._teardown import AwaitEmpty, CloseStdin, Finished, KillAll, SendSignal, Teardown
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup  # trio's own dependency on 3.10
@@ -42,6 +37,33 @@ class HasFileno(Protocol):
     def fileno(self) -> int: ...
 
 
+class _TrioIO:
+    """What the shared cleanup needs from trio (see `LoopIO`)."""
+
+    def __init__(self, tree: ProcessTree) -> None:
+        self._tree = tree
+
+    def now(self) -> float:
+        return trio.current_time()
+
+    async def wait_readable(self, fd: int, timeout: float) -> None:
+        with trio.move_on_after(timeout):
+            await trio.lowlevel.wait_readable(fd)
+
+    async def yield_now(self) -> None:
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def close_stdin(self) -> Exception | None:
+        return await self._tree._close_stream("stdin")
+
+    async def close_streams(self) -> list[Exception]:
+        errors = [await self._tree._close_stream(name) for name in ("stdin", "stdout", "stderr")]
+        return [error for error in errors if error is not None]
+
+    def forget_fd(self, fd: int) -> None:
+        trio.lowlevel.notify_closing(fd)
+
+
 class ProcessTree:
     """A running process tree: a leader and everything it starts.
 
@@ -49,69 +71,62 @@ class ProcessTree:
     ends, or earlier with `aclose`.
     """
 
-    def __init__(
-        self, spawned: Spawned, containment: Containment, plan: SpawnPlan, policy: Escalation
-    ) -> None:
-        self.args = plan.command
-        self._leader = Leader(spawned.popen, spawned.pidfd)
-        self._containment = containment
-        containment.attach(self._leader)
-        self._policy = policy
-        self._label = f"pid {self._leader.pid} ({plan.label})"
+    def __init__(self, core: TreeCore, spawned: Spawned) -> None:
+        self._core = core
+        self.args = core.args
         #: The leader's stdin, when it was ``subprocess.PIPE``.
         self.stdin: trio.abc.SendStream | None = _stream(spawned.stdin)
         #: The leader's stdout, when it was ``subprocess.PIPE``.
         self.stdout: trio.abc.ReceiveStream | None = _stream(spawned.stdout)
         #: The leader's stderr, when it was ``subprocess.PIPE``.
         self.stderr: trio.abc.ReceiveStream | None = _stream(spawned.stderr)
-        #: What cleanup did (a `CleanupOutcome`); None until cleanup has run.
-        self.outcome: CleanupOutcome | None = None
         self._wait_lock = trio.Lock()
         self._cleanup_started = False
         self._cleanup_done = trio.Event()
-        logger.debug("%s started, contained by %s", self._label, containment.name)
 
     def __repr__(self) -> str:
-        return f"<trio_proctree.ProcessTree {self._label} returncode={self.returncode}>"
+        return f"<trio_proctree.ProcessTree {self._core.label} returncode={self.returncode}>"
 
     @property
     def pid(self) -> int:
         """The leader's pid; also the tree's process group id."""
-        return self._leader.pid
+        return self._core.leader.pid
 
     @property
     def containment(self) -> str:
-        """How the tree is held together: ``"cgroup"`` or ``"group"``."""
-        return self._containment.name
+        """How the tree is held together: ``"cgroup"``, ``"subreaper"`` or ``"group"``."""
+        return self._core.containment.name
 
     @property
     def returncode(self) -> int | None:
         """The leader's exit status, or None while it runs. Reading it never reaps the leader."""
-        return self._leader.poll()
+        return self._core.leader.poll()
+
+    @property
+    def outcome(self) -> CleanupOutcome | None:
+        """What cleanup did (a `CleanupOutcome`); None until cleanup has run."""
+        return self._core.outcome
 
     async def wait(self) -> int:
         """Wait for the leader to exit and return its exit status.
 
         The rest of the tree may still be running; the leader is not reaped until cleanup.
         """
+        leader = self._core.leader
         async with self._wait_lock:
-            if self.returncode is None and not self._leader.reaped:
+            if self.returncode is None and not leader.reaped:
                 try:
-                    await trio.lowlevel.wait_readable(self._leader.pidfd)
+                    await trio.lowlevel.wait_readable(leader.pidfd)
                 except trio.ClosedResourceError:
                     pass  # cleanup reaped the leader while we waited
         returncode = self.returncode
         if returncode is None:  # pragma: no cover - the leader was reaped by someone else
-            raise CleanupError(f"{self._label}: exit status lost (reaped outside trio_proctree)")
+            raise CleanupError(f"{self._core.label}: exit status lost (reaped elsewhere)")
         return returncode
 
     def send_signal(self, sig: SignalLike) -> None:
         """Send ``sig`` to every process in the tree (a no-op once cleanup has reaped it)."""
-        sig = parse_signal(sig)
-        if self._leader.reaped:
-            # Once the leader is reaped its group id may be recycled: signal nothing.
-            return
-        self._containment.signal(sig)
+        self._core.send_signal(sig)
 
     @trio.lowlevel.enable_ki_protection
     async def aclose(self) -> None:
@@ -132,104 +147,33 @@ class ProcessTree:
             # Shielded: a cleanup cut short by a cancellation is a leaked tree. Bounded by the
             # policy's worst case, which the caller's own timeout therefore does not cut.
             with trio.CancelScope(shield=True):
-                await self._cleanup()
+                await self._core.cleanup(_TrioIO(self), stdin_open=self.stdin is not None)
         finally:
             self._cleanup_done.set()
 
-    async def _cleanup(self) -> None:
-        started = time.monotonic()
-        teardown = Teardown(self._policy, label=self._label, stdin_open=self.stdin is not None)
-        errors: list[Exception] = []
-        action: Any = None
-        try:
-            action = teardown.start(tree_alive=bool(await self._pending()))
-            while not isinstance(action, Finished):
-                emptied = None
-                if isinstance(action, AwaitEmpty):
-                    emptied = await self._wait_empty(action.timeout)
-                elif isinstance(action, CloseStdin):
-                    await self._close_stream("stdin", errors)
-                elif isinstance(action, SendSignal):
-                    _collect(errors, self._containment.signal, action.signal)
-                elif isinstance(action, KillAll):  # pragma: no branch
-                    _collect(errors, self._containment.kill)
-                action = teardown.send(emptied)
-        finally:
-            # Only now that the tree is empty (or beyond help) do our pipe ends go: closing
-            # them first would kill writers with SIGPIPE instead of letting them stop.
-            for name in ("stdin", "stdout", "stderr"):
-                await self._close_stream(name, errors)
-            returncode = self._leader.reap()
-            if returncode is not None:
-                trio.lowlevel.notify_closing(self._leader.pidfd)
-                os.close(self._leader.pidfd)
-            self._containment.release()
-            self.outcome = CleanupOutcome(
-                containment=self._containment.name,
-                signals=tuple(teardown.signals),
-                stdin_closed=teardown.stdin_closed,
-                grace_expired=teardown.grace_expired,
-                lingering_killed=self._containment.lingering,
-                escapees_killed=self._containment.escapees,
-                duration=time.monotonic() - started,
-                returncode=returncode,
-            )
-        if not action.emptied:
-            errors.insert(0, CleanupError(f"{self._label}: processes outlived SIGKILL"))
-        if errors:
-            for extra in errors[1:]:
-                logger.error("%s: another cleanup error", self._label, exc_info=extra)
-            raise errors[0]
-
-    async def _pending(self) -> list[int]:
-        """The pidfds of the tree's live members, as the containment reports them."""
-        pending = self._containment.pending()
-        if pending is NEED_SCAN:
-            # Let the other teardowns woken with this one reach this point too, so that one
-            # /proc scan serves them all.
-            await trio.lowlevel.cancel_shielded_checkpoint()
-            pending = self._containment.pending()
-        assert isinstance(pending, list)
-        return pending
-
-    async def _wait_empty(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for the tree to empty: True if it did."""
-        with trio.move_on_after(timeout):
-            while pending := await self._pending():
-                # Event-driven: a pidfd turns readable when its process exits.
-                await trio.lowlevel.wait_readable(pending[0])
-            return True
-        return False
-
-    async def _close_stream(self, name: str, errors: list[Exception]) -> None:
+    async def _close_stream(self, name: str) -> Exception | None:
         stream = getattr(self, name)
-        if stream is not None:
-            setattr(self, name, None)
-            try:
-                await stream.aclose()
-            except trio.ClosedResourceError:
-                pass
-            except Exception as exc:  # noqa: BLE001 - kept and raised after cleanup
-                errors.append(exc)
+        if stream is None:
+            return None
+        setattr(self, name, None)
+        try:
+            await stream.aclose()
+        except trio.ClosedResourceError:
+            pass
+        except Exception as exc:  # noqa: BLE001 - kept and raised after cleanup
+            return exc
+        return None
 
     async def _aclose_under(self, exc: BaseException) -> None:
         """Clean up while ``exc`` propagates: a cleanup error rides along, never replaces it."""
         try:
             await self.aclose()
         except Exception as error:  # noqa: BLE001
-            chain_cleanup_error(exc, error, self._label)
+            chain_cleanup_error(exc, error, self._core.label)
 
 
 def _stream(fd: int | None) -> trio.lowlevel.FdStream | None:
     return None if fd is None else trio.lowlevel.FdStream(fd)
-
-
-def _collect(errors: list[Exception], func: Any, *args: Any) -> None:
-    # A failed step must not stop the escalation: the next one may still work.
-    try:
-        func(*args)
-    except OSError as exc:
-        errors.append(exc)
 
 
 class _TreeScope:
@@ -252,7 +196,8 @@ class _TreeScope:
         spawned, containment = await trio.to_thread.run_sync(
             start_tree, self._plan, self._make_containment
         )
-        tree = self._tree = ProcessTree(spawned, containment, self._plan, self._policy)
+        core = TreeCore(spawned, containment, self._plan, self._policy)
+        tree = self._tree = ProcessTree(core, spawned)
         # ...and is delivered here, with the tree already in hand: the block does not run
         # and the tree is stopped before the Cancelled goes on.
         try:
@@ -449,7 +394,7 @@ async def _run_to_end(  # noqa: PLR0917 - one private call site
                 logger.warning(
                     "%s: output pipe still open %gs after the tree ended (held by a process "
                     "outside it); returning what was read",
-                    tree._label,
+                    tree._core.label,
                     PIPE_DRAIN_TIMEOUT,
                 )
             nursery.cancel_scope.cancel()

@@ -1,0 +1,195 @@
+"""One tree's state and its cleanup, written once for both drivers.
+
+`TreeCore` holds what a running tree is (leader, containment, policy) and runs the
+escalation against it. The few things that need an event loop (waiting for a file
+descriptor, yielding, closing the driver's streams) come from the driver as a small
+`LoopIO` object; everything else here is plain code, so the trio and asyncio drivers
+share one cleanup.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import time
+import weakref
+from typing import Protocol
+
+from ._cgroup import remove_home
+from ._containment import NEED_SCAN, Containment
+from ._escalation import Escalation, SignalLike, parse_signal
+from ._leader import Leader
+from ._outcome import CleanupError, CleanupOutcome
+from ._spawn import Spawned, SpawnPlan
+from ._teardown import AwaitEmpty, CloseStdin, Finished, KillAll, SendSignal, Teardown
+
+logger = logging.getLogger("trio_proctree")
+
+#: Every tree not yet cleaned up, for the net at interpreter exit (`kill_open_trees`).
+_open_trees: weakref.WeakSet[TreeCore] = weakref.WeakSet()
+
+
+class LoopIO(Protocol):
+    """What cleanup needs from the driver's event loop."""
+
+    def now(self) -> float:
+        """The loop's clock, in seconds."""
+        ...
+
+    async def wait_readable(self, fd: int, timeout: float) -> None:
+        """Return when ``fd`` is readable or ``timeout`` seconds have passed."""
+        ...
+
+    async def yield_now(self) -> None:
+        """Let every other runnable task run once (never raises a cancellation)."""
+        ...
+
+    async def close_stdin(self) -> Exception | None:
+        """Close the tree's stdin pipe, if the driver still holds it; the error, if any."""
+        ...
+
+    async def close_streams(self) -> list[Exception]:
+        """Close every pipe the driver still holds; the errors, if any."""
+        ...
+
+    def forget_fd(self, fd: int) -> None:
+        """``fd`` is about to be closed: wake anything in the loop still waiting on it."""
+        ...
+
+
+class TreeCore:
+    """A running tree: its leader, its containment, its stop policy, and its cleanup."""
+
+    def __init__(
+        self, spawned: Spawned, containment: Containment, plan: SpawnPlan, policy: Escalation
+    ) -> None:
+        self.args = plan.command
+        self.leader = Leader(spawned.popen, spawned.pidfd)
+        self.containment = containment
+        containment.attach(self.leader)
+        self.policy = policy
+        self.label = f"pid {self.leader.pid} ({plan.label})"
+        self.outcome: CleanupOutcome | None = None
+        self.stdin_piped = spawned.stdin is not None
+        _open_trees.add(self)
+        logger.debug("%s started, contained by %s", self.label, containment.name)
+
+    def send_signal(self, sig: SignalLike) -> None:
+        sig = parse_signal(sig)
+        if self.leader.reaped:
+            # Once the leader is reaped its group id may be recycled: signal nothing.
+            return
+        self.containment.signal(sig)
+
+    async def cleanup(self, io: LoopIO, *, stdin_open: bool) -> None:
+        """Stop the tree as the policy says, reap the leader, record `outcome`.
+
+        The caller shields it from cancellation. Raises the first error (the rest are
+        logged): a failed step does not stop the escalation, as the next may still work.
+        """
+        started = time.monotonic()
+        teardown = Teardown(self.policy, label=self.label, stdin_open=stdin_open)
+        errors: list[Exception] = []
+        action: object = None
+        try:
+            action = teardown.start(tree_alive=bool(await self._pending(io)))
+            while not isinstance(action, Finished):
+                emptied = None
+                if isinstance(action, AwaitEmpty):
+                    emptied = await self._wait_empty(io, action.timeout)
+                elif isinstance(action, CloseStdin):
+                    if (error := await io.close_stdin()) is not None:
+                        errors.append(error)
+                elif isinstance(action, SendSignal):
+                    self._step(errors, action.signal)
+                elif isinstance(action, KillAll):  # pragma: no branch
+                    self._step(errors, None)
+                action = teardown.send(emptied)
+        finally:
+            # Only now that the tree is empty (or beyond help) do our pipe ends go: closing
+            # them first would kill writers with SIGPIPE instead of letting them stop.
+            errors.extend(await io.close_streams())
+            returncode = self.leader.reap()  # after the last group signal, never before
+            if returncode is not None:
+                io.forget_fd(self.leader.pidfd)
+                os.close(self.leader.pidfd)
+            self.containment.release()
+            _open_trees.discard(self)
+            self.outcome = CleanupOutcome(
+                containment=self.containment.name,
+                signals=tuple(teardown.signals),
+                stdin_closed=teardown.stdin_closed,
+                grace_expired=teardown.grace_expired,
+                lingering_killed=self.containment.lingering,
+                escapees_killed=self.containment.escapees,
+                duration=time.monotonic() - started,
+                returncode=returncode,
+            )
+        if isinstance(action, Finished) and not action.emptied:
+            errors.insert(0, CleanupError(f"{self.label}: processes outlived SIGKILL"))
+        if errors:
+            for extra in errors[1:]:
+                logger.error("%s: another cleanup error", self.label, exc_info=extra)
+            raise errors[0]
+
+    def _step(self, errors: list[Exception], sig: int | None) -> None:
+        try:
+            if sig is None:
+                self.containment.kill()
+            else:
+                self.containment.signal(sig)
+        except OSError as exc:
+            errors.append(exc)
+
+    async def _pending(self, io: LoopIO) -> list[int]:
+        """The pidfds of the tree's live members, as the containment reports them."""
+        pending = self.containment.pending()
+        if pending is NEED_SCAN:
+            # Let the other teardowns woken with this one reach this point too, so that one
+            # /proc scan serves them all.
+            await io.yield_now()
+            pending = self.containment.pending()
+        assert isinstance(pending, list)
+        return pending
+
+    async def _wait_empty(self, io: LoopIO, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the tree to empty: True if it did."""
+        deadline = io.now() + timeout
+        while pending := await self._pending(io):
+            remaining = deadline - io.now()
+            if remaining <= 0:
+                return False
+            # Event-driven: a pidfd turns readable when its process exits.
+            await io.wait_readable(pending[0], remaining)
+        return True
+
+
+def _at_exit() -> None:
+    kill_open_trees()
+    remove_home()
+
+
+atexit.register(_at_exit)
+
+
+def kill_open_trees() -> None:
+    """The net at interpreter exit: SIGKILL every tree still open, and reap its leader.
+
+    Trees whose scope never ended (a task never finished, a loop closed under it) would
+    otherwise outlive the interpreter; the watchdog would kill them, but only this process
+    can reap its own children.
+    """
+    for core in list(_open_trees):
+        try:
+            core.containment.kill()
+        except OSError as exc:
+            logger.warning("%s: could not kill at interpreter exit: %s", core.label, exc)
+            continue
+        try:
+            core.leader.popen.wait(timeout=core.policy.kill_wait)
+        except Exception as exc:  # noqa: BLE001 - at exit, say it and go on
+            logger.warning("%s: not reaped at interpreter exit: %s", core.label, exc)
+        else:
+            core.leader.reaped = True
+        _open_trees.discard(core)
