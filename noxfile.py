@@ -51,7 +51,7 @@ def interpreters(session: nox.Session) -> None:
 @nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
     """The test suite with real processes; pass pytest arguments after ``--``."""
-    session.install("-e", ".", "pytest", "pytest-trio", "pytest-timeout")
+    session.install("-e", ".[anyio]", "pytest", "pytest-trio", "pytest-timeout")
     session.run("pytest", *session.posargs)
 
 

@@ -1,7 +1,8 @@
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -44,6 +45,15 @@ def contained(request: pytest.FixtureRequest, tracked: Tracked) -> dict[str, Any
     except ContainmentUnavailable as exc:  # pragma: no cover - on machines without cgroups
         pytest.skip(str(exc))
     return {"env": tracked.env, "containment": request.param}
+
+
+@pytest.fixture(params=["asyncio.run", "anyio.run"])
+def run(request: pytest.FixtureRequest) -> Callable[..., Any]:
+    """Run an asyncio test body under plain asyncio, and under anyio's asyncio backend."""
+    if request.param == "asyncio.run":
+        return lambda main, *args: asyncio.run(main(*args))
+    anyio = pytest.importorskip("anyio")
+    return lambda main, *args: anyio.run(main, *args, backend="asyncio")
 
 
 async def read_pids(stream: trio.abc.ReceiveStream, count: int) -> list[int]:

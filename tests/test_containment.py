@@ -236,6 +236,54 @@ async def test_parent_killed_with_sigkill_group_alone_loses_the_escapee(
     assert procs.kill_survivors(tracked.token) == [escapee]
 
 
+ZOMBIE_COUNT = textwrap.dedent(
+    """
+    import os, sys, trio
+    from trio_proctree import open_process_tree
+
+    def zombie_children():
+        found = 0
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/children") as f:
+                for child in f.read().split():
+                    with open(f"/proc/{child}/stat") as s:
+                        data = s.read()
+                    found += data[data.rindex(")") + 2] == "Z"
+        return found
+
+    async def main(containment):
+        async with open_process_tree(["true"], containment="subreaper"):
+            pass  # this process is a child subreaper from now on
+        for _ in range(10):
+            with trio.move_on_after(0.01):
+                async with open_process_tree(
+                    ["sh", "-c", "sleep 60 & sleep 61 & wait"], containment=containment
+                ):
+                    await trio.sleep_forever()
+        print(zombie_children())
+
+    trio.run(main, sys.argv[1])
+    """
+)
+
+
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper", "group"])
+def test_a_subreaper_process_is_left_no_zombies_by_its_trees(
+    tracked: Tracked, containment: str
+) -> None:
+    # Killed members re-parent to a subreaper and stay zombies until it reaps them.
+    available(containment)
+    result = subprocess.run(
+        [sys.executable, "-c", ZOMBIE_COUNT, containment],
+        capture_output=True,
+        env=tracked.env,
+        timeout=60,
+        check=True,
+    )
+    assert result.stdout == b"0\n", result.stderr
+    assert tracked.survivors() == []
+
+
 # --- choosing, and the cgroup hierarchy ------------------------------------------------
 
 

@@ -3,7 +3,8 @@
 from ._choose import ContainmentUnavailable
 from ._escalation import Escalation, Step
 from ._outcome import CleanupError, CleanupOutcome
-from ._trio import PIPE_DRAIN_TIMEOUT, ProcessTree, open_process_tree, run_process_tree
+from ._run import PIPE_DRAIN_TIMEOUT
+from ._trio import ProcessTree, open_process_tree, run_process_tree
 
 __all__ = [
     "PIPE_DRAIN_TIMEOUT",

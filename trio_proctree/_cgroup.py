@@ -285,6 +285,10 @@ class CgroupContainment(MemberTracking):
     def _confirm_escapee(self, pid: int, stat: ProcStat) -> bool:
         return in_cgroup(pid, self._relative)
 
+    def _ours(self, stat: ProcStat) -> bool:
+        # A zombie still names the cgroup it died in.
+        return super()._ours(stat) or in_cgroup(stat.pid, self._relative)
+
     def _hard_kill(self) -> None:
         # cgroup.kill reaches every member, escapees included, and no fork can race it.
         _kill(self.path)

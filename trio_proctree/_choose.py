@@ -9,8 +9,9 @@ from collections.abc import Callable
 from . import _watchdog as watchdog
 from ._cgroup import CgroupContainment, CgroupUnavailable, cgroup_home
 from ._containment import Containment, ProcessGroupContainment
+from ._orphans import SubreaperUnavailable, become_subreaper
 from ._spawn import Spawned, SpawnPlan, spawn
-from ._subreaper import SubreaperContainment, SubreaperUnavailable, become_subreaper
+from ._subreaper import SubreaperContainment
 
 logger = logging.getLogger("trio_proctree")
 

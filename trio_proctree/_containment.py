@@ -18,6 +18,7 @@ from typing import Protocol
 
 from . import _watchdog as watchdog
 from ._leader import Leader
+from ._orphans import reap_orphans
 from ._procfs import ProcStat, process_table, read_stat
 from ._spawn import SpawnPlan
 
@@ -221,6 +222,7 @@ class ProcessGroupContainment:
 
     def release(self) -> None:
         close_all(self._watched)
+        reap_orphans(self._pgid, lambda stat: stat.pgid == self._pgid)
         for entry in self.backstop:
             watchdog.unregister(entry)
 
@@ -248,6 +250,8 @@ class MemberTracking:
         self._surveyed = False
         self._emptied = False
         self._sent: list[int] = []  # signals sent so far, replayed to members found later
+        #: (pid, starttime) of every member seen, to recognise their zombies later.
+        self._seen: set[tuple[int, int]] = set()
 
     def prepare(self, plan: SpawnPlan) -> SpawnPlan:
         return plan
@@ -317,7 +321,12 @@ class MemberTracking:
         if stat is None or not stat.alive or exited(fd):
             os.close(fd)
             return None
+        self._seen.add((pid, stat.starttime))
         return fd
+
+    def _ours(self, stat: ProcStat) -> bool:
+        """Whether a dead process re-parented to us was a member (to reap it)."""
+        return stat.pgid == self._leader.pid or (stat.pid, stat.starttime) in self._seen
 
     def _signal_escapees(self, pids: Iterable[int], signals: Iterable[int]) -> None:
         for pid in pids:
@@ -360,5 +369,6 @@ class MemberTracking:
     def release(self) -> None:
         close_all(self._members)
         self._group.release()
+        reap_orphans(self._leader.pid, self._ours)
         for entry in self.backstop:
             watchdog.unregister(entry)

@@ -15,12 +15,10 @@ leader. An escapee that both leaves the group and clears its environment is miss
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 import logging
 import os
 import signal
-import threading
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -28,54 +26,15 @@ from typing import Any
 import attrs
 
 from ._containment import MemberTracking, forget_exited
+from ._orphans import become_subreaper, children
 from ._procfs import ProcStat, read_file, read_stat
 from ._spawn import SpawnPlan
 
 logger = logging.getLogger("trio_proctree")
 
-PR_SET_CHILD_SUBREAPER = 36
 MARKER_VAR = "TRIO_PROCTREE_TREE"
 
-_lock = threading.Lock()
-_subreaper_in: set[int] = set()  # the pid that set it: a forked child must set it again
 _tree_numbers = itertools.count()
-
-
-class SubreaperUnavailable(Exception):
-    """Why this process cannot become a child subreaper (the message says)."""
-
-
-def become_subreaper() -> None:
-    """Make this process the child subreaper of its descendants (once per process)."""
-    with _lock:
-        if os.getpid() in _subreaper_in:
-            return
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            result = libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-        except (OSError, AttributeError) as exc:
-            raise SubreaperUnavailable(f"prctl is not available: {exc}") from exc
-        if result != 0:
-            error = ctypes.get_errno()
-            raise SubreaperUnavailable(f"PR_SET_CHILD_SUBREAPER failed: {os.strerror(error)}")
-        _subreaper_in.add(os.getpid())
-        logger.debug("pid %d is now the child subreaper of its descendants", os.getpid())
-
-
-def children(pid: int) -> list[int]:
-    """The children of ``pid`` (of all its threads: a re-parented orphan may sit on any)."""
-    found: list[int] = []
-    try:
-        threads = os.listdir(f"/proc/{pid}/task")
-    except (FileNotFoundError, ProcessLookupError):
-        return found
-    for tid in threads:
-        try:
-            listing = read_file(f"/proc/{pid}/task/{tid}/children")
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        found.extend(int(child) for child in listing.split())
-    return found
 
 
 def _environment_has(pid: int, entry: bytes) -> bool:
@@ -95,8 +54,6 @@ class SubreaperContainment(MemberTracking):
         become_subreaper()
         self.marker = f"{os.getpid()}-{next(_tree_numbers)}-{uuid.uuid4().hex[:8]}"
         self._marker_entry = f"{MARKER_VAR}={self.marker}".encode()
-        #: (pid, starttime) of every member seen, to recognise their zombies later.
-        self._seen: set[tuple[int, int]] = set()
 
     def prepare(self, plan: SpawnPlan) -> SpawnPlan:
         env: Mapping[Any, Any] = plan.options.get("env") or os.environ
@@ -155,19 +112,3 @@ class SubreaperContainment(MemberTracking):
             for pid in targets:
                 killed.add(pid)
                 signal.pidfd_send_signal(self._members[pid], signal.SIGKILL)
-
-    def release(self) -> None:
-        super().release()
-        self._reap_orphans()
-
-    def _reap_orphans(self) -> None:
-        """Reap the tree's processes that re-parented to us and died (never another's)."""
-        for child in children(os.getpid()):
-            stat = read_stat(child)
-            if stat is None or stat.alive or child == self._leader.pid:
-                continue  # the leader is reaped by its driver, after the last signal
-            if stat.pgid == self._leader.pid or (child, stat.starttime) in self._seen:
-                try:
-                    os.waitpid(child, os.WNOHANG)
-                except ChildProcessError:
-                    pass  # reaped meanwhile

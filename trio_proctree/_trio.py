@@ -21,16 +21,13 @@ from ._escalation import (
     resolve_policy,
 )
 from ._outcome import CleanupError, CleanupOutcome, chain_cleanup_error
+from ._run import PIPE_DRAIN_TIMEOUT, completed, plan_run
 from ._spawn import Command, Spawned, SpawnPlan, plan_spawn
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup  # trio's own dependency on 3.10
 
 logger = logging.getLogger("trio_proctree")
-
-#: After the tree is gone, how long `run_process_tree` keeps reading output pipes that
-#: something outside the tree still holds open (bounded, like Go's ``Cmd.WaitDelay``).
-PIPE_DRAIN_TIMEOUT = 1.0
 
 
 class HasFileno(Protocol):
@@ -306,30 +303,14 @@ async def run_process_tree(
     Returns:
       `subprocess.CompletedProcess` with the leader's exit status and captured output.
     """
-    if isinstance(stdin, str):
-        raise TypeError("stdin must be bytes, not str")
-    options = dict(options)
-    if task_status is trio.TASK_STATUS_IGNORED:
-        for name, value in (
-            ("stdin", stdin),
-            ("stdout", options.get("stdout")),
-            ("stderr", options.get("stderr")),
-        ):
-            if value is subprocess.PIPE:
-                raise ValueError(f"{name}=subprocess.PIPE is only useful with nursery.start()")
-    feed = None
-    if isinstance(stdin, (bytes, bytearray, memoryview)):
-        feed = bytes(stdin)
-        options["stdin"] = subprocess.PIPE
-    else:
-        options["stdin"] = stdin
-    for wanted, name in ((capture_stdout, "stdout"), (capture_stderr, "stderr")):
-        if wanted:
-            if name in options:
-                raise ValueError(f"can't specify both {name}= and capture_{name}=True")
-            options[name] = subprocess.PIPE
-    outputs: dict[str, list[bytes]] = {}
-
+    request = plan_run(
+        stdin,
+        capture_stdout,
+        capture_stderr,
+        options,
+        hands_back_streams=task_status is not trio.TASK_STATUS_IGNORED,
+    )
+    outputs: dict[str, list[bytes]] = {name: [] for name in request.capture}
     readers: list[tuple[str, trio.lowlevel.FdStream]] = []
     try:
         async with open_process_tree(
@@ -338,33 +319,26 @@ async def run_process_tree(
             stop_signal=stop_signal,
             escalation=escalation,
             containment=containment,
-            **options,
+            **request.options,
         ) as tree:
             # The streams this function reads are taken off the tree, so that its cleanup
             # leaves them open to be read to the end here.
-            for name, wanted in (("stdout", capture_stdout), ("stderr", capture_stderr)):
-                stream = getattr(tree, name)
-                if wanted and stream is not None:
-                    setattr(tree, name, None)
-                    outputs[name] = []
-                    readers.append((name, stream))
-            stdin_stream = tree.stdin if feed is not None else None
-            if feed is not None:
+            for name in request.capture:
+                readers.append((name, getattr(tree, name)))
+                setattr(tree, name, None)
+            stdin_stream = tree.stdin if request.feed is not None else None
+            if request.feed is not None:
                 tree.stdin = None
-            await _run_to_end(tree, feed, stdin_stream, readers, outputs, task_status)
+            await _run_to_end(tree, request.feed, stdin_stream, readers, outputs, task_status)
     finally:
         # Closed only after the tree's cleanup: on cancellation the tree is stopped by the
         # escalation, not by SIGPIPE from pipes we closed under it.
         for _, stream in readers:
             stream.close()
 
-    stdout = b"".join(outputs["stdout"]) if capture_stdout else None
-    stderr = b"".join(outputs["stderr"]) if capture_stderr else None
-    returncode = tree.outcome.returncode if tree.outcome is not None else None
-    assert returncode is not None
-    if check and returncode != 0:
-        raise subprocess.CalledProcessError(returncode, tree.args, output=stdout, stderr=stderr)
-    return subprocess.CompletedProcess(tree.args, returncode, stdout, stderr)
+    outcome = tree.outcome
+    assert outcome is not None
+    return completed(tree.args, outcome.returncode, outputs, request, check=check)
 
 
 async def _run_to_end(  # noqa: PLR0917 - one private call site

@@ -1,0 +1,355 @@
+"""The asyncio close path under cancellation: one test per clause of the contract.
+
+Each test names the mutant it exists to kill. They run under plain ``asyncio.run`` and
+under ``anyio.run(backend="asyncio")`` (the ``run`` fixture), with real processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from trio_proctree.asyncio import ProcessTree, open_process_tree
+
+from . import procs
+from .conftest import Tracked
+from .test_cleanup_errors import fail_first_stop_signal
+
+# Ignores SIGTERM, so cleanup sits out the whole grace and needs SIGKILL.
+IGNORES_TERM = ["sh", "-c", "trap '' TERM; echo ready; sleep 60"]
+
+
+class StepSeen(logging.Handler):
+    """Sets an asyncio event when cleanup logs a step: cleanup has really started."""
+
+    def __init__(self, needle: str) -> None:
+        super().__init__(logging.DEBUG)
+        self.needle = needle
+        self.count = 0
+        self.event = asyncio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.needle in record.getMessage():
+            self.count += 1
+            self.event.set()
+
+
+async def started_tree(
+    tracked: Tracked, contained: dict[str, Any], grace: float
+) -> tuple[Any, ProcessTree]:
+    scope = open_process_tree(IGNORES_TERM, grace=grace, stdout=subprocess.PIPE, **contained)
+    tree = await scope.__aenter__()
+    assert tree.stdout is not None
+    assert await tree.stdout.readline() == b"ready\n"
+    return scope, tree
+
+
+def watch_steps(needle: str = "sending SIGTERM") -> StepSeen:
+    seen = StepSeen(needle)
+    logger = logging.getLogger("trio_proctree")
+    logger.addHandler(seen)
+    logger.setLevel(logging.DEBUG)
+    return seen
+
+
+@pytest.fixture
+def steps() -> Any:
+    seen = watch_steps()
+    yield seen
+    logging.getLogger("trio_proctree").removeHandler(seen)
+
+
+def test_one_cleanup_round_under_a_cancel_storm(
+    run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any], steps: StepSeen
+) -> None:
+    # Mutant: waiting on the cleanup directly instead of via its own task.
+    async def main() -> None:
+        scope, tree = await started_tree(tracked, contained, grace=0.5)
+        closer = asyncio.get_running_loop().create_task(tree.aclose())
+        await steps.event.wait()  # the cleanup has really started (not merely scheduled)
+        cancels = 0
+        while not closer.done():
+            closer.cancel()
+            cancels += 1
+            await asyncio.sleep(0.02)
+        with pytest.raises(asyncio.CancelledError):
+            await closer
+        assert cancels >= 10  # the storm really hit the close, not an idle task
+        assert steps.count == 1  # one escalation: never restarted
+        outcome = tree.outcome
+        assert outcome is not None
+        assert outcome.signals == (signal.SIGTERM, signal.SIGCONT, signal.SIGKILL)
+        assert outcome.duration < 0.5 + 2.0  # one grace period and the kill, not rounds of them
+        await scope.__aexit__(None, None, None)
+
+    run(main)
+    assert tracked.survivors() == []
+
+
+def test_no_hot_spin_when_an_anyio_scope_cancels_the_close(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # Mutant: removing the anyio shield around the wait loop.
+    anyio = pytest.importorskip("anyio")
+
+    async def main() -> None:
+        scope, tree = await started_tree(tracked, contained, grace=1.5)
+        cpu = time.process_time()
+        with anyio.move_on_after(0.05):  # cancelled a moment into the 1.5 s grace
+            await tree.aclose()
+        cpu = time.process_time() - cpu
+        await scope.__aexit__(None, None, None)
+        # A spin would go round thousands of times and burn a core for the 1.5 s.
+        assert tree._rounds.count <= 3, tree._rounds.count
+        assert cpu < 0.5
+        assert tree.outcome is not None
+        assert tree.outcome.grace_expired
+
+    anyio.run(main, backend="asyncio")
+    assert tracked.survivors() == []
+
+
+def test_cancellation_wins_over_a_cleanup_error(
+    run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any], steps: StepSeen
+) -> None:
+    # Mutant: re-raising the cleanup error before the recorded cancellation.
+    async def main() -> None:
+        scope, tree = await started_tree(tracked, contained, grace=0.2)
+        injected = fail_first_stop_signal(tree)
+        closer = asyncio.get_running_loop().create_task(tree.aclose())
+        await asyncio.sleep(0)  # the closer is now waiting for the cleanup
+        closer.cancel()
+        with pytest.raises(asyncio.CancelledError) as caught:
+            await closer
+        assert caught.value.__cause__ is injected
+        await scope.__aexit__(None, None, None)
+
+    run(main)
+    assert tracked.survivors() == []
+
+
+def test_a_timeout_still_becomes_timeout_error_despite_a_cleanup_error(
+    run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # Mutant: re-raising the cleanup error first (wait_for would pass the PermissionError on).
+    async def main() -> None:
+        scope, tree = await started_tree(tracked, contained, grace=0.2)
+        injected = fail_first_stop_signal(tree)
+        # asyncio.TimeoutError: on Python 3.10 it is not yet the builtin TimeoutError.
+        with pytest.raises(asyncio.TimeoutError) as caught:
+            await asyncio.wait_for(tree.aclose(), 0.05)
+        assert isinstance(caught.value.__cause__, asyncio.CancelledError)
+        assert caught.value.__cause__.__cause__ is injected
+        await scope.__aexit__(None, None, None)
+
+    run(main)
+    assert tracked.survivors() == []
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="asyncio.timeout is Python 3.11+")
+def test_asyncio_timeout_converts_despite_a_cleanup_error(
+    run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    async def main() -> None:
+        scope, tree = await started_tree(tracked, contained, grace=0.2)
+        injected = fail_first_stop_signal(tree)
+        with pytest.raises(TimeoutError) as caught:
+            async with asyncio.timeout(0.05):  # type: ignore[attr-defined]
+                await tree.aclose()
+        assert caught.value.__cause__ is not None
+        assert caught.value.__cause__.__cause__ is injected
+        await scope.__aexit__(None, None, None)
+
+    run(main)
+    assert tracked.survivors() == []
+
+
+def test_without_cancellation_the_caller_gets_the_cleanup_error_itself(
+    run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # Mutant: dropping the final cleanup_task.result() (the error would be lost).
+    async def main() -> None:
+        scope, tree = await started_tree(tracked, contained, grace=0.2)
+        injected = fail_first_stop_signal(tree)
+        with pytest.raises(PermissionError) as caught:
+            await tree.aclose()
+        assert caught.value is injected
+        await scope.__aexit__(None, None, None)  # idempotent: nothing more to report
+
+    run(main)
+    assert tracked.survivors() == []
+
+
+def test_close_path_reports_nothing_to_the_loop_and_builds_no_shield(
+    run: Callable[..., Any],
+    tracked: Tracked,
+    contained: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Mutant: swapping asyncio.wait back to asyncio.shield. Python 3.14's shield reports
+    # "exception in shielded future" to the loop; 3.10-3.13 do not, so the spy is what
+    # makes this test fail on the interpreters CI has.
+    def no_shield(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the close path must not build a shielded future")
+
+    monkeypatch.setattr(asyncio, "shield", no_shield)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        reported: list[dict[str, Any]] = []
+        loop.set_exception_handler(lambda loop, context: reported.append(context))
+        loop.call_soon(lambda: 1 / 0)  # control: the handler does hear the loop
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert len(reported) == 1
+        reported.clear()
+
+        scope, tree = await started_tree(tracked, contained, grace=0.2)
+        fail_first_stop_signal(tree)
+        closer = loop.create_task(tree.aclose())
+        await asyncio.sleep(0)
+        closer.cancel()  # the outer await is cancelled, then the cleanup fails
+        with pytest.raises(asyncio.CancelledError):
+            await closer
+        await scope.__aexit__(None, None, None)
+        del closer
+        gc.collect()  # a never-retrieved task exception is reported when collected
+        await asyncio.sleep(0.05)
+        assert reported == []
+
+    run(main)
+    assert tracked.survivors() == []
+
+
+def test_cancel_before_the_first_step_still_reaps_the_tree(
+    run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # Mutant: making aclose a coroutine function that starts the cleanup lazily.
+    async def main() -> None:
+        async with open_process_tree(["sleep", "60"], grace=0.5, **contained) as tree:
+            task = asyncio.get_running_loop().create_task(tree.aclose())  # type: ignore[arg-type]
+            task.cancel()  # before it ever runs
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            # Watch, without starting anything: the cleanup runs while the loop does.
+            for _ in range(500):
+                if tree.outcome is not None:
+                    break
+                await asyncio.sleep(0.01)
+            assert tree.outcome is not None
+            assert procs.state(tree.pid) is None  # reaped
+
+    run(main)
+    assert tracked.survivors() == []
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="TaskGroup is Python 3.11+")
+def test_task_group_aborting_right_after_scheduling_the_close(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    async def fail() -> None:
+        raise KeyError("sibling")
+
+    async def main() -> ProcessTree:
+        async with open_process_tree(["sleep", "60"], grace=0.5, **contained) as tree:
+            with pytest.raises(ExceptionGroup):  # noqa: F821 - Python 3.11+
+                async with asyncio.TaskGroup() as group:  # type: ignore[attr-defined]
+                    group.create_task(tree.aclose())  # type: ignore[arg-type]
+                    group.create_task(fail())
+            for _ in range(500):
+                if tree.outcome is not None:
+                    break
+                await asyncio.sleep(0.01)
+        return tree
+
+    tree = asyncio.run(main())
+    assert tree.outcome is not None
+    assert tracked.survivors() == []
+
+
+def test_callers_timeout_does_not_cut_the_cleanup_short(
+    run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    async def main() -> None:
+        scope, tree = await started_tree(tracked, contained, grace=0.3)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(tree.aclose(), 0.05)
+        # It returned only once the tree was gone: after the whole grace, not 0.05 s.
+        assert loop.time() - began >= 0.3
+        assert tracked.survivors() == []
+        assert tree.outcome is not None
+        assert tree.outcome.grace_expired
+        await scope.__aexit__(None, None, None)
+
+    run(main)
+
+
+EXIT_NET = textwrap.dedent(
+    """
+    import atexit, os, sys, time
+
+    def state(pid):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                data = f.read()
+        except OSError:
+            return None
+        return data[data.rindex(b")") + 2:].split()[0].decode()
+
+    def report():
+        # Registered before trio_proctree is imported, so it runs after its exit hook.
+        deadline = time.monotonic() + 1
+        while state(member) not in (None, "Z") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        print(f"leader={state(leader)} member={state(member)}", flush=True)
+
+    atexit.register(report)
+
+    import asyncio, subprocess
+    from trio_proctree.asyncio import open_process_tree
+
+    async def hold(started):
+        async with open_process_tree(
+            ["sh", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE,
+            containment=sys.argv[1],
+        ) as tree:
+            started.set_result((tree.pid, int(await tree.stdout.readline())))
+            await asyncio.Event().wait()
+
+    loop = asyncio.new_event_loop()
+    started = loop.create_future()
+    loop.create_task(hold(started))
+    leader, member = loop.run_until_complete(started)
+    # The interpreter now exits with the tree open: no cleanup ever ran.
+    """
+)
+
+
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper", "group"])
+def test_trees_open_at_interpreter_exit_are_killed_and_reaped(
+    tracked: Tracked, containment: str
+) -> None:
+    # Mutant: dropping the atexit hook (then only the watchdog kills, unreaped, later).
+    result = subprocess.run(
+        [sys.executable, "-c", EXIT_NET, containment],
+        capture_output=True,
+        env=tracked.env,
+        timeout=30,
+        check=False,
+    )
+    assert b"leader=None member=" in result.stdout, result
+    member_state = result.stdout.split(b"member=")[1].strip()
+    assert member_state in (b"None", b"Z"), result
+    assert tracked.survivors() == []

@@ -1,0 +1,306 @@
+"""The asyncio driver keeps every core guarantee, with real processes: the same tree
+shapes as the trio tests, under plain asyncio and under anyio on asyncio."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import re
+import signal
+import subprocess
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from trio_proctree.asyncio import open_process_tree, run_process_tree
+
+from . import procs
+from .conftest import Tracked
+from .test_bad_input import BAD_REQUESTS
+
+TWO_SLEEPS = ["sh", "-c", "sleep 60 & echo $!; sleep 61 & echo $!; wait"]
+
+
+async def read_pids(reader: asyncio.StreamReader | None, count: int) -> list[int]:
+    assert reader is not None
+    return [int(await reader.readline()) for _ in range(count)]
+
+
+def test_end_of_block_stops_the_whole_tree(
+    run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    async def main() -> None:
+        async with open_process_tree(
+            TWO_SLEEPS, grace=0.5, stdout=subprocess.PIPE, **contained
+        ) as tree:
+            members = await read_pids(tree.stdout, 2)
+            assert all(procs.alive(pid) for pid in [tree.pid, *members])
+        assert not any(procs.alive(pid) for pid in [tree.pid, *members])
+        assert tree.outcome is not None
+        assert tree.outcome.signals == (signal.SIGTERM, signal.SIGCONT)
+        assert tree.outcome.containment == contained["containment"]
+
+    run(main)
+    assert tracked.survivors() == []
+
+
+def test_exception_in_block_propagates_unchanged(
+    run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    error = ValueError("the user's own error")
+
+    async def main() -> None:
+        with pytest.raises(ValueError) as caught:
+            async with open_process_tree(TWO_SLEEPS, grace=0.5, **contained):
+                raise error
+        assert caught.value is error
+        assert caught.value.__cause__ is None
+
+    run(main)
+    assert tracked.survivors() == []
+
+
+def test_cancellation_stops_the_whole_tree(
+    run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    async def main() -> None:
+        seen: list[int] = []
+
+        async def hold() -> None:
+            async with open_process_tree(
+                TWO_SLEEPS, grace=0.5, stdout=subprocess.PIPE, **contained
+            ) as tree:
+                seen.extend([tree.pid, *await read_pids(tree.stdout, 2)])
+                await asyncio.Event().wait()
+
+        task = asyncio.get_running_loop().create_task(hold())
+        while len(seen) < 3:
+            await asyncio.sleep(0.001)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not any(procs.alive(pid) for pid in seen)
+
+    run(main)
+    assert tracked.survivors() == []
+
+
+def test_lingering_descendants_are_stopped_after_the_leader_exited(
+    run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    async def main() -> None:
+        async with open_process_tree(
+            ["sh", "-c", "sleep 60 & echo $!; exit 0"],
+            grace=0.5,
+            stdout=subprocess.PIPE,
+            **contained,
+        ) as tree:
+            [orphan] = await read_pids(tree.stdout, 1)
+            assert await tree.wait() == 0
+            assert procs.state(tree.pid) == "Z"  # exited, not reaped: the pgid stays pinned
+            assert procs.alive(orphan)
+        assert not procs.alive(orphan)
+        assert procs.state(tree.pid) is None
+        assert tree.outcome is not None
+        assert tree.outcome.lingering_killed == 1
+        assert tree.outcome.returncode == 0
+
+    run(main)
+    assert tracked.survivors() == []
+
+
+def test_tree_ignoring_sigterm_is_killed_after_the_grace_with_a_warning(
+    run: Callable[..., Any],
+    tracked: Tracked,
+    contained: dict[str, Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def main() -> None:
+        async with open_process_tree(
+            ["sh", "-c", "trap '' TERM; echo ready; sleep 60"],
+            grace=0.3,
+            stdout=subprocess.PIPE,
+            **contained,
+        ) as tree:
+            assert tree.stdout is not None
+            await tree.stdout.readline()
+        assert tree.outcome is not None
+        assert tree.outcome.grace_expired
+        assert tree.outcome.signals == (signal.SIGTERM, signal.SIGCONT, signal.SIGKILL)
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1
+        assert str(tree.pid) in warnings[0]
+
+    caplog.set_level(logging.DEBUG, logger="trio_proctree")
+    run(main)
+    assert tracked.survivors() == []
+
+
+def test_cancellation_while_spawning_still_stops_the_tree(
+    run: Callable[..., Any],
+    tracked: Tracked,
+    contained: dict[str, Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def main() -> None:
+        async def enter() -> None:
+            async with open_process_tree(TWO_SLEEPS, grace=0.5, **contained):
+                pytest.fail("the block must not run: the task was cancelled during the spawn")
+
+        task = asyncio.get_running_loop().create_task(enter())
+        await asyncio.sleep(0)  # the spawn is now under way in a worker thread
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    caplog.set_level(logging.DEBUG, logger="trio_proctree")
+    run(main)
+    started = [int(m) for m in re.findall(r"pid (\d+) \(.*\) started", caplog.text)]
+    assert len(started) == 1, "the spawn did happen: the cancel arrived while it ran"
+    assert procs.state(started[0]) is None  # reaped
+    assert tracked.survivors() == []
+
+
+def test_100_random_cancellation_instants_leave_no_survivors(
+    run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    async def main() -> int:
+        rng = random.Random(20261129)
+        inside = 0
+        for _ in range(100):
+
+            async def hold() -> None:
+                nonlocal inside
+                async with open_process_tree(
+                    ["sh", "-c", "sleep 60 & sleep 61 & wait"], grace=0.5, **contained
+                ):
+                    inside += 1
+                    await asyncio.Event().wait()
+
+            task = asyncio.get_running_loop().create_task(hold())
+            await asyncio.sleep(rng.uniform(0, 0.030))
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert tracked.survivors() == []
+        return inside
+
+    inside = run(main)
+    assert 0 < inside < 100  # both sides of the spawn were hit
+
+
+def test_reading_returncode_never_reaps_and_send_signal_reaches_all(
+    run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    async def main() -> None:
+        async with open_process_tree(
+            TWO_SLEEPS, grace=0.5, stdout=subprocess.PIPE, **contained
+        ) as tree:
+            members = await read_pids(tree.stdout, 2)
+            assert tree.returncode is None
+            tree.send_signal(signal.SIGUSR1)
+            assert await tree.wait() == -signal.SIGUSR1
+            assert tree.returncode == -signal.SIGUSR1
+            assert procs.state(tree.pid) == "Z"
+            for _ in range(500):
+                if not any(procs.alive(pid) for pid in members):
+                    break
+                await asyncio.sleep(0.01)
+            assert not any(procs.alive(pid) for pid in members)
+        assert procs.state(tree.pid) is None
+
+    run(main)
+    assert tracked.survivors() == []
+
+
+def test_run_process_tree_returns_output_and_checks(
+    run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    async def main() -> None:
+        result = await run_process_tree(
+            ["sh", "-c", "cat; echo err >&2"],
+            stdin=b"fed",
+            capture_stdout=True,
+            capture_stderr=True,
+            **contained,
+        )
+        assert (result.returncode, result.stdout, result.stderr) == (0, b"fed", b"err\n")
+        with pytest.raises(subprocess.CalledProcessError) as caught:
+            await run_process_tree(["sh", "-c", "echo x; exit 3"], capture_stdout=True, **contained)
+        assert (caught.value.returncode, caught.value.output) == (3, b"x\n")
+        unchecked = await run_process_tree(["sh", "-c", "exit 3"], check=False, **contained)
+        assert unchecked.returncode == 3
+
+    run(main)
+    assert tracked.survivors() == []
+
+
+def test_run_process_tree_returns_twenty_megabytes_whole(
+    run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    async def main() -> None:
+        result = await run_process_tree(
+            ["head", "-c", "20000000", "/dev/urandom"], capture_stdout=True, **contained
+        )
+        assert len(result.stdout) == 20_000_000
+
+    run(main)
+
+
+def test_grandchild_holding_the_pipe_does_not_hang_run_process_tree(
+    run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    async def main() -> None:
+        result = await asyncio.wait_for(
+            run_process_tree(
+                ["sh", "-c", "sleep 60 & echo $!; echo done"],
+                capture_stdout=True,
+                grace=0.5,
+                **contained,
+            ),
+            10,
+        )
+        pid_line, done = result.stdout.splitlines()
+        assert done == b"done"
+        assert not procs.alive(int(pid_line))
+
+    run(main)
+    assert tracked.survivors() == []
+
+
+def test_full_pipe_nobody_reads_does_not_deadlock_cleanup(
+    run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    async def main() -> None:
+        async with open_process_tree(
+            ["sh", "-c", "trap '' TERM; echo go; head -c 1000000 /dev/zero; sleep 60"],
+            grace=0.3,
+            stdout=subprocess.PIPE,
+            **contained,
+        ) as tree:
+            assert tree.stdout is not None
+            await tree.stdout.readline()
+        assert tree.outcome is not None
+        assert tree.outcome.grace_expired
+
+    run(main)
+    assert tracked.survivors() == []
+
+
+@pytest.mark.parametrize(("command", "kwargs", "error", "message"), BAD_REQUESTS)
+def test_bad_request_fails_early_and_leaks_nothing(
+    command: Any, kwargs: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    children, fds = procs.children_of_self(), procs.open_fds()
+    with pytest.raises(error, match=message):
+        open_process_tree(command, **kwargs)
+
+    async def run_it() -> None:
+        await run_process_tree(command, **kwargs)
+
+    with pytest.raises(error, match=message):
+        asyncio.run(run_it())
+    assert procs.children_of_self() == children
+    assert procs.open_fds() == fds

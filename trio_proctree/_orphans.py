@@ -1,0 +1,79 @@
+"""Processes that re-parent to us: being their child subreaper, finding and reaping them.
+
+With ``PR_SET_CHILD_SUBREAPER`` set, a descendant whose parent dies becomes our child;
+once it dies it stays a zombie until we reap it. Only the processes of our own trees are
+ever reaped here: another part of the program may be waiting for its own children.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+from collections.abc import Callable
+
+from ._procfs import ProcStat, read_file, read_stat
+
+logger = logging.getLogger("trio_proctree")
+
+PR_SET_CHILD_SUBREAPER = 36
+
+_lock = threading.Lock()
+_subreaper_in: set[int] = set()  # the pid that set it: a forked child must set it again
+
+
+class SubreaperUnavailable(Exception):
+    """Why this process cannot become a child subreaper (the message says)."""
+
+
+def become_subreaper() -> None:
+    """Make this process the child subreaper of its descendants (once per process)."""
+    with _lock:
+        if os.getpid() in _subreaper_in:
+            return
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            result = libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        except (OSError, AttributeError) as exc:
+            raise SubreaperUnavailable(f"prctl is not available: {exc}") from exc
+        if result != 0:
+            error = ctypes.get_errno()
+            raise SubreaperUnavailable(f"PR_SET_CHILD_SUBREAPER failed: {os.strerror(error)}")
+        _subreaper_in.add(os.getpid())
+        logger.debug("pid %d is now the child subreaper of its descendants", os.getpid())
+
+
+def children(pid: int) -> list[int]:
+    """The children of ``pid`` (of all its threads: a re-parented orphan may sit on any)."""
+    found: list[int] = []
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except (FileNotFoundError, ProcessLookupError):
+        return found
+    for tid in threads:
+        try:
+            listing = read_file(f"/proc/{pid}/task/{tid}/children")
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        found.extend(int(child) for child in listing.split())
+    return found
+
+
+def reap_orphans(leader_pid: int, ours: Callable[[ProcStat], bool]) -> None:
+    """Reap the dead processes of one tree that re-parented to us (we are a subreaper).
+
+    Without the subreaper setting, orphans go to init and there is nothing to do. The
+    leader is left alone: its driver reaps it, after the last signal to its group.
+    """
+    if os.getpid() not in _subreaper_in:
+        return
+    for child in children(os.getpid()):
+        if child == leader_pid:
+            continue
+        stat = read_stat(child)
+        if stat is not None and not stat.alive and ours(stat):
+            try:
+                os.waitpid(child, os.WNOHANG)
+            except ChildProcessError:
+                pass  # reaped meanwhile

@@ -1,0 +1,79 @@
+"""What run_process_tree does the same way in both drivers: its arguments and its result."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
+
+import attrs
+
+#: After the tree is gone, how long `run_process_tree` keeps reading output pipes that
+#: something outside the tree still holds open (bounded, like Go's ``Cmd.WaitDelay``).
+PIPE_DRAIN_TIMEOUT = 1.0
+
+
+@attrs.frozen
+class RunRequest:
+    #: Options for open_process_tree, with stdin/stdout/stderr filled in.
+    options: dict[str, Any]
+    #: Bytes to write to stdin, then close it; None when stdin is not ours to feed.
+    feed: bytes | None
+    #: The streams to collect: a subset of ("stdout", "stderr").
+    capture: tuple[str, ...]
+
+
+def plan_run(
+    stdin: object,
+    capture_stdout: bool,
+    capture_stderr: bool,
+    options: Mapping[str, Any],
+    *,
+    hands_back_streams: bool,
+) -> RunRequest:
+    """Check run_process_tree's arguments (as `trio.run_process` does)."""
+    if isinstance(stdin, str):
+        raise TypeError("stdin must be bytes, not str")
+    options = dict(options)
+    if not hands_back_streams:
+        for name, value in (
+            ("stdin", stdin),
+            ("stdout", options.get("stdout")),
+            ("stderr", options.get("stderr")),
+        ):
+            if value is subprocess.PIPE:
+                raise ValueError(
+                    f"{name}=subprocess.PIPE is only useful when the tree is handed back "
+                    "(nursery.start()); use open_process_tree"
+                )
+    feed = None
+    if isinstance(stdin, (bytes, bytearray, memoryview)):
+        feed = bytes(cast("bytes", stdin))
+        options["stdin"] = subprocess.PIPE
+    else:
+        options["stdin"] = stdin
+    capture: list[str] = []
+    for wanted, name in ((capture_stdout, "stdout"), (capture_stderr, "stderr")):
+        if wanted:
+            if name in options:
+                raise ValueError(f"can't specify both {name}= and capture_{name}=True")
+            options[name] = subprocess.PIPE
+            capture.append(name)
+    return RunRequest(options, feed, tuple(capture))
+
+
+def completed(
+    args: Any,
+    returncode: int | None,
+    outputs: Mapping[str, Sequence[bytes]],
+    request: RunRequest,
+    *,
+    check: bool,
+) -> subprocess.CompletedProcess[bytes]:
+    """The result of a run, or `subprocess.CalledProcessError` when checked and non-zero."""
+    assert returncode is not None, "cleanup reaped the leader"
+    stdout = b"".join(outputs["stdout"]) if "stdout" in request.capture else None
+    stderr = b"".join(outputs["stderr"]) if "stderr" in request.capture else None
+    if check and returncode != 0:
+        raise subprocess.CalledProcessError(returncode, args, output=stdout, stderr=stderr)
+    return subprocess.CompletedProcess(args, returncode, stdout, stderr)
