@@ -7,7 +7,9 @@ Every test tree runs with a unique token in its environment; descendants inherit
 from __future__ import annotations
 
 import os
+import select
 import signal
+import time
 import uuid
 
 TOKEN_VAR = "TRIO_PROCTREE_TEST_TOKEN"
@@ -64,20 +66,33 @@ def survivors(token: str) -> list[int]:
 
 
 def kill_survivors(token: str) -> list[int]:
-    """SIGKILL what carries ``token`` (through pidfds: a recycled pid is never hit)."""
-    killed = []
+    """SIGKILL what carries ``token`` and wait until it is dead.
+
+    Through pidfds: a recycled pid is never hit, and the wait is on the exit itself.
+    """
+    killed: dict[int, int] = {}
     for pid in survivors(token):
         try:
             fd = os.pidfd_open(pid)
         except ProcessLookupError:
             continue
-        try:
-            if with_token(pid, token):
-                signal.pidfd_send_signal(fd, signal.SIGKILL)
-                killed.append(pid)
-        finally:
+        if with_token(pid, token):
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+            killed[pid] = fd
+        else:
             os.close(fd)
-    return killed
+    poller = select.poll()
+    for fd in killed.values():
+        poller.register(fd, select.POLLIN)
+    pending = set(killed.values())
+    deadline = time.monotonic() + 5
+    while pending and time.monotonic() < deadline:
+        for fd, _ in poller.poll(100):
+            pending.discard(fd)
+            poller.unregister(fd)
+    for fd in killed.values():
+        os.close(fd)
+    return sorted(killed)
 
 
 def new_token() -> str:

@@ -54,19 +54,17 @@ async def started_tree(
     return scope, tree
 
 
-def watch_steps(needle: str = "sending SIGTERM") -> StepSeen:
-    seen = StepSeen(needle)
-    logger = logging.getLogger("trio_proctree")
-    logger.addHandler(seen)
-    logger.setLevel(logging.DEBUG)
-    return seen
-
-
 @pytest.fixture
 def steps() -> Any:
-    seen = watch_steps()
+    """Counts the escalations started (each logs "sending SIGTERM" once)."""
+    seen = StepSeen("sending SIGTERM")
+    logger = logging.getLogger("trio_proctree")
+    level = logger.level
+    logger.addHandler(seen)
+    logger.setLevel(logging.DEBUG)
     yield seen
-    logging.getLogger("trio_proctree").removeHandler(seen)
+    logger.removeHandler(seen)
+    logger.setLevel(level)
 
 
 def test_one_cleanup_round_under_a_cancel_storm(
@@ -126,12 +124,23 @@ def test_cancellation_wins_over_a_cleanup_error(
     async def main() -> None:
         scope, tree = await started_tree(tracked, contained, grace=0.2)
         injected = fail_first_stop_signal(tree)
-        closer = asyncio.get_running_loop().create_task(tree.aclose())
-        await asyncio.sleep(0)  # the closer is now waiting for the cleanup
+        seen: list[BaseException] = []
+
+        async def close() -> None:
+            try:
+                await tree.aclose()
+            except BaseException as exc:  # what the caller of aclose() gets
+                seen.append(exc)
+                raise
+
+        closer = asyncio.get_running_loop().create_task(close())
+        await steps.event.wait()  # the closer is waiting for a cleanup that has started
         closer.cancel()
-        with pytest.raises(asyncio.CancelledError) as caught:
+        with pytest.raises(asyncio.CancelledError):
             await closer
-        assert caught.value.__cause__ is injected
+        [caught] = seen
+        assert isinstance(caught, asyncio.CancelledError)
+        assert caught.__cause__ is injected
         await scope.__aexit__(None, None, None)
 
     run(main)
@@ -139,7 +148,10 @@ def test_cancellation_wins_over_a_cleanup_error(
 
 
 def test_a_timeout_still_becomes_timeout_error_despite_a_cleanup_error(
-    run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
+    run: Callable[..., Any],
+    tracked: Tracked,
+    contained: dict[str, Any],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # Mutant: re-raising the cleanup error first (wait_for would pass the PermissionError on).
     async def main() -> None:
@@ -149,7 +161,11 @@ def test_a_timeout_still_becomes_timeout_error_despite_a_cleanup_error(
         with pytest.raises(asyncio.TimeoutError) as caught:
             await asyncio.wait_for(tree.aclose(), 0.05)
         assert isinstance(caught.value.__cause__, asyncio.CancelledError)
-        assert caught.value.__cause__.__cause__ is injected
+        if sys.version_info >= (3, 11):
+            assert caught.value.__cause__.__cause__ is injected
+        # (3.10's Task re-creates the CancelledError it passes on, without the __cause__;
+        # the log still has the cleanup error.)
+        assert any(r.exc_info and r.exc_info[1] is injected for r in caplog.records)
         await scope.__aexit__(None, None, None)
 
     run(main)

@@ -147,8 +147,8 @@ async def test_process_group_alone_misses_exactly_the_escapees(tracked: Tracked)
     ) as tree:
         assert tree.stdout is not None
         pids = await read_pids(tree.stdout, 2)
-    escapee = next(pid for pid in pids if os.getsid(pid) == pid)
-    in_group = next(pid for pid in pids if pid != escapee)
+        escapee = next(pid for pid in pids if os.getsid(pid) == pid)
+        in_group = next(pid for pid in pids if pid != escapee)
     assert not procs.alive(in_group)
     assert tracked.survivors() == [escapee]
     assert tree.outcome is not None
