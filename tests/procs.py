@@ -6,6 +6,7 @@ Every test tree runs with a unique token in its environment; descendants inherit
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -77,7 +78,8 @@ def kill_survivors(token: str) -> list[int]:
         except ProcessLookupError:
             continue
         if with_token(pid, token):
-            signal.pidfd_send_signal(fd, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # exited meanwhile
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
             killed[pid] = fd
         else:
             os.close(fd)

@@ -35,7 +35,10 @@ def test_demo_shows_what_each_strategy_leaves_and_leaves_nothing(tracked: Tracke
         "trio.run_process, default cancel": 2,
         "new session + os.killpg": 0,
         "trio_proctree.open_process_tree": 0,
+        "with a setsid daemon: new session + os.killpg": 1,
+        "with a setsid daemon: trio_proctree": 0,
     }
+    assert re.search(r"contains trees here with: (cgroup|subreaper|group)", result.stdout)
     # Everything the demo started carried our token: none of it may still run.
     assert tracked.survivors() == []
 

@@ -20,6 +20,7 @@ import trio
 import trio_proctree
 from trio_proctree import ContainmentUnavailable, _cgroup, open_process_tree
 from trio_proctree._cgroup import find_cgroup2_mount, own_cgroup
+from trio_proctree._orphans import become_subreaper
 
 from . import procs
 from .conftest import Tracked, read_pids
@@ -133,6 +134,26 @@ async def test_stopped_escapee_gets_sigcont_and_stops_gracefully(
     assert not tree.outcome.grace_expired
     assert done.read_text() == "handled\n"
     assert tracked.survivors() == []
+
+
+async def test_signalling_an_escapee_that_just_exited_is_not_an_error(
+    tracked: Tracked, strong: str
+) -> None:
+    # Cleanup sends SIGCONT right after the stop signal: an escapee that exits (and is
+    # reaped) between the two must not turn the SIGCONT into a cleanup error.
+    become_subreaper()  # so the escapee re-parents to us, and we can reap it ourselves
+    async with open_process_tree(
+        SETSID_ESCAPEE, grace=0.5, stdout=subprocess.PIPE, env=tracked.env, containment=strong
+    ) as tree:
+        assert tree.stdout is not None
+        [escapee] = await read_pids(tree.stdout, 1)
+        tree.send_signal(signal.SIGCONT)  # the tree now knows (and tracks) its escapee
+        assert procs.stat_field(escapee, 4) == os.getpid()  # adopted by us
+        os.kill(escapee, signal.SIGKILL)  # our own test process, by pid
+        os.waitpid(escapee, 0)  # noqa: ASYNC222 - SIGKILLed: returns at once
+        tree.send_signal(signal.SIGCONT)  # to the escapee's pidfd too
+    assert tracked.survivors() == []
+    assert tree.outcome is not None
 
 
 async def test_process_group_alone_misses_exactly_the_escapees(tracked: Tracked) -> None:

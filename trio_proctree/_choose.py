@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+import attrs
+
 from . import _watchdog as watchdog
 from ._cgroup import CgroupContainment, CgroupUnavailable, cgroup_home
 from ._containment import Containment, ProcessGroupContainment
@@ -22,10 +24,15 @@ class ContainmentUnavailable(RuntimeError):
     """The containment asked for cannot be used on this machine (the message says why)."""
 
 
-ContainmentFactory = Callable[[], Containment]
+@attrs.frozen
+class ContainmentChoice:
+    """The containment picked for new trees: its name, and how to make one."""
+
+    name: str
+    make: Callable[[], Containment]
 
 
-def choose_containment(mode: str) -> ContainmentFactory:
+def choose_containment(mode: str) -> ContainmentChoice:
     """How trees will be contained; checked before anything is spawned.
 
     ``"auto"`` takes the strongest available: a cgroup of its own where a writable cgroup
@@ -48,7 +55,7 @@ def choose_containment(mode: str) -> ContainmentFactory:
                 raise ContainmentUnavailable(f"cgroup containment is unavailable: {exc}") from None
             logger.debug("cgroup containment unavailable (%s)", exc)
         else:
-            return lambda: CgroupContainment(home)
+            return ContainmentChoice("cgroup", lambda: CgroupContainment(home))
     if mode in ("auto", "subreaper"):
         try:
             become_subreaper()
@@ -59,16 +66,14 @@ def choose_containment(mode: str) -> ContainmentFactory:
                 ) from None
             logger.debug("subreaper containment unavailable (%s); using the process group", exc)
         else:
-            return SubreaperContainment
-    return ProcessGroupContainment
+            return ContainmentChoice("subreaper", SubreaperContainment)
+    return ContainmentChoice("group", ProcessGroupContainment)
 
 
-def start_tree(
-    plan: SpawnPlan, make_containment: ContainmentFactory
-) -> tuple[Spawned, Containment]:
+def start_tree(plan: SpawnPlan, choice: ContainmentChoice) -> tuple[Spawned, Containment]:
     """Start the leader inside a new containment (blocking: drivers run it in a thread)."""
     watchdog.ensure_started()
-    containment = make_containment()
+    containment = choice.make()
     try:
         return spawn(containment.prepare(plan)), containment
     except BaseException:

@@ -3,41 +3,185 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+import textwrap
 from collections.abc import Sequence
 
 import trio
 
 from . import __version__
+from ._choose import CONTAINMENTS
+from ._cmd_orphans import run as list_orphans
+from ._cmd_run import RunOptions
+from ._cmd_run import run as run_command
 from ._demo import compare, render
+from ._escalation import parse_duration, parse_stop_signal
+
+
+def _seconds(text: str) -> float:
+    try:
+        return parse_duration(float(text), what="a duration")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_seconds(text: str) -> float:
+    seconds = _seconds(text)
+    if seconds == 0:
+        raise argparse.ArgumentTypeError("the timeout must be more than 0 seconds")
+    return seconds
+
+
+def _signal(text: str) -> int:
+    try:
+        return parse_stop_signal(int(text) if text.isdigit() else text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trio-proctree",
-        description="Tie the lifetime of a whole subprocess tree to a trio scope.",
+        description=(
+            "Run and inspect subprocess trees: the command and everything it starts, "
+            "daemons and setsid escapees included."
+        ),
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
     commands.add_parser(
         "demo",
         help="compare, live, what each way of cancelling a subprocess leaves running",
         description=(
             'Runs sh -c "sleep 60 & sleep 61 & wait" under five strategies (no cleanup, '
-            "killing the leader, trio.run_process, killpg, trio_proctree), cancels each "
-            "once its three processes run, and prints how many survived and how long the "
-            "teardown took. Everything it starts is killed before it exits."
+            "killing the leader, trio.run_process, killpg, trio_proctree), then a tree with "
+            "a setsid daemon under killpg and trio_proctree; cancels each once its "
+            "processes run, and prints how many survived and how long the teardown took. "
+            "Everything it starts is killed before it exits."
         ),
+    )
+
+    run = commands.add_parser(
+        "run",
+        help="run a command as a contained tree, with an optional time limit",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=textwrap.dedent(
+            """\
+            Run CMD as a contained process tree: when it ends, times out, or this command
+            gets SIGTERM, SIGINT or SIGHUP, whatever CMD started that is still running is
+            stopped: the stop signal to every process, SIGCONT, up to --grace seconds,
+            then SIGKILL. A tree-aware timeout(1): coreutils timeout signals its own
+            process group and misses daemons and setsid escapees.
+
+            stdin, stdout and stderr are CMD's own; interactive commands keep the
+            terminal.
+            """
+        ),
+        epilog=textwrap.dedent(
+            """\
+            exit status:
+              CMD's own; 128+N if signal N ended it
+              124  --timeout expired (as timeout(1))
+              125  trio-proctree itself failed
+              126  CMD is not executable
+              127  CMD was not found
+              2    usage error
+
+            examples:
+              trio-proctree run --timeout 600 -- make -j8 test
+              trio-proctree run --grace 10 --signal INT -- ./server --port 8080
+            """
+        ),
+    )
+    run.add_argument(
+        "--grace",
+        type=_seconds,
+        default=5.0,
+        metavar="S",
+        help="seconds between the stop signal and SIGKILL (default: 5)",
+    )
+    run.add_argument(
+        "--signal",
+        type=_signal,
+        default=15,
+        metavar="NAME",
+        help="the stop signal: TERM, INT, HUP, ... or a number (default: TERM)",
+    )
+    run.add_argument(
+        "--timeout",
+        type=_positive_seconds,
+        default=None,
+        metavar="S",
+        help="stop the tree after S seconds and exit with 124 (default: none)",
+    )
+    run.add_argument(
+        "--containment",
+        choices=CONTAINMENTS,
+        default="auto",
+        help="how to hold the tree together (default: auto, the strongest here)",
+    )
+    run.add_argument(
+        "argv", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]", help="the command to run"
+    )
+
+    orphans = commands.add_parser(
+        "orphans",
+        help="list processes that outlived what started them (exit 1 if any)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=textwrap.dedent(
+            """\
+            List processes adopted by init (PID 1 of this PID namespace: the container
+            init, in a container) or by a child subreaper: processes whose parent died,
+            which is how escaping process trees show up. Listed: every child of PID 1
+            and of each --reaper; and children of this command's ancestors whose process
+            group or session leader has exited. PID 1's own services are listed too: use
+            --match to look for what you care about.
+
+            Exit status 1 when any is found, 0 when none: usable as a monitoring check.
+            """
+        ),
+        epilog=textwrap.dedent(
+            """\
+            examples:
+              trio-proctree orphans --match 'chrome|chromedriver'
+              trio-proctree orphans --json --match node
+            """
+        ),
+    )
+    orphans.add_argument(
+        "--match", metavar="REGEX", help="only processes whose command line matches REGEX"
+    )
+    orphans.add_argument("--json", action="store_true", help="print a JSON list")
+    orphans.add_argument(
+        "--reaper",
+        type=int,
+        action="append",
+        default=[],
+        metavar="PID",
+        help="also list every child of this subreaper (repeatable)",
     )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _build_parser().parse_args(argv)
-    if args.command == "demo":  # pragma: no branch - the only command so far
-        rows = trio.run(compare)
-        render(rows, sys.stdout)
-    return 0
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        render(trio.run(compare), sys.stdout)
+        return 0
+    if args.command == "run":
+        command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+        if not command:
+            parser.error("run: no command given (trio-proctree run [OPTIONS] -- CMD [ARGS...])")
+        options = RunOptions(command, args.grace, args.signal, args.timeout, args.containment)
+        return run_command(options)
+    try:
+        re.compile(args.match or "")
+    except re.error as exc:
+        parser.error(f"orphans: --match is not a valid regular expression: {exc}")
+    return list_orphans(args.match, args.json, args.reaper)
 
 
 if __name__ == "__main__":  # pragma: no cover

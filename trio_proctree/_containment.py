@@ -91,6 +91,17 @@ def exited(pidfd: int) -> bool:
     return bool(poller.poll(0))
 
 
+def signal_pidfd(pidfd: int, sig: int) -> None:
+    """Send ``sig`` through a pidfd; a process that has exited meanwhile is not an error.
+
+    (Its pidfd still names it, so no other process can receive the signal.)
+    """
+    try:
+        signal.pidfd_send_signal(pidfd, sig)
+    except ProcessLookupError:
+        pass
+
+
 def forget_exited(watched: dict[int, int], also: Callable[[int], bool]) -> None:
     """Drop (and close) the pidfds in ``watched`` whose process exited, or that ``also`` names."""
     poller = select.poll()
@@ -333,7 +344,7 @@ class MemberTracking:
             fd = self._members.get(pid)
             if fd is not None:
                 for sig in signals:
-                    signal.pidfd_send_signal(fd, sig)
+                    signal_pidfd(fd, sig)
 
     def signal(self, sig: int) -> None:
         if not self._surveyed:

@@ -2,16 +2,17 @@
 
 Each strategy runs ``sh -c "sleep 60 & sleep 61 & wait"`` (three processes), cancels the
 task awaiting it once all three run, and counts what is still alive shortly after the
-teardown returned. Every process the demo starts carries a marker in its environment, so
-whatever a strategy leaves behind is found and killed (through pidfds, by pid, never by
-name) before the next one runs.
+teardown returned. Then a tree whose member escapes with ``setsid -f`` (a daemon) runs
+under killpg and under trio_proctree. Every process the demo starts carries a marker in
+its environment, so whatever a strategy leaves behind is found and killed (through
+pidfds, by pid, never by name) before the next one runs.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import signal
-import subprocess
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -20,10 +21,14 @@ from typing import TextIO
 import attrs
 import trio
 
+from ._choose import choose_containment
+from ._containment import signal_pidfd
 from ._procfs import is_alive
 from ._trio import open_process_tree
 
 COMMAND = ["sh", "-c", "sleep 60 & sleep 61 & wait"]
+#: The same size of tree, but one member calls setsid(): it leaves session and group.
+WITH_DAEMON = ["sh", "-c", "setsid -f sleep 60; sleep 61 & wait"]
 TREE_SIZE = 3
 _MARKER = "TRIO_PROCTREE_DEMO"
 #: Survivors are counted this long after the teardown returned, so that processes still
@@ -41,7 +46,8 @@ class Row:
 class _Run:
     """One strategy's processes: the environment that marks them, and finding them."""
 
-    def __init__(self) -> None:
+    def __init__(self, command: list[str]) -> None:
+        self.command = command
         self.marker = uuid.uuid4().hex
         self.env = {**os.environ, _MARKER: self.marker}
         self.leaders: list[trio.Process] = []
@@ -72,7 +78,7 @@ class _Run:
                 continue
             try:
                 if self.marked(pid):  # still ours, now that the pidfd pins the process
-                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                    signal_pidfd(fd, signal.SIGKILL)
             finally:
                 os.close(fd)
         for leader in self.leaders:
@@ -84,14 +90,14 @@ Strategy = Callable[[_Run, trio.CancelScope], Awaitable[None]]
 
 
 async def no_cleanup(run: _Run, scope: trio.CancelScope) -> None:
-    proc = await trio.lowlevel.open_process(COMMAND, env=run.env)
+    proc = await trio.lowlevel.open_process(run.command, env=run.env)
     run.leaders.append(proc)
     with scope:
         await proc.wait()
 
 
 async def kill_leader(run: _Run, scope: trio.CancelScope) -> None:
-    proc = await trio.lowlevel.open_process(COMMAND, env=run.env)
+    proc = await trio.lowlevel.open_process(run.command, env=run.env)
     run.leaders.append(proc)
     with scope:
         try:
@@ -104,11 +110,11 @@ async def kill_leader(run: _Run, scope: trio.CancelScope) -> None:
 
 async def trio_run_process(run: _Run, scope: trio.CancelScope) -> None:
     with scope:
-        await trio.run_process(COMMAND, env=run.env)
+        await trio.run_process(run.command, env=run.env)
 
 
 async def killpg(run: _Run, scope: trio.CancelScope) -> None:
-    proc = await trio.lowlevel.open_process(COMMAND, env=run.env, start_new_session=True)
+    proc = await trio.lowlevel.open_process(run.command, env=run.env, start_new_session=True)
     run.leaders.append(proc)
     with scope:
         try:
@@ -121,21 +127,23 @@ async def killpg(run: _Run, scope: trio.CancelScope) -> None:
 
 async def proctree(run: _Run, scope: trio.CancelScope) -> None:
     with scope:
-        async with open_process_tree(COMMAND, env=run.env) as tree:
+        async with open_process_tree(run.command, env=run.env) as tree:
             await tree.wait()
 
 
-STRATEGIES: list[tuple[str, Strategy]] = [
-    ("no cleanup (cancel the awaiting task)", no_cleanup),
-    ("kill the leader (asyncio-style proc.kill())", kill_leader),
-    ("trio.run_process, default cancel", trio_run_process),
-    ("new session + os.killpg", killpg),
-    ("trio_proctree.open_process_tree", proctree),
+STRATEGIES: list[tuple[str, list[str], Strategy]] = [
+    ("no cleanup (cancel the awaiting task)", COMMAND, no_cleanup),
+    ("kill the leader (asyncio-style proc.kill())", COMMAND, kill_leader),
+    ("trio.run_process, default cancel", COMMAND, trio_run_process),
+    ("new session + os.killpg", COMMAND, killpg),
+    ("trio_proctree.open_process_tree", COMMAND, proctree),
+    ("with a setsid daemon: new session + os.killpg", WITH_DAEMON, killpg),
+    ("with a setsid daemon: trio_proctree", WITH_DAEMON, proctree),
 ]
 
 
-async def measure(name: str, strategy: Strategy) -> Row:
-    run = _Run()
+async def measure(name: str, command: list[str], strategy: Strategy) -> Row:
+    run = _Run(command)
     scope = trio.CancelScope()
     cancelled_at = 0.0
     returned_at = 0.0
@@ -159,13 +167,24 @@ async def measure(name: str, strategy: Strategy) -> Row:
 
 
 async def compare() -> list[Row]:
-    return [await measure(name, strategy) for name, strategy in STRATEGIES]
+    return [await measure(*strategy) for strategy in STRATEGIES]
+
+
+def containment_here() -> str:
+    """What containment="auto" picks on this machine."""
+    return choose_containment("auto").name
+
+
+def _shell(command: list[str]) -> str:
+    return " ".join(shlex.quote(arg) for arg in command)
 
 
 def render(rows: list[Row], out: TextIO) -> None:
     width = max(len(row.strategy) for row in rows)
-    out.write(f"Command: {subprocess.list2cmdline(COMMAND)}  ({TREE_SIZE} processes)\n")
-    out.write("The awaiting task is cancelled once all of them run.\n\n")
+    out.write(f"Command: {_shell(COMMAND)}  ({TREE_SIZE} processes)\n")
+    out.write(f"Daemon:  {_shell(WITH_DAEMON)}  ({TREE_SIZE} processes)\n")
+    out.write("The awaiting task is cancelled once all of them run.\n")
+    out.write(f"trio_proctree contains trees here with: {containment_here()}\n\n")
     out.write(f"{'strategy':<{width}}  survivors  teardown\n")
     out.write(f"{'-' * width}  ---------  --------\n")
     for row in rows:

@@ -70,6 +70,15 @@ def read_stat(pid: int) -> ProcStat | None:
     return parse_stat(pid, data) if data else None
 
 
+def command_line(pid: int) -> str:
+    """The process's arguments joined by spaces ("" for a zombie or a kernel thread)."""
+    try:
+        raw = read_file(f"/proc/{pid}/cmdline")
+    except OSError:
+        return ""
+    return " ".join(arg.decode(errors="replace") for arg in raw.split(b"\0") if arg)
+
+
 def is_alive(pid: int) -> bool:
     """True while ``pid`` runs; False for a zombie or a reaped process."""
     stat = read_stat(pid)

@@ -25,7 +25,7 @@ from typing import Any
 
 import attrs
 
-from ._containment import MemberTracking, forget_exited
+from ._containment import MemberTracking, forget_exited, signal_pidfd
 from ._orphans import become_subreaper, children
 from ._procfs import ProcStat, read_file, read_stat
 from ._spawn import SpawnPlan
@@ -111,4 +111,4 @@ class SubreaperContainment(MemberTracking):
                 return
             for pid in targets:
                 killed.add(pid)
-                signal.pidfd_send_signal(self._members[pid], signal.SIGKILL)
+                signal_pidfd(self._members[pid], signal.SIGKILL)

@@ -11,7 +11,7 @@ from typing import Any, Protocol, cast
 
 import trio
 
-from ._choose import ContainmentFactory, choose_containment, start_tree
+from ._choose import ContainmentChoice, choose_containment, start_tree
 from ._core import TreeCore
 from ._escalation import (
     DEFAULT_GRACE,
@@ -176,12 +176,10 @@ def _stream(fd: int | None) -> trio.lowlevel.FdStream | None:
 class _TreeScope:
     """The async context manager `open_process_tree` returns."""
 
-    def __init__(
-        self, plan: SpawnPlan, policy: Escalation, make_containment: ContainmentFactory
-    ) -> None:
+    def __init__(self, plan: SpawnPlan, policy: Escalation, containment: ContainmentChoice) -> None:
         self._plan = plan
         self._policy = policy
-        self._make_containment = make_containment
+        self._containment = containment
         self._tree: ProcessTree | None = None
 
     @trio.lowlevel.enable_ki_protection
@@ -191,7 +189,7 @@ class _TreeScope:
         # Not abandoned on cancel: a cancellation that arrives while the worker thread forks
         # waits for the spawn, so the process is never lost...
         spawned, containment = await trio.to_thread.run_sync(
-            start_tree, self._plan, self._make_containment
+            start_tree, self._plan, self._containment
         )
         core = TreeCore(spawned, containment, self._plan, self._policy)
         tree = self._tree = ProcessTree(core, spawned)

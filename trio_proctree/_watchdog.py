@@ -149,6 +149,12 @@ def _watchdog() -> Watchdog:
         return _current[0]
 
 
+def running() -> list[Watchdog]:
+    """This process's watchdog, if it has started one (so leak checks can skip it)."""
+    with _lock:
+        return list(_current)
+
+
 def ensure_started() -> None:
     """Start the watchdog if it is not running (blocking: spawns a process)."""
     try:

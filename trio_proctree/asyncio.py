@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
-from ._choose import ContainmentFactory, choose_containment, start_tree
+from ._choose import ContainmentChoice, choose_containment, start_tree
 from ._core import TreeCore
 from ._escalation import (
     DEFAULT_GRACE,
@@ -348,18 +348,16 @@ def _pipe_file(fd: int, mode: str) -> Any:
 class _TreeScope:
     """The async context manager `open_process_tree` returns."""
 
-    def __init__(
-        self, plan: SpawnPlan, policy: Escalation, make_containment: ContainmentFactory
-    ) -> None:
+    def __init__(self, plan: SpawnPlan, policy: Escalation, containment: ContainmentChoice) -> None:
         self._plan = plan
         self._policy = policy
-        self._make_containment = make_containment
+        self._containment = containment
         self._tree: ProcessTree | None = None
 
     async def _start(self) -> ProcessTree:
         loop = asyncio.get_running_loop()
         spawned, containment = await loop.run_in_executor(
-            None, start_tree, self._plan, self._make_containment
+            None, start_tree, self._plan, self._containment
         )
         tree = ProcessTree(TreeCore(spawned, containment, self._plan, self._policy))
         try:

@@ -1,0 +1,210 @@
+"""``trio-proctree run`` and ``trio-proctree orphans``, driven as a user would: the real
+console script in a subprocess, real signals, real process trees."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from . import procs
+from .conftest import Tracked
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mount namespace)")
+
+
+def tool() -> list[str]:
+    script = shutil.which("trio-proctree", path=os.path.dirname(sys.executable))
+    return [script] if script else [sys.executable, "-m", "trio_proctree"]
+
+
+def run_tool(
+    *args: str, env: dict[str, str], timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*tool(), *args], capture_output=True, text=True, env=env, timeout=timeout, check=False
+    )
+
+
+# --- run: exit statuses ----------------------------------------------------------------
+
+
+def test_run_passes_the_commands_own_exit_status_and_output(tracked: Tracked) -> None:
+    result = run_tool("run", "--", "sh", "-c", "echo out; echo err >&2; exit 7", env=tracked.env)
+    assert (result.returncode, result.stdout, result.stderr) == (7, "out\n", "err\n")
+
+
+def test_run_reports_death_by_signal_as_128_plus_n(tracked: Tracked) -> None:
+    result = run_tool("run", "--", "sh", "-c", "kill -USR1 $$", env=tracked.env)
+    assert result.returncode == 128 + signal.SIGUSR1
+
+
+def test_run_passes_stdin_through(tracked: Tracked) -> None:
+    result = subprocess.run(
+        [*tool(), "run", "--", "cat"], input="typed", capture_output=True, text=True,
+        env=tracked.env, timeout=60, check=False,
+    )  # fmt: skip
+    assert (result.returncode, result.stdout) == (0, "typed")
+
+
+def test_run_timeout_stops_a_sigterm_ignoring_tree_with_124(tracked: Tracked) -> None:
+    started = time.monotonic()
+    result = run_tool(
+        "run", "--timeout", "0.3", "--grace", "0.3", "--",
+        "sh", "-c", "trap '' TERM; sleep 60 & setsid -f sleep 61; wait",
+        env=tracked.env,
+    )  # fmt: skip
+    elapsed = time.monotonic() - started
+    assert result.returncode == 124
+    assert tracked.survivors() == []  # the setsid escapee too (with the auto containment)
+    # timeout + grace + SIGKILL, plus Python's start-up: seconds, not the sleep's minute.
+    assert elapsed < 0.3 + 0.3 + 10
+
+
+def test_run_missing_command_exits_127_with_a_message(tracked: Tracked) -> None:
+    result = run_tool("run", "--", "no-such-command-xyz", env=tracked.env)
+    assert result.returncode == 127
+    assert "no-such-command-xyz" in result.stderr
+    assert "not found" in result.stderr
+
+
+def test_run_not_executable_exits_126(tracked: Tracked, tmp_path: Path) -> None:
+    script = tmp_path / "script.sh"
+    script.write_text("#!/bin/sh\necho hi\n")
+    script.chmod(0o644)
+    result = run_tool("run", "--", str(script), env=tracked.env)
+    assert result.returncode == 126
+    assert "script.sh" in result.stderr
+
+
+@needs_root
+def test_run_failing_itself_exits_125(tracked: Tracked) -> None:
+    # In a mount namespace without the cgroup v2 hierarchy, --containment cgroup cannot be.
+    if shutil.which("unshare") is None:  # pragma: no cover
+        pytest.skip("unshare(1) is not installed")
+    mounts = Path("/proc/self/mountinfo").read_text()
+    cgroup2 = [
+        line.split(" - ")[0].split()[4] for line in mounts.splitlines() if " - cgroup2 " in line
+    ]
+    if not cgroup2:  # pragma: no cover
+        pytest.skip("no cgroup v2 here to hide")
+    hide = "; ".join(f"umount -l {path}" for path in cgroup2)
+    command = " ".join([*tool(), "run", "--containment", "cgroup", "--", "true"])
+    result = subprocess.run(
+        ["unshare", "--mount", "sh", "-c", f"{hide}; exec {command}"],
+        capture_output=True, text=True, env=tracked.env, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 125, result.stderr
+    assert "cgroup" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "--grace", "-3", "--", "true"],
+        ["run", "--grace", "nan", "--", "true"],
+        ["run", "--signal", "BOGUS", "--", "true"],
+        ["run", "--signal", "STOP", "--", "true"],
+        ["run", "--timeout", "0", "--", "true"],
+        ["run", "--containment", "jail", "--", "true"],
+        ["run"],
+        ["orphans", "--match", "("],
+        ["frobnicate"],
+    ],
+    ids=" ".join,
+)
+def test_usage_errors_exit_2(tracked: Tracked, args: list[str]) -> None:
+    result = run_tool(*args, env=tracked.env)
+    assert result.returncode == 2
+    assert "usage:" in result.stderr
+
+
+# --- run: signals to the tool ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_signal_to_the_tool_stops_the_whole_tree(tracked: Tracked, sig: signal.Signals) -> None:
+    with subprocess.Popen(
+        [*tool(), "run", "--grace", "2", "--",
+         "sh", "-c", "sleep 60 & echo $!; setsid -f sh -c 'echo $$; exec sleep 61'; wait"],
+        stdout=subprocess.PIPE, env=tracked.env,
+    ) as runner:  # fmt: skip
+        assert runner.stdout is not None
+        pids = [int(runner.stdout.readline()) for _ in range(2)]
+        assert all(procs.alive(pid) for pid in pids)
+        runner.send_signal(sig)  # our own child, by pid
+        assert runner.wait(timeout=30) == 128 + signal.SIGTERM  # the tree's stop signal
+    assert not any(procs.alive(pid) for pid in pids)
+    assert tracked.survivors() == []
+
+
+def test_run_help_explains_itself(tracked: Tracked) -> None:
+    result = run_tool("run", "--help", env=tracked.env)
+    assert result.returncode == 0
+    for words in ("--timeout", "--grace", "--signal", "--containment", "124", "127", "example"):
+        assert words in result.stdout
+
+
+# --- orphans ---------------------------------------------------------------------------
+
+
+def test_orphans_finds_a_real_reparented_process_and_then_none(tracked: Tracked) -> None:
+    marker = f"60.{uuid.uuid4().int % 10**9}"  # a sleep nobody else runs
+    # The shell exits at once; its background sleep is adopted (by init or a subreaper).
+    subprocess.run(
+        ["sh", "-c", f"sleep {marker} &"],
+        env=tracked.env, start_new_session=True, check=True, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    [orphan] = tracked.survivors()
+    listed = run_tool("orphans", "--match", f"sleep {marker}", env=tracked.env)
+    assert listed.returncode == 1, listed
+    assert str(orphan) in listed.stdout
+    as_json = json.loads(run_tool("orphans", "--json", "--match", marker, env=tracked.env).stdout)
+    assert [row["pid"] for row in as_json] == [orphan]
+    assert as_json[0]["command"] == f"sleep {marker}"
+    assert as_json[0]["age"] >= 0
+
+    assert procs.kill_survivors(tracked.token) == [orphan]
+    clean = run_tool("orphans", "--match", f"sleep {marker}", env=tracked.env)
+    assert clean.returncode == 0, clean
+    assert clean.stdout == "no orphans\n"
+
+
+def test_orphans_lists_the_children_of_a_named_reaper(tracked: Tracked) -> None:
+    marker = f"60.{uuid.uuid4().int % 10**9}"
+    # A small init of our own: a subreaper whose child shell leaves a sleep behind.
+    reaper_code = (
+        "import ctypes, subprocess, sys, time\n"
+        "ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)\n"
+        f"subprocess.run(['sh', '-c', 'sleep {marker} &'])\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", reaper_code], stdout=subprocess.PIPE, env=tracked.env
+    ) as reaper:
+        assert reaper.stdout is not None
+        assert reaper.stdout.readline() == b"ready\n"
+        listed = run_tool(
+            "orphans", "--reaper", str(reaper.pid), "--match", marker, env=tracked.env
+        )
+        assert listed.returncode == 1, listed
+        [line] = [line for line in listed.stdout.splitlines() if marker in line]
+        assert line.split()[1] == str(reaper.pid)  # the parent column: our reaper
+        procs.kill_survivors(tracked.token)
+    assert tracked.survivors() == []
+
+
+def test_orphans_help_explains_itself(tracked: Tracked) -> None:
+    result = run_tool("orphans", "--help", env=tracked.env)
+    assert result.returncode == 0
+    for words in ("--match", "--json", "--reaper", "Exit status 1"):
+        assert words in result.stdout

@@ -1,0 +1,106 @@
+"""``trio-proctree orphans``: processes that outlived the program that started them.
+
+A process whose parent dies is adopted by init (PID 1 of its PID namespace: the container
+init, in a container) or by the nearest child subreaper above it (``systemd --user``, a
+test runner, trio_proctree itself in its subreaper mode). A periodic look at what was
+adopted is how escaping trees show up before they exhaust memory, ports or pids.
+
+Listed: every child of PID 1 and of each ``--reaper`` named; and the children of this
+command's ancestors (any of which may be a subreaper) whose process group or session has
+lost its leader: they plainly outlived what started them. Which process is a subreaper
+cannot be read from outside, so an adopted ``setsid`` escapee (its own session leader)
+shows up only under PID 1 or a ``--reaper``. Services PID 1 started itself are listed
+too: narrow the list with ``--match``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from ._orphans import children
+from ._procfs import ProcStat, command_line, read_file, read_stat
+
+
+@attrs.frozen
+class Orphan:
+    pid: int
+    ppid: int
+    age: float  # seconds since it started
+    command: str
+
+
+def _comm(pid: int) -> str:
+    try:
+        return f"[{read_file(f'/proc/{pid}/comm').decode(errors='replace').strip()}]"
+    except OSError:
+        return "?"
+
+
+def _ancestors(pid: int) -> list[int]:
+    found: list[int] = []
+    while (stat := read_stat(pid)) is not None and stat.ppid > 1:
+        pid = stat.ppid
+        found.append(pid)
+    return found
+
+
+def _lost_its_leader(stat: ProcStat) -> bool:
+    """Whether the leader of its process group or of its session has exited."""
+    return any(leader != stat.pid and read_stat(leader) is None for leader in (stat.pgid, stat.sid))
+
+
+def find_orphans(
+    pattern: re.Pattern[str] | None = None, reapers: Sequence[int] = ()
+) -> list[Orphan]:
+    me = os.getpid()
+    ancestors = _ancestors(me)
+    adopters = {1, *reapers}
+    now = float(read_file("/proc/uptime").split()[0])
+    ticks = os.sysconf("SC_CLK_TCK")
+    found: list[Orphan] = []
+    for reaper in dict.fromkeys([1, *reapers, *ancestors]):
+        for pid in children(reaper):
+            stat = read_stat(pid)
+            if stat is None or not stat.alive or pid == me or pid in ancestors:
+                continue
+            if reaper not in adopters and not _lost_its_leader(stat):
+                continue  # an ordinary child of one of our ancestors (a shell's job, say)
+            command = command_line(pid) or _comm(pid)
+            if pattern is not None and not pattern.search(command):
+                continue
+            found.append(Orphan(pid, reaper, max(0.0, now - stat.starttime / ticks), command))
+    return sorted(found, key=lambda orphan: orphan.pid)
+
+
+def report(orphans: list[Orphan], *, as_json: bool) -> str:
+    if as_json:
+        rows: list[dict[str, Any]] = [attrs.asdict(orphan) for orphan in orphans]
+        return json.dumps(rows, indent=2) + "\n"
+    if not orphans:
+        return "no orphans\n"
+    lines = [f"{'PID':>7} {'PARENT':>7} {'AGE':>9}  COMMAND"]
+    lines.extend(f"{o.pid:>7} {o.ppid:>7} {_age(o.age):>9}  {o.command}" for o in orphans)
+    return "\n".join(lines) + "\n"
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def run(match: str | None, as_json: bool, reapers: Sequence[int] = ()) -> int:
+    """Print the orphans; exit status 1 if there are any (a monitoring check), else 0."""
+    pattern = re.compile(match) if match is not None else None
+    orphans = find_orphans(pattern, reapers)
+    sys.stdout.write(report(orphans, as_json=as_json))
+    return 1 if orphans else 0

@@ -1,0 +1,141 @@
+"""A pytest plugin that fails tests which leave processes running (off by default).
+
+Turn it on for a whole run with ``--check-process-leaks`` or ``check_process_leaks = true``
+in the ini file, or for one test with ``@pytest.mark.no_process_leaks``. After each checked
+test's teardown, every process the test started that is still alive (its call phase,
+against a snapshot taken just before it) fails the test, naming pids and command lines,
+and is killed, so the next test starts clean. Processes started by fixtures' setup are
+not counted, so a session-wide server started on first use is not taken for a leak.
+
+To see re-parented grandchildren and ``setsid`` escapees, the pytest process becomes their
+child subreaper when checking starts: orphans then re-parent to it, not to init, and stay
+among its descendants. Sync, trio and asyncio tests alike: only processes are looked at.
+When off, the hooks return at once.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import time
+from collections.abc import Generator
+
+import pytest
+
+from . import _watchdog
+from ._containment import signal_pidfd
+from ._orphans import become_subreaper, children
+from ._procfs import command_line, read_stat
+
+_SNAPSHOT = pytest.StashKey[set[tuple[int, int]]]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("trio_proctree")
+    group.addoption(
+        "--check-process-leaks",
+        action="store_true",
+        default=False,
+        help="fail tests that leave processes running (and kill those processes)",
+    )
+    parser.addini(
+        "check_process_leaks",
+        type="bool",
+        default=False,
+        help="fail tests that leave processes running (and kill those processes)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "no_process_leaks: fail this test if it leaves a process running (trio_proctree)",
+    )
+    if _checking_everything(config):
+        become_subreaper()
+
+
+def _checking_everything(config: pytest.Config) -> bool:
+    return bool(config.getoption("check_process_leaks") or config.getini("check_process_leaks"))
+
+
+def _checked(item: pytest.Item) -> bool:
+    return (
+        _checking_everything(item.config) or item.get_closest_marker("no_process_leaks") is not None
+    )
+
+
+def _descendants() -> dict[tuple[int, int], str]:
+    """Every live descendant of this process: (pid, start time) -> command line."""
+    found: dict[tuple[int, int], str] = {}
+    below = children(os.getpid())
+    while below:
+        pid = below.pop()
+        stat = read_stat(pid)
+        if stat is None:
+            continue
+        if stat.alive:
+            found[(pid, stat.starttime)] = command_line(pid)
+        below.extend(children(pid))
+    return found
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
+    if _checked(item):
+        become_subreaper()
+        item.stash[_SNAPSHOT] = set(_descendants())
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, object, object]:
+    result = yield
+    before = item.stash.get(_SNAPSHOT, None)
+    if before is None:
+        return result
+    ours = {watchdog.pid for watchdog in _watchdog.running()}
+    leaked = {
+        key: command
+        for key, command in _descendants().items()
+        if key not in before and key[0] not in ours
+    }
+    if leaked:
+        _kill(sorted(pid for pid, _ in leaked))
+        listing = "\n".join(
+            f"  pid {pid}: {command}" for (pid, _), command in sorted(leaked.items())
+        )
+        pytest.fail(
+            f"{item.nodeid} left {len(leaked)} process(es) running (killed now):\n{listing}",
+            pytrace=False,
+        )
+    return result
+
+
+def _kill(pids: list[int]) -> None:
+    """SIGKILL through pidfds (a recycled pid is never hit), wait, and reap our children."""
+    pidfds: dict[int, int] = {}
+    for pid in pids:
+        try:
+            pidfds[pid] = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        signal_pidfd(pidfds[pid], signal.SIGKILL)
+    poller = select.poll()
+    for fd in pidfds.values():
+        poller.register(fd, select.POLLIN)
+    waiting = set(pidfds.values())
+    deadline = time.monotonic() + 5
+    while waiting and time.monotonic() < deadline:
+        for fd, _ in poller.poll(100):
+            waiting.discard(fd)
+            poller.unregister(fd)
+    for pid, fd in pidfds.items():
+        os.close(fd)
+        stat = read_stat(pid)
+        if stat is not None and stat.ppid == os.getpid():
+            try:
+                os.waitpid(pid, os.WNOHANG)  # re-parented to us: nobody else will reap it
+            except ChildProcessError:
+                pass
