@@ -20,6 +20,11 @@ nox.options.error_on_missing_interpreters = False
 nox.options.download_python = "never"  # offline machines: find, never fetch, interpreters
 nox.options.reuse_existing_virtualenvs = True
 
+# Tools are pinned: a new release's new rules must not turn CI red on its own.
+RUFF = "ruff==0.17.6"
+MYPY = "mypy==2.4.1"
+PYRIGHT = "pyright==1.1.414"
+
 
 def _add_pyenv_interpreters() -> None:
     """Put pyenv's installed versions on PATH ahead of its shims.
@@ -51,13 +56,13 @@ def interpreters(session: nox.Session) -> None:
 @nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
     """The test suite with real processes; pass pytest arguments after ``--``."""
-    session.install("-e", ".[anyio]", "pytest", "pytest-trio", "pytest-timeout")
+    session.install("-e", ".[anyio]", "pytest", "pytest-trio", "pytest-timeout", "hypothesis")
     session.run("pytest", *session.posargs)
 
 
 @nox.session(python="3.11")
 def lint(session: nox.Session) -> None:
-    session.install("ruff")
+    session.install(RUFF)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
 
@@ -65,8 +70,9 @@ def lint(session: nox.Session) -> None:
 @nox.session(python="3.11")
 def typecheck(session: nox.Session) -> None:
     """mypy --strict and pyright (strict) on the package, for the oldest supported Python."""
-    # exceptiongroup: trio's own backport, imported on 3.10, which both checkers target.
-    session.install("-e", ".", "mypy", "pyright", "exceptiongroup")
+    # exceptiongroup: trio's own backport, imported on 3.10, which both checkers target;
+    # pytest: the package ships a pytest plugin.
+    session.install("-e", ".", MYPY, PYRIGHT, "exceptiongroup", "pytest")
     session.run("mypy", "--strict")
     session.run("pyright")
 

@@ -116,10 +116,12 @@ async def test_stopped_escapee_gets_sigcont_and_stops_gracefully(
 ) -> None:
     # The escapee handles SIGTERM by writing a file; stopped, it could not run the handler.
     done = tmp_path / "handled"
-    escapee = f"trap 'echo handled > {done}; exit 0' TERM; echo $$; while :; do sleep 1; done"
+    # It waits in `read` (on a stdin nobody writes), not in a fork: see the escalation test.
+    escapee = f"trap 'echo handled > {done}; exit 0' TERM; echo $$; read x"
     async with open_process_tree(
         ["sh", "-c", f'setsid -f sh -c "{escapee}"; sleep 60'],
         grace=5.0,
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         env=tracked.env,
         containment=strong,

@@ -109,9 +109,12 @@ async def test_stopped_member_is_woken_to_act_on_the_stop_signal(
 ) -> None:
     # The leader handles SIGTERM; a stopped process cannot run its handler until continued.
     # (A stopped process with SIGTERM's default action dies anyway: it needs no SIGCONT.)
+    # It waits in the `read` builtin (on a stdin nobody writes), never in a fork: a shell
+    # stopped inside vfork() sits in D state until its child execs, never in T.
     async with open_process_tree(
-        ["sh", "-c", "trap 'exit 0' TERM; echo ready; while :; do sleep 1; done"],
+        ["sh", "-c", "trap 'exit 0' TERM; echo ready; read x"],
         grace=5.0,
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         **contained,
     ) as tree:

@@ -102,22 +102,37 @@ def signal_pidfd(pidfd: int, sig: int) -> None:
         pass
 
 
-def forget_exited(watched: dict[int, int], also: Callable[[int], bool]) -> None:
-    """Drop (and close) the pidfds in ``watched`` whose process exited, or that ``also`` names."""
-    poller = select.poll()
-    for fd in watched.values():
-        poller.register(fd, select.POLLIN)
-    gone = {fd for fd, _ in poller.poll(0)}
-    for pid, fd in list(watched.items()):
-        if fd in gone or also(pid):
-            del watched[pid]
+class Pidfds(dict[int, int]):
+    """pid -> pidfd, for members believed alive. Closes the pidfds it opened; the leader's,
+    borrowed from the tree (one pidfd per tree, not two: file descriptors run out first
+    when hundreds of trees are torn down at once), it leaves open."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._borrowed: set[int] = set()
+
+    def borrow(self, pid: int, fd: int) -> None:
+        self[pid] = fd
+        self._borrowed.add(fd)
+
+    def forget_exited(self, also: Callable[[int], bool] = lambda pid: False) -> None:
+        """Drop the pidfds whose process exited, or that ``also`` names."""
+        poller = select.poll()
+        for fd in self.values():
+            poller.register(fd, select.POLLIN)
+        gone = {fd for fd, _ in poller.poll(0)}
+        for pid, fd in list(self.items()):
+            if fd in gone or also(pid):
+                self._drop(pid)
+
+    def close_all(self) -> None:
+        for pid in list(self):
+            self._drop(pid)
+
+    def _drop(self, pid: int) -> None:
+        fd = self.pop(pid)
+        if fd not in self._borrowed:
             os.close(fd)
-
-
-def close_all(watched: dict[int, int]) -> None:
-    for fd in watched.values():
-        os.close(fd)
-    watched.clear()
 
 
 def open_member_pidfd(pid: int, pgid: int) -> int | None:
@@ -150,7 +165,7 @@ class ProcessGroupContainment:
     name = "group"
 
     def __init__(self) -> None:
-        self._watched: dict[int, int] = {}  # pid -> pidfd of members believed alive
+        self._watched = Pidfds()
         self._started = False
         self._scan_after: int | None = None
         self._lingering: set[int] = set()
@@ -192,16 +207,16 @@ class ProcessGroupContainment:
     def kill(self) -> None:
         self.signal(signal.SIGKILL)
 
-    def watch_leader(self, watched: dict[int, int]) -> None:
+    def watch_leader(self, watched: Pidfds) -> None:
         """Start watching the leader (unless it was reaped elsewhere: its pid may be reused)."""
         if self._leader.pins_group:
-            watched[self._leader.pid] = os.pidfd_open(self._leader.pid)
+            watched.borrow(self._leader.pid, self._leader.pidfd)
 
     def pending(self) -> Pending:
         if not self._started:
             self._started = True
             self.watch_leader(self._watched)
-        forget_exited(self._watched, also=self._left_group)
+        self._watched.forget_exited(also=self._left_group)
         if self._watched:
             return list(self._watched.values())
         # Every member we knew of has exited. Any other one must show up in a scan taken
@@ -232,7 +247,7 @@ class ProcessGroupContainment:
         return False
 
     def release(self) -> None:
-        close_all(self._watched)
+        self._watched.close_all()
         reap_orphans(self._pgid, lambda stat: stat.pgid == self._pgid)
         for entry in self.backstop:
             watchdog.unregister(entry)
@@ -255,7 +270,7 @@ class MemberTracking:
     def __init__(self) -> None:
         # The group covers the leader even before the members can be listed.
         self._group = ProcessGroupContainment()
-        self._members: dict[int, int] = {}  # pid -> pidfd, for members believed alive
+        self._members = Pidfds()
         self._escapees: set[int] = set()
         self._lingering: set[int] = set()
         self._surveyed = False
@@ -363,7 +378,7 @@ class MemberTracking:
         self._group.kill()
 
     def pending(self) -> Pending:
-        forget_exited(self._members, also=lambda pid: False)
+        self._members.forget_exited()
         # Every tracked member has exited: a new listing says whether others remain (forked
         # while we signalled, say). One listed but gone before its pidfd opened leaves
         # nothing to track while it finishes exiting: list again.
@@ -378,7 +393,7 @@ class MemberTracking:
         return list(self._members.values())
 
     def release(self) -> None:
-        close_all(self._members)
+        self._members.close_all()
         self._group.release()
         reap_orphans(self._leader.pid, self._ours)
         for entry in self.backstop:

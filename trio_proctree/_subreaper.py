@@ -25,7 +25,7 @@ from typing import Any
 
 import attrs
 
-from ._containment import MemberTracking, forget_exited, signal_pidfd
+from ._containment import MemberTracking, signal_pidfd
 from ._orphans import become_subreaper, children
 from ._procfs import ProcStat, read_file, read_stat
 from ._spawn import SpawnPlan
@@ -105,7 +105,7 @@ class SubreaperContainment(MemberTracking):
         killed: set[int] = set()
         while True:
             self._track_new_members()
-            forget_exited(self._members, also=lambda pid: False)
+            self._members.forget_exited()
             targets = [pid for pid in self._members if pid not in killed]
             if not targets:
                 return

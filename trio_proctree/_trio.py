@@ -45,7 +45,13 @@ class _TrioIO:
 
     async def wait_readable(self, fd: int, timeout: float) -> None:
         with trio.move_on_after(timeout):
-            await trio.lowlevel.wait_readable(fd)
+            if fd == self._tree._core.leader.pidfd:
+                # The leader's pidfd is shared with ProcessTree.wait(), and trio lets one
+                # task at a time wait on an fd: take turns.
+                async with self._tree._wait_lock:
+                    await trio.lowlevel.wait_readable(fd)
+            else:
+                await trio.lowlevel.wait_readable(fd)
 
     async def yield_now(self) -> None:
         await trio.lowlevel.cancel_shielded_checkpoint()

@@ -124,6 +124,12 @@ class _AsyncioIO:
         return self._loop.time()
 
     async def wait_readable(self, fd: int, timeout: float) -> None:
+        if fd == self._tree._core.leader.pidfd:
+            # The leader's pidfd is shared with ProcessTree.wait(), and a loop has one
+            # reader per fd: wait on the same future.
+            with contextlib.suppress(asyncio.CancelledError):  # see below
+                await asyncio.wait({self._tree._leader_exited()}, timeout=timeout)
+            return
         woken = self._loop.create_future()
 
         def wake() -> None:
@@ -210,17 +216,20 @@ class ProcessTree:
         The rest of the tree may still be running; the leader is not reaped until cleanup.
         """
         if self.returncode is None and not self._core.leader.reaped:
-            if self._exited is None:
-                self._exited = asyncio.get_running_loop().create_future()
-                asyncio.get_running_loop().add_reader(
-                    self._core.leader.pidfd, self._stop_watching_leader
-                )
             # asyncio.wait: a cancelled waiter must not cancel the future others share.
-            await asyncio.wait({self._exited})
+            await asyncio.wait({self._leader_exited()})
         returncode = self.returncode
         if returncode is None:  # pragma: no cover - the leader was reaped by someone else
             raise CleanupError(f"{self._core.label}: exit status lost (reaped elsewhere)")
         return returncode
+
+    def _leader_exited(self) -> asyncio.Future[None]:
+        """A future set when the leader exits (the one reader on its pidfd)."""
+        if self._exited is None:
+            loop = asyncio.get_running_loop()
+            self._exited = loop.create_future()
+            loop.add_reader(self._core.leader.pidfd, self._stop_watching_leader)
+        return self._exited
 
     def _stop_watching_leader(self) -> None:
         if self._exited is not None and not self._exited.done():
