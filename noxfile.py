@@ -15,7 +15,7 @@ PYTHONS = ["3.10", "3.11", "3.12", "3.13", "3.14"]
 #: on every missing one alike.
 OPTIONAL_PYTHONS = {"3.14"}
 
-nox.options.sessions = ["interpreters", "tests", "lint", "typecheck"]
+nox.options.sessions = ["interpreters", "tests", "lint", "typecheck", "docs"]
 nox.options.error_on_missing_interpreters = False
 nox.options.download_python = "never"  # offline machines: find, never fetch, interpreters
 nox.options.reuse_existing_virtualenvs = True
@@ -78,7 +78,44 @@ def typecheck(session: nox.Session) -> None:
 
 
 @nox.session(python="3.11")
+def docs(session: nox.Session) -> None:
+    """Build the HTML documentation; any Sphinx warning fails the build."""
+    session.install("-e", ".", "sphinx", "sphinxcontrib-trio")
+    session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", "docs/_build/html")
+
+
+@nox.session(python="3.11")
 def bench(session: nox.Session) -> None:
     """Benchmarks, as ratios against a hand-rolled killpg baseline in the same run."""
     session.install("-e", ".")
     session.run("python", "bench/bench_teardown.py", *session.posargs)
+    session.run("python", "bench/bench_scale.py", *session.posargs)
+
+
+#: What mutation testing mutates (mutmut mutant names): the modules that decide what
+#: happens to a tree. Long: run it on purpose (nox -s mutation), not in CI.
+MUTATED = [
+    "trio_proctree._escalation*",
+    "trio_proctree._teardown*",
+    "trio_proctree._containment*",
+    "trio_proctree._core*",
+    "trio_proctree._cgroup.xǁCgroupContainmentǁ*",
+    "trio_proctree.asyncio.x__through_cancellation*",
+    "trio_proctree.asyncio.x__settle*",
+    "trio_proctree.asyncio.x__anyio_shield*",
+    "trio_proctree.asyncio.xǁProcessTreeǁaclose*",
+    "trio_proctree.asyncio.xǁProcessTreeǁ_start_cleanup*",
+    "trio_proctree.asyncio.xǁProcessTreeǁ_cleanup_done*",
+    "trio_proctree.asyncio.xǁProcessTreeǁ_await_cleanup*",
+    "trio_proctree.asyncio.xǁProcessTreeǁ_close_under*",
+    "trio_proctree.asyncio.xǁ_TreeScopeǁ__aenter__*",
+]
+
+
+@nox.session(python="3.11", default=False)
+def mutation(session: nox.Session) -> None:
+    """Mutation testing of the escalation, containment and close-path code (mutmut)."""
+    session.install("-e", ".[anyio]", "pytest", "pytest-trio", "pytest-timeout", "hypothesis")
+    session.install("mutmut==3.8.1")
+    session.run("mutmut", "run", *(session.posargs or MUTATED))
+    session.run("mutmut", "results")

@@ -27,8 +27,17 @@ def state(pid: int) -> str | None:
 
 
 def alive(pid: int) -> bool:
-    """Running (or stopped): not a zombie, not reaped. ``kill(pid, 0)`` cannot tell."""
-    return state(pid) not in (None, "Z", "X")
+    """Running (or stopped): not a zombie, not reaped. ``kill(pid, 0)`` cannot tell.
+
+    (A process whose main thread exited shows as a zombie while other threads run.)
+    """
+    now = state(pid)
+    if now in ("Z", "X"):
+        try:
+            return stat_field(pid, 20) > 1  # num_threads
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+    return now is not None
 
 
 def stat_field(pid: int, index: int) -> int:

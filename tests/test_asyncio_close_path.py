@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from trio_proctree import Escalation
 from trio_proctree.asyncio import ProcessTree, open_process_tree
 
 from . import procs
@@ -368,4 +369,50 @@ def test_trees_open_at_interpreter_exit_are_killed_and_reaped(
     assert b"leader=None member=" in result.stdout, result
     member_state = result.stdout.split(b"member=")[1].strip()
     assert member_state in (b"None", b"Z"), result
+    assert tracked.survivors() == []
+
+
+def test_unread_stdin_does_not_hold_up_the_cleanup(
+    run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # The tree never reads its stdin; a megabyte waits in our buffer. Closing stdin (a
+    # step of the policy here) must not wait for that buffer to drain.
+    policy = Escalation(steps=[(signal.SIGTERM, 0.2)], close_stdin=0.2)
+
+    async def main() -> None:
+        async with open_process_tree(
+            ["sh", "-c", "echo ready; exec sleep 60"],
+            escalation=policy,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            **contained,
+        ) as tree:
+            assert tree.stdin is not None and tree.stdout is not None
+            await tree.stdout.readline()
+            tree.stdin.write(b"x" * 1_000_000)  # no drain: it stays buffered
+        assert tree.outcome is not None
+        assert tree.outcome.stdin_closed
+
+    async def bounded() -> None:
+        await asyncio.wait_for(main(), 10)
+
+    run(bounded)
+    assert tracked.survivors() == []
+
+
+def test_an_anyio_scope_cancellation_wins_over_a_cleanup_error(
+    tracked: Tracked, contained: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    anyio = pytest.importorskip("anyio")
+
+    async def main() -> None:
+        scope, tree = await started_tree(tracked, contained, grace=0.2)
+        injected = fail_first_stop_signal(tree)
+        with anyio.move_on_after(0.05) as cancel_scope:
+            await tree.aclose()  # fails, while the scope's cancellation is pending
+        assert cancel_scope.cancelled_caught  # the scope absorbed it: no error escaped
+        assert any(r.exc_info and r.exc_info[1] is injected for r in caplog.records)
+        await scope.__aexit__(None, None, None)
+
+    anyio.run(main, backend="asyncio")
     assert tracked.survivors() == []

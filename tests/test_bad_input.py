@@ -4,22 +4,29 @@ from __future__ import annotations
 
 import math
 import signal
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from trio_proctree import open_process_tree, run_process_tree
+from trio_proctree import _watchdog, open_process_tree, run_process_tree
 
 from . import procs
 
 
+def our_children() -> set[int]:
+    """Our children, but for the one watchdog process trio_proctree keeps per process."""
+    return procs.children_of_self() - {watchdog.pid for watchdog in _watchdog.running()}
+
+
 @pytest.fixture
 def nothing_leaks() -> Any:
-    children, fds = procs.children_of_self(), procs.open_fds()
+    _watchdog.ensure_started()  # (started by the first tree anyway; its pipe is one fd)
+    children, fds = our_children(), procs.open_fds()
     yield
-    assert procs.children_of_self() == children
+    assert our_children() == children
     assert procs.open_fds() == fds
 
 
@@ -109,6 +116,19 @@ async def test_relative_program_is_found_from_cwd(tmp_path: Path) -> None:
     script.chmod(0o755)
     result = await run_process_tree(["./run.sh"], cwd=tmp_path, capture_stdout=True)
     assert result.stdout == b"from-cwd\n"
+
+
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper", "group"])
+async def test_a_spawn_failing_after_the_checks_leaks_nothing(
+    nothing_leaks: None, containment: str
+) -> None:
+    # A preexec_fn that fails passes every early check; Popen then fails in the child,
+    # after the containment was made: it must be released, and Popen's error kept.
+    def fail() -> None:
+        raise RuntimeError("in the child")
+
+    with pytest.raises(subprocess.SubprocessError, match="preexec_fn"):
+        await _open(["true"], preexec_fn=fail, containment=containment)()
 
 
 def test_errors_come_from_the_call_itself_before_any_await() -> None:

@@ -7,6 +7,7 @@ re-parented member would); the processes and their deaths are real.
 
 from __future__ import annotations
 
+import errno
 import logging
 import signal
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 import trio
 
-from trio_proctree import ProcessTree, open_process_tree
+from trio_proctree import CleanupError, Escalation, ProcessTree, open_process_tree
 
 from .conftest import Tracked
 
@@ -25,11 +26,11 @@ def fail_first_stop_signal(tree: ProcessTree) -> PermissionError:
     containment: Any = tree._core.containment
     real_signal = containment.signal
 
-    def signal_once_failing(sig: int) -> None:
+    def signal_once_failing(sig: int, **options: Any) -> None:
         if sig == signal.SIGTERM and not getattr(containment, "_failed", False):
             containment._failed = True
             raise error
-        real_signal(sig)
+        real_signal(sig, **options)
 
     containment.signal = signal_once_failing
     return error
@@ -106,3 +107,48 @@ async def test_existing_cause_is_kept_and_the_cleanup_error_noted(
     if notes is not None:  # add_note is 3.11+; on 3.10 the log carries it
         assert any("Operation not permitted" in n for n in notes)
     assert tracked.survivors() == []
+
+
+def fail_listing(tree: Any, times: int) -> list[OSError]:
+    """Make the tree's containment unable to tell who is left, ``times`` times (as when
+    file descriptors run out while hundreds of trees are torn down)."""
+    containment: Any = tree._core.containment
+    real_pending = containment.pending
+    raised: list[OSError] = []
+
+    def pending_failing_at_first() -> Any:
+        if len(raised) < times:
+            raised.append(OSError(errno.EMFILE, "Too many open files (injected)"))
+            raise raised[-1]
+        return real_pending()
+
+    containment.pending = pending_failing_at_first
+    return raised
+
+
+async def test_cleanup_carries_on_when_it_cannot_tell_who_is_left(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    with pytest.raises(OSError) as caught:
+        async with open_process_tree(SLEEPER, grace=0.3, **contained) as tree:
+            raised = fail_listing(tree, times=3)
+    assert caught.value is raised[0]  # reported (once), the escalation went on regardless
+    assert tree.outcome is not None
+    assert tracked.survivors() == []
+
+
+async def test_a_tree_never_seen_empty_is_still_killed_and_reported(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    with pytest.raises(CleanupError):
+        async with open_process_tree(
+            SLEEPER,
+            escalation=Escalation(steps=[(signal.SIGTERM, 0.2)], kill_wait=0.2),
+            **contained,
+        ) as tree:
+            fail_listing(tree, times=10**6)
+    with trio.fail_after(5):  # SIGKILL was sent; it lands in a moment
+        while tracked.survivors():
+            await trio.sleep(0.01)
+    assert tree.outcome is not None
+    assert signal.SIGKILL in tree.outcome.signals

@@ -208,3 +208,19 @@ def test_orphans_help_explains_itself(tracked: Tracked) -> None:
     assert result.returncode == 0
     for words in ("--match", "--json", "--reaper", "Exit status 1"):
         assert words in result.stdout
+
+
+@pytest.mark.skipif(shutil.which("script") is None, reason="needs script(1) for a terminal")
+def test_run_hands_an_interactive_command_the_terminal(tracked: Tracked) -> None:
+    # script(1) runs the tool on a fresh pseudo-terminal and types our input into it. The
+    # command reads /dev/tty: that only works if it still has a controlling terminal, in
+    # the foreground group (a new session, as for non-interactive use, has none).
+    inner = " ".join([*tool(), "run", "--", "sh", "-c", "'read x < /dev/tty; echo got $x'"])
+    result = subprocess.run(
+        ["script", "-qec", inner, "/dev/null"],
+        input="typed\n", capture_output=True, text=True, env=tracked.env, timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result
+    assert "got typed" in result.stdout
+    assert tracked.survivors() == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -86,6 +87,22 @@ async def test_setsid_escapee_is_killed(tracked: Tracked, strong: str) -> None:
     assert tree.outcome is not None
     assert tree.outcome.escapees_killed >= 1
     assert tree.outcome.containment == tree.containment != "group"
+
+
+async def test_escapee_ignoring_the_stop_signal_gets_sigkill(tracked: Tracked, strong: str) -> None:
+    async with open_process_tree(
+        ["sh", "-c", "setsid -f sh -c 'trap \"\" TERM; echo $$; exec sleep 60'; sleep 60"],
+        grace=0.3,
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+        containment=strong,
+    ) as tree:
+        assert tree.stdout is not None
+        [escapee] = await read_pids(tree.stdout, 1)
+    assert not procs.alive(escapee)
+    assert tree.outcome is not None
+    assert tree.outcome.grace_expired  # SIGTERM was ignored: only the hard stop ended it
+    assert tracked.survivors() == []
 
 
 async def test_double_fork_daemon_is_killed(tracked: Tracked, strong: str) -> None:
@@ -377,3 +394,54 @@ def test_stale_cgroup_of_a_dead_owner_is_swept_and_its_processes_killed(
 
 def test_version_is_exposed() -> None:
     assert trio_proctree.__version__
+
+
+# A member whose main thread has exited while another thread runs on: /proc shows it as
+# a zombie, yet it is alive (its pidfd is not readable) and must be stopped like any other.
+MAIN_THREAD_GONE = [
+    sys.executable,
+    "-c",
+    textwrap.dedent(
+        """
+        import ctypes, os, threading, time
+        threading.Thread(target=time.sleep, args=(60,)).start()
+        print(os.getpid(), flush=True)
+        ctypes.CDLL(None).pthread_exit(None)
+        """
+    ),
+]
+
+
+async def test_member_whose_main_thread_exited_is_still_stopped(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    command = ["sh", "-c", f"{shlex.join(MAIN_THREAD_GONE)} & wait"]
+    with trio.fail_after(15):
+        async with open_process_tree(
+            command, grace=0.5, stdout=subprocess.PIPE, **contained
+        ) as tree:
+            assert tree.stdout is not None
+            [member] = await read_pids(tree.stdout, 1)
+            with trio.fail_after(5):
+                while procs.state(member) != "Z":  # the main thread's exit is asynchronous
+                    await trio.sleep(0.001)
+            assert procs.alive(member)  # a "zombie" with a live thread
+    assert not procs.alive(member)
+    assert tracked.survivors() == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="running as another user needs root")
+async def test_a_leader_running_as_another_user_is_not_put_in_our_cgroup(
+    tracked: Tracked,
+) -> None:
+    # It could not join a cgroup this process owns: forced, that is a clear error...
+    with pytest.raises(ContainmentUnavailable, match="another user"):
+        open_process_tree(["true"], user="nobody", containment="cgroup")
+    # ...and "auto" picks the next strongest containment instead.
+    async with open_process_tree(
+        ["sh", "-c", "id -un; sleep 60"], user="nobody", stdout=subprocess.PIPE, env=tracked.env
+    ) as tree:
+        assert tree.stdout is not None
+        assert await tree.stdout.receive_some() == b"nobody\n"
+        assert tree.containment == "subreaper"
+    assert tracked.survivors() == []

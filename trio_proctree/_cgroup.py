@@ -1,8 +1,8 @@
 """cgroup v2 containment: every tree in a cgroup of its own, which no descendant can leave.
 
 A process group misses descendants that call ``setsid()``; a cgroup keeps them all. Each
-process that uses trio_proctree gets one directory next to its own cgroup,
-``trio_proctree-<pid>-<starttime>``, and each tree a ``tree-<n>`` cgroup inside it.
+process that uses trio_proctree gets one directory inside its own cgroup,
+``trio_proctree-<pid>-<starttime>``, and each tree a ``tree-<n>`` cgroup inside that.
 
 The leader is placed in its cgroup before the user's program runs, without ``preexec_fn``
 (unsafe in a threaded program, and trio spawns from worker threads): the command is
@@ -173,7 +173,9 @@ def _make_home(pid: int) -> CgroupHome:
     if own is None:
         raise CgroupUnavailable("this process is in no cgroup v2 cgroup")
     parent = os.path.join(mount, own.lstrip("/"))
-    if not os.access(parent, os.W_OK):
+    # Making a cgroup needs the directory; moving a process into it needs the common
+    # ancestor's cgroup.procs (ours) writable too.
+    if not (os.access(parent, os.W_OK) and os.access(f"{parent}/cgroup.procs", os.W_OK)):
         raise CgroupUnavailable(f"the cgroup {parent} is not writable (not delegated to us)")
     stat = read_stat(pid)
     assert stat is not None
@@ -293,17 +295,21 @@ class CgroupContainment(MemberTracking):
         # cgroup.kill reaches every member, escapees included, and no fork can race it.
         _kill(self.path)
 
-    def release(self) -> None:
-        super().release()
+    def release(self, *, emptied: bool = True) -> None:
+        super().release(emptied=emptied)
+        # Emptied is known from pending() (or nothing ever started); nothing re-enters an
+        # empty cgroup by itself. One not known to be empty stays, for the watchdog.
+        if self._leader is not None and not (emptied and self._emptied):
+            logger.warning("cgroup %s may not be empty; leaving it for the sweep", self.path)
+            return
         # Members may have made cgroups inside ours: remove the deepest first.
         for folder in sorted(_all_dirs(self.path)[1:], key=len, reverse=True):
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):
                 os.rmdir(folder)
-        # Empty is known from pending(); nothing re-enters an empty cgroup by itself.
-        if self._emptied and not _subdirs(self.path):
-            self._home.give_back(self.path)
+        if _subdirs(self.path):
+            logger.warning("cgroup %s still has cgroups inside; leaving it", self.path)
         else:
-            logger.warning("cgroup %s may not be empty; leaving it for the sweep", self.path)
+            self._home.give_back(self.path)
 
 
 def _all_dirs(path: str) -> list[str]:

@@ -9,9 +9,9 @@ from collections.abc import Callable
 import attrs
 
 from . import _watchdog as watchdog
-from ._cgroup import CgroupContainment, CgroupUnavailable, cgroup_home
+from ._cgroup import CgroupContainment, CgroupHome, CgroupUnavailable, cgroup_home
 from ._containment import Containment, ProcessGroupContainment
-from ._orphans import SubreaperUnavailable, become_subreaper
+from ._orphans import SubreaperUnavailable, check_subreaper_available
 from ._spawn import Spawned, SpawnPlan, spawn
 from ._subreaper import SubreaperContainment
 
@@ -32,12 +32,13 @@ class ContainmentChoice:
     make: Callable[[], Containment]
 
 
-def choose_containment(mode: str) -> ContainmentChoice:
+def choose_containment(mode: str, *, changes_user: bool = False) -> ContainmentChoice:
     """How trees will be contained; checked before anything is spawned.
 
     ``"auto"`` takes the strongest available: a cgroup of its own where a writable cgroup
-    v2 hierarchy is delegated to us, else this process as child subreaper (process-wide),
-    else the process group alone.
+    v2 hierarchy is delegated to us, else this process as child subreaper (process-wide;
+    made so when the first such tree starts), else the process group alone. A leader that
+    runs as another user (``user=``, ``group=``) cannot join a cgroup we own.
 
     Raises:
         ValueError: ``mode`` names no containment.
@@ -49,7 +50,7 @@ def choose_containment(mode: str) -> ContainmentChoice:
         )
     if mode in ("auto", "cgroup"):
         try:
-            home = cgroup_home()
+            home = _cgroup_home_for(changes_user=changes_user)
         except CgroupUnavailable as exc:
             if mode == "cgroup":
                 raise ContainmentUnavailable(f"cgroup containment is unavailable: {exc}") from None
@@ -58,7 +59,7 @@ def choose_containment(mode: str) -> ContainmentChoice:
             return ContainmentChoice("cgroup", lambda: CgroupContainment(home))
     if mode in ("auto", "subreaper"):
         try:
-            become_subreaper()
+            check_subreaper_available()
         except SubreaperUnavailable as exc:
             if mode == "subreaper":
                 raise ContainmentUnavailable(
@@ -68,6 +69,15 @@ def choose_containment(mode: str) -> ContainmentChoice:
         else:
             return ContainmentChoice("subreaper", SubreaperContainment)
     return ContainmentChoice("group", ProcessGroupContainment)
+
+
+def _cgroup_home_for(*, changes_user: bool) -> CgroupHome:
+    if changes_user:
+        raise CgroupUnavailable(
+            "the command runs as another user (user=/group=), which cannot join a cgroup "
+            "owned by this process"
+        )
+    return cgroup_home()
 
 
 def start_tree(plan: SpawnPlan, choice: ContainmentChoice) -> tuple[Spawned, Containment]:

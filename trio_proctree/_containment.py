@@ -7,6 +7,7 @@ the trio and asyncio drivers share it.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import os
@@ -57,8 +58,8 @@ class Containment(Protocol):
         """Take charge of the tree whose leader has just started."""
         ...
 
-    def signal(self, sig: int) -> None:
-        """Send ``sig`` to every process in the tree."""
+    def signal(self, sig: int, *, escalation: bool = False) -> None:
+        """Send ``sig`` to every process in the tree (``escalation``: as a cleanup step)."""
         ...
 
     def kill(self) -> None:
@@ -66,7 +67,8 @@ class Containment(Protocol):
         ...
 
     def pending(self) -> Pending:
-        """Pidfds to wait on (any turning readable: ask again); [] once the tree is empty."""
+        """Pidfds to wait on (any turning readable: ask again); [] once the tree is empty;
+        `NEED_SCAN` to be asked again after the driver has yielded once."""
         ...
 
     @property
@@ -79,8 +81,9 @@ class Containment(Protocol):
         """How many members outside the tree's process group cleanup found (and stopped)."""
         ...
 
-    def release(self) -> None:
-        """Free what the containment holds. Called once, at the end of cleanup."""
+    def release(self, *, emptied: bool = True) -> None:
+        """Free what the containment holds. Called once, at the end of cleanup (or after a
+        failed spawn); a tree not known to be ``emptied`` keeps its watchdog backstop."""
         ...
 
 
@@ -116,12 +119,19 @@ class Pidfds(dict[int, int]):
         self._borrowed.add(fd)
 
     def forget_exited(self, also: Callable[[int], bool] = lambda pid: False) -> None:
-        """Drop the pidfds whose process exited, or that ``also`` names."""
+        """Drop the pidfds whose process exited, or that ``also`` names.
+
+        A member that exited as our child (it re-parented to us, a subreaper) is reaped
+        through its pidfd, which names that very process: zombies do not pile up.
+        """
         poller = select.poll()
         for fd in self.values():
             poller.register(fd, select.POLLIN)
         gone = {fd for fd, _ in poller.poll(0)}
         for pid, fd in list(self.items()):
+            if fd in gone and fd not in self._borrowed:
+                with contextlib.suppress(ChildProcessError):  # not our child: not ours to reap
+                    os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOHANG)
             if fd in gone or also(pid):
                 self._drop(pid)
 
@@ -147,7 +157,7 @@ def open_member_pidfd(pid: int, pgid: int) -> int | None:
     except ProcessLookupError:
         return None
     now = read_stat(pid)
-    if now is None or not now.alive or now.pgid != pgid or exited(fd):
+    if now is None or now.pgid != pgid or exited(fd):
         os.close(fd)
         return None
     return fd
@@ -165,6 +175,7 @@ class ProcessGroupContainment:
     name = "group"
 
     def __init__(self) -> None:
+        self._leader: Leader | None = None
         self._watched = Pidfds()
         self._started = False
         self._scan_after: int | None = None
@@ -192,12 +203,13 @@ class ProcessGroupContainment:
     def escapees(self) -> int:
         return 0  # a process group cannot see them
 
-    def signal(self, sig: int) -> None:
+    def signal(self, sig: int, *, escalation: bool = False) -> None:
+        assert self._leader is not None
         if not self._leader.pins_group:
             # The pgid may belong to a new, unrelated group by now: signalling it could hit
             # processes outside the tree.
             raise ContainmentLost(
-                f"cannot signal process group {self._pgid}: its leader was reaped elsewhere"
+                f"cannot signal process group {self._pgid} safely: its leader has been reaped"
             )
         try:
             os.killpg(self._pgid, sig)
@@ -208,11 +220,13 @@ class ProcessGroupContainment:
         self.signal(signal.SIGKILL)
 
     def watch_leader(self, watched: Pidfds) -> None:
-        """Start watching the leader (unless it was reaped elsewhere: its pid may be reused)."""
+        """Start watching the leader (unless it has been reaped: its pid may be reused)."""
+        assert self._leader is not None
         if self._leader.pins_group:
             watched.borrow(self._leader.pid, self._leader.pidfd)
 
     def pending(self) -> Pending:
+        assert self._leader is not None
         if not self._started:
             self._started = True
             self.watch_leader(self._watched)
@@ -238,7 +252,7 @@ class ProcessGroupContainment:
 
     def _left_group(self, pid: int) -> bool:
         """Whether member ``pid`` has left the group (so it escapes the tree)."""
-        if pid == self._leader.pid:
+        if pid == self._pgid:
             return False
         stat = read_stat(pid)
         if stat is not None and stat.pgid != self._pgid:
@@ -246,11 +260,15 @@ class ProcessGroupContainment:
             return True
         return False
 
-    def release(self) -> None:
+    def release(self, *, emptied: bool = True) -> None:
         self._watched.close_all()
-        reap_orphans(self._pgid, lambda stat: stat.pgid == self._pgid)
-        for entry in self.backstop:
-            watchdog.unregister(entry)
+        if self._leader is None:
+            return  # the spawn failed: nothing was started, nothing is registered
+        if self._leader.pins_group:
+            reap_orphans(self._pgid, lambda stat: stat.pgid == self._pgid)
+        if emptied:
+            for entry in self.backstop:
+                watchdog.unregister(entry)
 
 
 class MemberTracking:
@@ -270,6 +288,7 @@ class MemberTracking:
     def __init__(self) -> None:
         # The group covers the leader even before the members can be listed.
         self._group = ProcessGroupContainment()
+        self._leader: Leader | None = None
         self._members = Pidfds()
         self._escapees: set[int] = set()
         self._lingering: set[int] = set()
@@ -293,6 +312,11 @@ class MemberTracking:
     def backstop(self) -> list[str]:
         """What the parent-death watchdog kills, should we die before cleanup."""
         return []
+
+    @property
+    def leader(self) -> Leader:
+        assert self._leader is not None, "attach() comes first"
+        return self._leader
 
     @property
     def lingering(self) -> int:
@@ -338,13 +362,18 @@ class MemberTracking:
             fd = os.pidfd_open(pid)
         except ProcessLookupError:
             return None
+        assert self._leader is not None
         stat = read_stat(pid)
-        if stat is not None and stat.pgid != self._leader.pid:
+        # A process in the group is a member only while the unreaped leader pins the pgid.
+        in_group = stat is not None and stat.pgid == self._leader.pid and self._leader.pins_group
+        if stat is not None and not in_group:
             if self._confirm_escapee(pid, stat):
                 self._escapees.add(pid)
             else:
                 stat = None
-        if stat is None or not stat.alive or exited(fd):
+        # Alive is what the pidfd says: /proc shows a process whose main thread exited as
+        # a zombie while its other threads run on.
+        if stat is None or exited(fd):
             os.close(fd)
             return None
         self._seen.add((pid, stat.starttime))
@@ -352,7 +381,9 @@ class MemberTracking:
 
     def _ours(self, stat: ProcStat) -> bool:
         """Whether a dead process re-parented to us was a member (to reap it)."""
-        return stat.pgid == self._leader.pid or (stat.pid, stat.starttime) in self._seen
+        assert self._leader is not None
+        pinned_member = stat.pgid == self._leader.pid and self._leader.pins_group
+        return pinned_member or (stat.pid, stat.starttime) in self._seen
 
     def _signal_escapees(self, pids: Iterable[int], signals: Iterable[int]) -> None:
         for pid in pids:
@@ -361,40 +392,48 @@ class MemberTracking:
                 for sig in signals:
                     signal_pidfd(fd, sig)
 
-    def signal(self, sig: int) -> None:
-        if not self._surveyed:
-            # Learn the members while they are calm: reading /proc and cgroupfs while
-            # processes exit is several times slower.
+    def signal(self, sig: int, *, escalation: bool = False) -> None:
+        # Learn the members first (for an escalation, once, while they are calm: reading
+        # /proc and cgroupfs while processes exit is several times slower).
+        if not (escalation and self._surveyed):
             self._surveyed = True
             self._track_new_members()
-        # The group, in one call; then the escapees one by one. Members that appear later
-        # (forked meanwhile) get the signals sent so far when pending() finds them.
+        # The group, in one call; then the escapees one by one.
         self._group.signal(sig)
         self._signal_escapees(self._escapees, [sig])
-        self._sent.append(sig)
+        if escalation:
+            # Replayed to escapees found later: pending() looks for more once every
+            # tracked member has exited.
+            self._sent.append(sig)
 
     def kill(self) -> None:
         self._hard_kill()
-        self._group.kill()
+        if self.leader.pins_group:  # the leader, should it not have joined the cgroup yet
+            self._group.kill()
+        self._sent.append(signal.SIGKILL)
 
     def pending(self) -> Pending:
         self._members.forget_exited()
         # Every tracked member has exited: a new listing says whether others remain (forked
-        # while we signalled, say). One listed but gone before its pidfd opened leaves
-        # nothing to track while it finishes exiting: list again.
-        while not self._members:
+        # while we signalled, say); they get the escalation's signals so far.
+        if not self._members:
             listed, new_escapees = self._track_new_members()
-            if not listed:
-                break
             self._signal_escapees(new_escapees, self._sent)
-        if self._leader.poll() is not None:
-            self._lingering.update(pid for pid in self._members if pid != self._leader.pid)
+            if listed and not self._members:
+                # Listed, but gone before its pidfd opened: still finishing its exit.
+                # Ask again after the driver yields, rather than spin here.
+                return NEED_SCAN
+        if self.leader.poll() is not None:
+            self._lingering.update(pid for pid in self._members if pid != self.leader.pid)
         self._emptied = not self._members
         return list(self._members.values())
 
-    def release(self) -> None:
+    def release(self, *, emptied: bool = True) -> None:
         self._members.close_all()
-        self._group.release()
+        self._group.release(emptied=emptied)
+        if self._leader is None:
+            return  # the spawn failed: nothing was started, nothing is registered
         reap_orphans(self._leader.pid, self._ours)
-        for entry in self.backstop:
-            watchdog.unregister(entry)
+        if emptied:
+            for entry in self.backstop:
+                watchdog.unregister(entry)

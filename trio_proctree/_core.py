@@ -13,7 +13,6 @@ import atexit
 import logging
 import os
 import time
-import weakref
 from typing import Protocol
 
 from ._cgroup import remove_home
@@ -26,8 +25,9 @@ from ._teardown import AwaitEmpty, CloseStdin, Finished, KillAll, SendSignal, Te
 
 logger = logging.getLogger("trio_proctree")
 
-#: Every tree not yet cleaned up, for the net at interpreter exit (`kill_open_trees`).
-_open_trees: weakref.WeakSet[TreeCore] = weakref.WeakSet()
+#: Every tree not yet cleaned up, for the net at interpreter exit (`kill_open_trees`):
+#: strong references, so that a tree whose owner was garbage-collected is not forgotten.
+_open_trees: set[TreeCore] = set()
 
 
 class LoopIO(Protocol):
@@ -43,6 +43,10 @@ class LoopIO(Protocol):
 
     async def yield_now(self) -> None:
         """Let every other runnable task run once (never raises a cancellation)."""
+        ...
+
+    async def sleep(self, seconds: float) -> None:
+        """Pause (never raises a cancellation)."""
         ...
 
     async def close_stdin(self) -> Exception | None:
@@ -86,18 +90,20 @@ class TreeCore:
         """Stop the tree as the policy says, reap the leader, record `outcome`.
 
         The caller shields it from cancellation. Raises the first error (the rest are
-        logged): a failed step does not stop the escalation, as the next may still work.
+        logged): a failed step does not stop the escalation, as the next may still work,
+        and neither does a failure to see who is left (file descriptors running out, say):
+        then cleanup looks again in short pauses, until the policy's time is up.
         """
         started = time.monotonic()
         teardown = Teardown(self.policy, label=self.label, stdin_open=stdin_open)
         errors: list[Exception] = []
         action: object = None
         try:
-            action = teardown.start(tree_alive=bool(await self._pending(io)))
+            action = teardown.start(tree_alive=await self._pending(io, errors) != [])
             while not isinstance(action, Finished):
                 emptied = None
                 if isinstance(action, AwaitEmpty):
-                    emptied = await self._wait_empty(io, action.timeout)
+                    emptied = await self._wait_empty(io, action.timeout, errors)
                 elif isinstance(action, CloseStdin):
                     if (error := await io.close_stdin()) is not None:
                         errors.append(error)
@@ -107,15 +113,23 @@ class TreeCore:
                     self._step(errors, None)
                 action = teardown.send(emptied)
         finally:
+            emptied = isinstance(action, Finished) and action.emptied
             # Only now that the tree is empty (or beyond help) do our pipe ends go: closing
             # them first would kill writers with SIGPIPE instead of letting them stop.
             errors.extend(await io.close_streams())
+            try:
+                # Before the leader is reaped: its zombie still pins the group id while the
+                # tree's orphans are recognised by it. A tree not known to be empty keeps
+                # its parent-death backstop armed.
+                self.containment.release(emptied=emptied)
+            except OSError as exc:
+                errors.append(exc)
             returncode = self.leader.reap()  # after the last group signal, never before
-            if returncode is not None:
+            if returncode is not None or self.leader.lost:
                 io.forget_fd(self.leader.pidfd)
                 os.close(self.leader.pidfd)
-            self.containment.release()
-            _open_trees.discard(self)
+            if emptied:
+                _open_trees.discard(self)  # else the net at interpreter exit keeps it
             self.outcome = CleanupOutcome(
                 containment=self.containment.name,
                 signals=tuple(teardown.signals),
@@ -138,30 +152,39 @@ class TreeCore:
             if sig is None:
                 self.containment.kill()
             else:
-                self.containment.signal(sig)
-        except OSError as exc:
+                self.containment.signal(sig, escalation=True)
+        except Exception as exc:  # noqa: BLE001 - even a bug here must not stop the escalation
             errors.append(exc)
 
-    async def _pending(self, io: LoopIO) -> list[int]:
-        """The pidfds of the tree's live members, as the containment reports them."""
-        pending = self.containment.pending()
-        if pending is NEED_SCAN:
-            # Let the other teardowns woken with this one reach this point too, so that one
-            # /proc scan serves them all.
-            await io.yield_now()
+    async def _pending(self, io: LoopIO, errors: list[Exception]) -> list[int] | None:
+        """The pidfds of the tree's live members; None when that cannot be told right now."""
+        try:
             pending = self.containment.pending()
-        assert isinstance(pending, list)
-        return pending
+            if pending is NEED_SCAN:
+                # Let the other teardowns woken with this one reach this point too, so that
+                # one /proc scan serves them all (or let a member finish exiting).
+                await io.yield_now()
+                pending = self.containment.pending()
+        except Exception as exc:  # noqa: BLE001 - reported at the end; the escalation goes on
+            if not any(type(exc) is type(seen) and exc.args == seen.args for seen in errors):
+                errors.append(exc)
+            return None
+        return None if pending is NEED_SCAN else pending
 
-    async def _wait_empty(self, io: LoopIO, timeout: float) -> bool:
+    async def _wait_empty(self, io: LoopIO, timeout: float, errors: list[Exception]) -> bool:
         """Wait up to ``timeout`` seconds for the tree to empty: True if it did."""
         deadline = io.now() + timeout
-        while pending := await self._pending(io):
+        while (pending := await self._pending(io, errors)) != []:
             remaining = deadline - io.now()
             if remaining <= 0:
                 return False
-            # Event-driven: a pidfd turns readable when its process exits.
-            await io.wait_readable(pending[0], remaining)
+            if pending is None:
+                # Who is left cannot be told right now: look again after a short pause
+                # (a degraded poll, only on this path; the error is raised at the end).
+                await io.sleep(min(remaining, 0.05))
+            else:
+                # Event-driven: a pidfd turns readable when its process exits.
+                await io.wait_readable(pending[0], remaining)
         return True
 
 

@@ -41,7 +41,9 @@ class Leader:
         """The leader's exit status, or None while it runs. Never reaps."""
         if self._returncode is None and not self.lost:
             try:
-                info = os.waitid(os.P_PID, self.pid, _PEEK)
+                # By pidfd, not pid: if someone else reaped the leader and its pid went to
+                # another child of ours, waitid(P_PID) would report on that one instead.
+                info = os.waitid(os.P_PIDFD, self.pidfd, _PEEK)
             except ChildProcessError:
                 self.lost = True
                 logger.warning(

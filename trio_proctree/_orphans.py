@@ -18,6 +18,7 @@ from ._procfs import ProcStat, read_file, read_stat
 logger = logging.getLogger("trio_proctree")
 
 PR_SET_CHILD_SUBREAPER = 36
+PR_GET_CHILD_SUBREAPER = 37
 
 _lock = threading.Lock()
 _subreaper_in: set[int] = set()  # the pid that set it: a forked child must set it again
@@ -42,6 +43,23 @@ def become_subreaper() -> None:
             raise SubreaperUnavailable(f"PR_SET_CHILD_SUBREAPER failed: {os.strerror(error)}")
         _subreaper_in.add(os.getpid())
         logger.debug("pid %d is now the child subreaper of its descendants", os.getpid())
+
+
+def check_subreaper_available() -> None:
+    """Raise SubreaperUnavailable if this process could not become a child subreaper.
+
+    Asks without changing anything (PR_GET_CHILD_SUBREAPER): the setting is process-wide,
+    so it is made only when a tree that needs it is started.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        flag = ctypes.c_int()
+        result = libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0)
+    except (OSError, AttributeError) as exc:
+        raise SubreaperUnavailable(f"prctl is not available: {exc}") from exc
+    if result != 0:
+        error = ctypes.get_errno()
+        raise SubreaperUnavailable(f"PR_GET_CHILD_SUBREAPER failed: {os.strerror(error)}")
 
 
 def children(pid: int) -> list[int]:

@@ -10,9 +10,12 @@ from collections import defaultdict
 import attrs
 
 #: States of a process that has exited: a zombie still has a /proc entry (and still
-#: answers ``kill(pid, 0)``) but runs nothing, so it is not "alive".
+#: answers ``kill(pid, 0)``) but runs nothing, so it is not "alive"...
 _DEAD_STATES = frozenset("ZXx")
 _DEAD_BYTES = frozenset(state.encode() for state in _DEAD_STATES)
+#: ...unless only its main thread has exited: /proc shows the process as a zombie while
+#: its other threads still run (its thread count says so, and its pidfd is not readable).
+_THREADS = 17  # num_threads, as an index into the fields after comm
 
 
 @attrs.frozen
@@ -26,10 +29,11 @@ class ProcStat:
     sid: int
     #: Clock ticks after boot; with ``pid`` it names one process, never a recycled pid.
     starttime: int
+    threads: int
 
     @property
     def alive(self) -> bool:
-        return self.state not in _DEAD_STATES
+        return self.state not in _DEAD_STATES or self.threads > 1
 
 
 def parse_stat(pid: int, data: bytes) -> ProcStat:
@@ -43,6 +47,7 @@ def parse_stat(pid: int, data: bytes) -> ProcStat:
         pgid=int(fields[2]),
         sid=int(fields[3]),
         starttime=int(fields[19]),
+        threads=int(fields[_THREADS]),
     )
 
 
@@ -118,9 +123,9 @@ def scan() -> Snapshot:
             except OSError:
                 continue  # exited since the listing
             # "pid (comm) state ppid pgrp ...": comm may hold spaces and ')'.
-            state, _ppid, pgrp = data[data.rfind(b")") + 2 :].split(b" ", 3)[:3]
-            if state not in _DEAD_BYTES:
-                groups[int(pgrp)].append(int(entry))
+            fields = data[data.rfind(b")") + 2 :].split(b" ", _THREADS + 1)
+            if fields[0] not in _DEAD_BYTES or int(fields[_THREADS]) > 1:
+                groups[int(fields[2])].append(int(entry))
     finally:
         os.close(proc)
     return Snapshot(taken_at, dict(groups))

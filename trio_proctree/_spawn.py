@@ -7,10 +7,15 @@ a worker thread. Both drivers use the same two functions.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
+import grp
+import inspect
 import os
+import pwd
 import shlex
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -23,6 +28,8 @@ Command = Union[StrOrPath, Sequence[StrOrPath]]  # noqa: UP007 - a runtime alias
 
 # trio's streams carry bytes, unbuffered: these options would silently not apply.
 _TEXT_OPTIONS = ("universal_newlines", "text", "encoding", "errors", "bufsize")
+#: What subprocess.Popen takes on this Python (the command aside).
+_POPEN_OPTIONS = frozenset(inspect.signature(subprocess.Popen).parameters) - {"args"}
 
 
 def require_supported_platform() -> None:
@@ -61,6 +68,11 @@ class SpawnPlan:
     #: ``"sleep 60"``: how logs and errors name the command.
     label: str
 
+    @property
+    def changes_user(self) -> bool:
+        """Whether the leader runs as another user or group (``user=``, ``group=``, ...)."""
+        return any(self.options.get(key) is not None for key in ("user", "group", "extra_groups"))
+
 
 @attrs.define
 class Spawned:
@@ -85,6 +97,9 @@ def plan_spawn(command: Command, options: Mapping[str, Any]) -> SpawnPlan:
     """
     require_supported_platform()
     options = dict(options)
+    unknown = sorted(set(options) - _POPEN_OPTIONS)
+    if unknown:
+        raise TypeError(f"unknown option(s) for a process tree: {', '.join(unknown)}")
     for key in _TEXT_OPTIONS:
         if options.get(key):
             raise TypeError(
@@ -94,6 +109,7 @@ def plan_spawn(command: Command, options: Mapping[str, Any]) -> SpawnPlan:
     argv = _check_command(command, shell)
     stdin, stdout, stderr = (options.pop(name, None) for name in ("stdin", "stdout", "stderr"))
     _own_process_group(options)
+    _check_user_and_group(options)
     if shell:
         program = options.get("executable") or "/bin/sh"
     else:
@@ -124,6 +140,8 @@ def _check_command(command: Command, shell: bool) -> list[Any]:
             raise TypeError("command must be a sequence (not a string) unless shell=True")
         if not command.strip():
             raise ValueError("command is empty")
+        if "\0" in os.fsdecode(command):
+            raise ValueError("command contains a NUL byte")
         return [command]
     if shell:
         raise TypeError("command must be a string (not a sequence) when shell=True")
@@ -136,9 +154,26 @@ def _check_command(command: Command, shell: bool) -> list[Any]:
     for arg in argv:
         if not isinstance(arg, (str, bytes, os.PathLike)):
             raise TypeError(f"command arguments must be str, bytes or paths, not {arg!r}")
+        if "\0" in os.fsdecode(cast("StrOrPath", arg)):
+            raise ValueError(f"command argument {arg!r} contains a NUL byte")
     if not os.fsdecode(argv[0]):
         raise ValueError("command is empty: its program name is ''")
     return argv
+
+
+def _check_user_and_group(options: Mapping[str, Any]) -> None:
+    """Names given for ``user=`` / ``group=`` must exist (else Popen fails after forking)."""
+    user, group = options.get("user"), options.get("group")
+    if isinstance(user, str):
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            raise ValueError(f"user={user!r}: no such user") from None
+    if isinstance(group, str):
+        try:
+            grp.getgrnam(group)
+        except KeyError:
+            raise ValueError(f"group={group!r}: no such group") from None
 
 
 def _own_process_group(options: dict[str, Any]) -> None:
@@ -229,7 +264,17 @@ def spawn(plan: SpawnPlan) -> Spawned:
         for fd in child_ends:
             os.close(fd)
     # The child is ours and unreaped, so its pid cannot have been recycled yet.
-    pidfd = os.pidfd_open(popen.pid)
+    try:
+        pidfd = os.pidfd_open(popen.pid)
+    except OSError:
+        # Without a pidfd the tree cannot be watched: stop it before it runs away (its
+        # group id is pinned by the unreaped leader), and leak nothing.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(popen.pid, signal.SIGKILL)
+        popen.wait()
+        for fd in ours.values():
+            os.close(fd)
+        raise
     return Spawned(popen, pidfd, ours.get("stdin"), ours.get("stdout"), ours.get("stderr"))
 
 

@@ -69,7 +69,7 @@ class SubreaperContainment(MemberTracking):
 
     def _from_this_tree(self, stat: ProcStat) -> bool:
         """Whether a process re-parented to us came from this tree."""
-        return stat.pgid == self._leader.pid or _environment_has(stat.pid, self._marker_entry)
+        return stat.pgid == self.leader.pid or _environment_has(stat.pid, self._marker_entry)
 
     def _list_members(self) -> list[int]:
         # Every process of the tree is below us: the leader's subtree, and the subtrees of
@@ -77,7 +77,7 @@ class SubreaperContainment(MemberTracking):
         roots: list[int] = []
         for child in children(os.getpid()):
             stat = read_stat(child)
-            if stat is not None and (child == self._leader.pid or self._from_this_tree(stat)):
+            if stat is not None and (child == self.leader.pid or self._from_this_tree(stat)):
                 roots.append(child)
         members: list[int] = []
         while roots:
@@ -95,7 +95,7 @@ class SubreaperContainment(MemberTracking):
         # Listed as a descendant; still one if its parent is us or a member we track.
         return (
             stat.ppid in self._members
-            or stat.ppid == self._leader.pid
+            or stat.ppid == self.leader.pid
             or (stat.ppid == os.getpid() and self._from_this_tree(stat))
         )
 

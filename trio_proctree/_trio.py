@@ -56,6 +56,9 @@ class _TrioIO:
     async def yield_now(self) -> None:
         await trio.lowlevel.cancel_shielded_checkpoint()
 
+    async def sleep(self, seconds: float) -> None:
+        await trio.sleep(seconds)  # (cleanup runs shielded: no cancellation reaches here)
+
     async def close_stdin(self) -> Exception | None:
         return await self._tree._close_stream("stdin")
 
@@ -255,20 +258,26 @@ def open_process_tree(
       grace: seconds between the stop signal and SIGKILL.
       stop_signal: the first signal cleanup sends.
       escalation: a full `Escalation` policy instead of ``grace`` and ``stop_signal``.
+      containment: ``"auto"`` (the strongest available here), ``"cgroup"``,
+        ``"subreaper"`` or ``"group"``; ``tree.containment`` says which it got.
       **options: as for `trio.lowlevel.open_process` (``stdin``, ``stdout``, ``stderr``,
         ``cwd``, ``env``, ...). The tree starts in a new session; pass
         ``start_new_session=False`` to keep the caller's session (and controlling
         terminal) but still get a process group of its own.
 
-    Raises (before anything is started):
+    Bad input is refused before anything is started.
+
+    Raises:
       ValueError: empty command, bad ``grace``, invalid ``stop_signal``.
       FileNotFoundError: the executable does not exist.
       PermissionError: the executable is not executable.
+      ContainmentUnavailable: the ``containment`` asked for is not available here.
       NotImplementedError: on platforms other than Linux.
     """
     policy = resolve_policy(grace, stop_signal, escalation)
     plan = plan_spawn(command, options)
-    return _TreeScope(plan, policy, choose_containment(containment))
+    choice = choose_containment(containment, changes_user=plan.changes_user)
+    return _TreeScope(plan, policy, choice)
 
 
 async def run_process_tree(
@@ -302,7 +311,7 @@ async def run_process_tree(
         `trio.lowlevel.open_process` accepts (``None`` inherits ours).
       capture_stdout, capture_stderr: collect the output into the result.
       check: raise `subprocess.CalledProcessError` if the leader exits non-zero.
-      grace, stop_signal, escalation, options: as for `open_process_tree`.
+      grace, stop_signal, escalation, containment, options: as for `open_process_tree`.
 
     Returns:
       `subprocess.CompletedProcess` with the leader's exit status and captured output.

@@ -61,10 +61,16 @@ def marked(pid, entry):
         return False
 
 def kill_marked(entry):
+    # Scan until a pass finds nobody new (a member may fork until its SIGKILL lands); a
+    # process already sent SIGKILL is not counted again (it may sit in D state a while).
+    killed = set()
     while True:
         hit = False
         for name in os.listdir("/proc"):
             if not name.isdigit() or not marked(int(name), entry):
+                continue
+            fields = stat(int(name))
+            if fields is None or (name, fields[19]) in killed:
                 continue
             try:
                 fd = os.pidfd_open(int(name))
@@ -73,6 +79,7 @@ def kill_marked(entry):
             try:
                 if marked(int(name), entry):  # still the same process: the pidfd pins it
                     signal.pidfd_send_signal(fd, signal.SIGKILL)
+                    killed.add((name, fields[19]))
                     hit = True
             except OSError:
                 pass

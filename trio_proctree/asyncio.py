@@ -91,6 +91,14 @@ async def _through_cancellation(
                 await asyncio.wait({future})
             except asyncio.CancelledError as exc:
                 cancelled = exc
+    anyio = sys.modules.get("anyio")
+    if cancelled is None and anyio is not None:
+        # The shield held back an anyio scope's cancellation: collect it now, so that it
+        # wins over a cleanup error as a plain asyncio cancellation does.
+        try:
+            await anyio.lowlevel.checkpoint_if_cancelled()
+        except asyncio.CancelledError as exc:
+            cancelled = exc
     return cancelled
 
 
@@ -150,16 +158,20 @@ class _AsyncioIO:
             timer.cancel()
 
     async def yield_now(self) -> None:
+        await self.sleep(0)
+
+    async def sleep(self, seconds: float) -> None:
         with contextlib.suppress(asyncio.CancelledError):  # as in wait_readable
-            await asyncio.sleep(0)
+            await asyncio.sleep(seconds)
 
     async def close_stdin(self) -> Exception | None:
         return await self._tree._close_stdin()
 
     async def close_streams(self) -> list[Exception]:
-        errors = [await self._tree._close_stdin()]
-        errors.extend(self._tree._close_readers())
-        return [error for error in errors if error is not None]
+        await self._tree._close_stdin()
+        self._tree._abort_stdin()
+        self._tree._close_readers()
+        return []
 
     def forget_fd(self, fd: int) -> None:
         self._tree._stop_watching_leader()
@@ -181,6 +193,7 @@ class ProcessTree:
         #: The leader's stderr, when it was ``subprocess.PIPE``.
         self.stderr: asyncio.StreamReader | None = None
         self._read_transports: dict[str, asyncio.BaseTransport] = {}
+        self._stdin_transport: asyncio.WriteTransport | None = None
         self._exited: asyncio.Future[None] | None = None
         self._cleanup: asyncio.Task[None] | None = None
         self._waiters = 0
@@ -249,7 +262,7 @@ class ProcessTree:
         not stop it: it is re-raised once the cleanup is over, bounded by
         ``escalation.worst_case`` (grace + 2 s by default).
 
-        Raises (when awaited):
+        Raises:
             asyncio.CancelledError: the caller was cancelled meanwhile (a cleanup error, if
                 any, is its ``__cause__``).
             CleanupError: processes of the tree outlived SIGKILL.
@@ -325,24 +338,23 @@ class ProcessTree:
 
     async def _close_stdin(self) -> Exception | None:
         writer, self.stdin = self.stdin, None
-        if writer is None:
-            return None
-        writer.close()
-        try:
-            await writer.wait_closed()
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the tree had stopped reading
-        except asyncio.CancelledError:
-            pass  # (only the loop's shutdown reaches the cleanup task: see wait_readable)
-        except Exception as exc:  # noqa: BLE001 - kept and raised after cleanup
-            return exc
+        if writer is not None:
+            # Closed now; what is still buffered is written as the tree reads it. Waiting
+            # for that here would hang on a tree that no longer reads its stdin.
+            self._stdin_transport = writer.transport
+            writer.close()
         return None
 
-    def _close_readers(self) -> list[Exception | None]:
+    def _abort_stdin(self) -> None:
+        """Drop what is still buffered for stdin: by now the tree is gone."""
+        transport, self._stdin_transport = self._stdin_transport, None
+        if transport is not None and transport.get_write_buffer_size():
+            transport.abort()
+
+    def _close_readers(self) -> None:
         for name in list(self._read_transports):
             setattr(self, name, None)
             self._read_transports.pop(name).close()
-        return []
 
 
 def _protocol_for(reader: asyncio.StreamReader) -> Callable[[], asyncio.StreamReaderProtocol]:
@@ -431,11 +443,13 @@ def open_process_tree(
     ``stdin``/``stdout``/``stderr`` set to ``subprocess.PIPE`` give an
     `asyncio.StreamWriter` / `asyncio.StreamReader` on the tree.
 
-    Raises (before anything is started): as `trio_proctree.open_process_tree`.
+    Bad input is refused before anything is started, with the same errors as
+    `trio_proctree.open_process_tree`.
     """
     policy = resolve_policy(grace, stop_signal, escalation)
     plan = plan_spawn(command, options)
-    return _TreeScope(plan, policy, choose_containment(containment))
+    choice = choose_containment(containment, changes_user=plan.changes_user)
+    return _TreeScope(plan, policy, choice)
 
 
 async def run_process_tree(

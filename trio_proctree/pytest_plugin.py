@@ -15,6 +15,7 @@ When off, the hooks return at once.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -24,7 +25,7 @@ from collections.abc import Generator
 import pytest
 
 from . import _watchdog
-from ._containment import signal_pidfd
+from ._containment import exited, signal_pidfd
 from ._orphans import become_subreaper, children
 from ._procfs import command_line, read_stat
 
@@ -102,7 +103,7 @@ def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, object, object
         if key not in before and key[0] not in ours
     }
     if leaked:
-        _kill(sorted(pid for pid, _ in leaked))
+        _kill(sorted(leaked))
         listing = "\n".join(
             f"  pid {pid}: {command}" for (pid, _), command in sorted(leaked.items())
         )
@@ -113,15 +114,24 @@ def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, object, object
     return result
 
 
-def _kill(pids: list[int]) -> None:
-    """SIGKILL through pidfds (a recycled pid is never hit), wait, and reap our children."""
+def _kill(leaked: list[tuple[int, int]]) -> None:
+    """SIGKILL each (pid, start time), wait, and reap the ones re-parented to us.
+
+    Through pidfds, checked after opening against the start time the listing saw: a pid
+    recycled since the listing is never hit.
+    """
     pidfds: dict[int, int] = {}
-    for pid in pids:
+    for pid, starttime in leaked:
         try:
-            pidfds[pid] = os.pidfd_open(pid)
+            fd = os.pidfd_open(pid)
         except ProcessLookupError:
             continue
-        signal_pidfd(pidfds[pid], signal.SIGKILL)
+        stat = read_stat(pid)
+        if stat is None or stat.starttime != starttime or exited(fd):
+            os.close(fd)
+            continue
+        pidfds[pid] = fd
+        signal_pidfd(fd, signal.SIGKILL)
     poller = select.poll()
     for fd in pidfds.values():
         poller.register(fd, select.POLLIN)
@@ -131,11 +141,7 @@ def _kill(pids: list[int]) -> None:
         for fd, _ in poller.poll(100):
             waiting.discard(fd)
             poller.unregister(fd)
-    for pid, fd in pidfds.items():
+    for fd in pidfds.values():
+        with contextlib.suppress(ChildProcessError):  # ours to reap only if our child
+            os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOHANG)
         os.close(fd)
-        stat = read_stat(pid)
-        if stat is not None and stat.ppid == os.getpid():
-            try:
-                os.waitpid(pid, os.WNOHANG)  # re-parented to us: nobody else will reap it
-            except ChildProcessError:
-                pass

@@ -1,0 +1,196 @@
+"""Named mutants of the containment and close-path code, each against the tests that
+exist for it: every one must turn them red.
+
+These are the bugs the field notes and the issues name (a cleanup restarted by each
+cancellation, asyncio.shield, a lazily started close, no SIGCONT, an early reap, ...).
+mutmut covers the pure policy and state machine (see pyproject.toml); this covers the
+code whose tests need real processes, where mutmut's forked workers would take hours.
+
+Each mutant is applied to a copy of the package (with the tests and pyproject.toml) in a
+temporary directory, where pytest then runs; the checkout is never modified.
+
+    python tests/mutation/named_mutants.py [NAME-PREFIX ...]
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# name, file, original text, mutated text, tests that must go red (pytest -k)
+MUTANTS = [
+    (
+        "close: waiting on the cleanup directly, not via its own task",
+        "asyncio.py",
+        "        return self._await_cleanup(self._start_cleanup())",
+        "        return self._core.cleanup(_AsyncioIO(self), stdin_open=self.stdin is not None)",
+        "test_one_cleanup_round_under_a_cancel_storm",
+    ),
+    (
+        "close: no anyio shield around the wait loop",
+        "asyncio.py",
+        '    anyio = sys.modules.get("anyio")\n    if anyio is None:\n        return contextlib.nullcontext()',
+        '    anyio = sys.modules.get("anyio")\n    if True:\n        return contextlib.nullcontext()',
+        "test_no_hot_spin",
+    ),
+    (
+        "close: cleanup error re-raised before the cancellation",
+        "asyncio.py",
+        "    error = None if future.cancelled() else future.exception()\n    if cancelled is not None:",
+        "    error = None if future.cancelled() else future.exception()\n    if error is not None:\n        raise error\n    if cancelled is not None:",
+        "test_cancellation_wins_over_a_cleanup_error or test_a_timeout_still",
+    ),
+    (
+        "close: final cleanup_task.result() dropped",
+        "asyncio.py",
+        "    return future.result()\n",
+        "    return None\n",
+        "test_without_cancellation_the_caller_gets",
+    ),
+    (
+        "close: asyncio.shield instead of asyncio.wait",
+        "asyncio.py",
+        "                await asyncio.wait({future})",
+        "                await asyncio.shield(future)",
+        "test_close_path_reports_nothing",
+    ),
+    (
+        "close: aclose a coroutine function starting the cleanup lazily",
+        "asyncio.py",
+        "    def aclose(self) -> Awaitable[None]:",
+        "    async def aclose(self) -> None:  # type: ignore\n"
+        "        return await self._await_cleanup(self._start_cleanup())\n\n"
+        "    def _unused(self) -> Awaitable[None]:",
+        "test_cancel_before_the_first_step",
+    ),
+    (
+        "close: no atexit hook",
+        "_core.py",
+        "atexit.register(_at_exit)",
+        "pass",
+        "test_trees_open_at_interpreter_exit",
+    ),
+    (
+        "escalation: no SIGCONT after the stop signal",
+        "_teardown.py",
+        "            yield SendSignal(signal.SIGCONT)\n",
+        "",
+        "stopped",
+    ),
+    (
+        "leader: reaped as soon as it exits",
+        "_leader.py",
+        "                info = os.waitid(os.P_PIDFD, self.pidfd, _PEEK)",
+        "                info = None if self.popen.poll() is None else os.waitid(os.P_PIDFD, self.pidfd, _PEEK)",
+        "test_exited_leader_keeps_its_pgid_reserved or test_reading_returncode_never_reaps",
+    ),
+    (
+        "group: signalled after the leader was reaped",
+        "_core.py",
+        "        if self.leader.reaped:\n            # Once the leader is reaped its group id may be recycled: signal nothing.\n            return",
+        "        if self.leader.reaped:\n            os.killpg(self.leader.pid, sig)\n            return",
+        "test_recycled_pgid_is_never_signalled",
+    ),
+    (
+        "group: no scan for members that outlive the leader",
+        "_containment.py",
+        "        if self._scan_after is None:\n            self._scan_after = time.monotonic_ns()\n            return NEED_SCAN",
+        "        if self._scan_after is None:\n            return []",
+        "lingering and group",
+    ),
+    (
+        "cgroup: hard stop without cgroup.kill",
+        "_cgroup.py",
+        "        _kill(self.path)\n",
+        "        pass\n",
+        "ignoring_the_stop_signal and cgroup",
+    ),
+    (
+        "cgroup: escapees not sent the stop signal",
+        "_containment.py",
+        "        self._signal_escapees(self._escapees, [sig])",
+        "        pass",
+        "test_stopped_escapee_gets_sigcont",
+    ),
+    (
+        "subreaper: never set",
+        "_orphans.py",
+        "            result = libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)",
+        "            result = 0",
+        "subreaper and (escapee or daemon)",
+    ),
+    (
+        "watchdog: trees never registered",
+        "_watchdog.py",
+        '        _watchdog().send("+" + entry)',
+        "        pass",
+        "parent_killed",
+    ),
+    (
+        "pidfd: an exited process is an error",
+        "_containment.py",
+        "        signal.pidfd_send_signal(pidfd, sig)\n    except ProcessLookupError:\n        pass",
+        "        signal.pidfd_send_signal(pidfd, sig)\n    except ProcessLookupError:\n        raise",
+        "just_exited",
+    ),
+    (
+        "wait: a sleep-poll instead of the pidfd",
+        "_trio.py",
+        "    async def wait_readable(self, fd: int, timeout: float) -> None:\n",
+        "    async def wait_readable(self, fd: int, timeout: float) -> None:\n"
+        "        await trio.sleep(min(timeout, 0.02))\n"
+        "        return\n",
+        "test_a_longer_grace_costs_no_extra_wakeups",
+    ),
+    (
+        "subreaper: orphans never reaped",
+        "_orphans.py",
+        "            try:\n                os.waitpid(child, os.WNOHANG)",
+        "            try:\n                pass",
+        "zombies",
+    ),
+]
+
+
+def run(name: str, path: str, old: str, new: str, tests: str) -> bool:
+    """Apply one mutant to a copy of the package; True if the tests went red."""
+    with tempfile.TemporaryDirectory() as scratch:
+        for part in ("trio_proctree", "tests"):
+            shutil.copytree(ROOT / part, Path(scratch) / part)
+        shutil.copy(ROOT / "pyproject.toml", scratch)
+        target = Path(scratch) / "trio_proctree" / path
+        source = target.read_text()
+        if old not in source:
+            raise SystemExit(f"{name}: the original text is no longer in {path}; update the mutant")
+        target.write_text(source.replace(old, new, 1))
+        # Run in the copy: the current directory goes first on sys.path, so the mutated
+        # package shadows the installed (editable) one.
+        result = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+             "-o", "check_process_leaks=false", "-k", tests, "tests"],
+            cwd=scratch, capture_output=True, text=True, timeout=900, check=False,
+        )  # fmt: skip
+        if result.returncode == 5:
+            raise SystemExit(f"{name}: no test matched -k {tests!r}")
+        return result.returncode != 0
+
+
+def main(prefixes: list[str]) -> int:
+    survivors = []
+    chosen = [m for m in MUTANTS if not prefixes or any(m[0].startswith(p) for p in prefixes)]
+    for mutant in chosen:
+        red = run(*mutant)
+        print(f"{'killed  ' if red else 'SURVIVED'}  {mutant[0]}", flush=True)
+        if not red:
+            survivors.append(mutant[0])
+    print(f"{len(chosen) - len(survivors)}/{len(chosen)} named mutants killed")
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,43 @@
+"""The package claims exactly the interpreters the test matrix runs."""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def nox_pythons() -> list[str]:
+    tree = ast.parse((ROOT / "noxfile.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "PYTHONS":
+            return [ast.literal_eval(element) for element in node.value.elts]  # type: ignore[attr-defined]
+    raise AssertionError("noxfile.py has no PYTHONS list")
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="tomllib is Python 3.11+")
+def test_classifiers_and_requires_python_match_the_nox_matrix() -> None:
+    import tomllib  # noqa: PLC0415 - 3.11+
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pythons = nox_pythons()
+    classified = [
+        c.rsplit(" :: ", 1)[1]
+        for c in project["classifiers"]
+        if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)
+    ]
+    assert classified == pythons
+    low, high = pythons[0], pythons[-1]
+    minor = int(high.split(".")[1])
+    assert project["requires-python"] == f">={low},<3.{minor + 1}"
+
+
+def test_the_matrix_is_contiguous_from_the_oldest_supported() -> None:
+    minors = [int(version.split(".")[1]) for version in nox_pythons()]
+    assert minors == list(range(minors[0], minors[-1] + 1))
+    assert minors[0] == 10

@@ -1,0 +1,303 @@
+"""The escalation as a state machine, without processes: the actions it asks for, in
+order, for each answer, and what it records and logs. (The drivers are tested with real
+processes elsewhere; this pins the policy itself, fast.)"""
+
+from __future__ import annotations
+
+import logging
+import signal
+
+import pytest
+
+from trio_proctree import Escalation, Step
+from trio_proctree._escalation import (
+    parse_duration,
+    parse_signal,
+    resolve_policy,
+    signal_name,
+)
+from trio_proctree._teardown import (
+    Action,
+    AwaitEmpty,
+    CloseStdin,
+    Finished,
+    KillAll,
+    SendSignal,
+    Teardown,
+)
+
+LABEL = "pid 42 (make -j8)"
+MUST = "must be a finite number of seconds >= 0, not"
+
+
+def drive(teardown: Teardown, answers: list[bool], *, alive: bool = True) -> list[Action]:
+    """Run the machine: each AwaitEmpty gets the next answer (did the tree empty?)."""
+    actions = [teardown.start(tree_alive=alive)]
+    replies = iter(answers)
+    while not isinstance(actions[-1], Finished):
+        emptied = next(replies) if isinstance(actions[-1], AwaitEmpty) else None
+        actions.append(teardown.send(emptied))
+    assert next(replies, None) is None, "every answer was used"
+    return actions
+
+
+def test_an_empty_tree_is_left_alone() -> None:
+    teardown = Teardown(Escalation(), label=LABEL, stdin_open=True)
+    assert drive(teardown, [], alive=False) == [Finished(emptied=True)]
+    assert teardown.signals == []
+    assert teardown.grace_expired is False  # booleans, not merely falsy: the outcome's fields
+    assert teardown.stdin_closed is False
+
+
+def test_a_cooperative_tree_gets_the_stop_signal_and_sigcont_only() -> None:
+    teardown = Teardown(Escalation.graceful(3.0), label=LABEL, stdin_open=False)
+    assert drive(teardown, [True]) == [
+        SendSignal(signal.SIGTERM),
+        SendSignal(signal.SIGCONT),
+        AwaitEmpty(3.0),
+        Finished(emptied=True),
+    ]
+    assert teardown.signals == [signal.SIGTERM, signal.SIGCONT]
+    assert not teardown.grace_expired
+
+
+def test_grace_running_out_brings_sigkill() -> None:
+    policy = Escalation(steps=[(signal.SIGTERM, 1.0)], kill_wait=0.5)
+    teardown = Teardown(policy, label=LABEL, stdin_open=False)
+    assert drive(teardown, [False, True]) == [
+        SendSignal(signal.SIGTERM),
+        SendSignal(signal.SIGCONT),
+        AwaitEmpty(1.0),
+        KillAll(),
+        AwaitEmpty(0.5),
+        Finished(emptied=True),
+    ]
+    assert teardown.signals == [signal.SIGTERM, signal.SIGCONT, signal.SIGKILL]
+    assert teardown.grace_expired
+
+
+def test_a_tree_outliving_sigkill_is_reported_not_emptied() -> None:
+    teardown = Teardown(Escalation.graceful(1.0), label=LABEL, stdin_open=False)
+    assert drive(teardown, [False, False])[-1] == Finished(emptied=False)
+
+
+def test_close_stdin_comes_first_and_can_be_enough() -> None:
+    policy = Escalation(steps=[(signal.SIGTERM, 1.0)], close_stdin=2.0)
+    teardown = Teardown(policy, label=LABEL, stdin_open=True)
+    assert drive(teardown, [True]) == [CloseStdin(), AwaitEmpty(2.0), Finished(emptied=True)]
+    assert teardown.stdin_closed
+    assert teardown.signals == []
+
+
+def test_close_stdin_then_signals_when_eof_is_not_enough() -> None:
+    policy = Escalation(steps=[(signal.SIGTERM, 1.0)], close_stdin=2.0)
+    teardown = Teardown(policy, label=LABEL, stdin_open=True)
+    assert drive(teardown, [False, True])[:4] == [
+        CloseStdin(),
+        AwaitEmpty(2.0),
+        SendSignal(signal.SIGTERM),
+        SendSignal(signal.SIGCONT),
+    ]
+
+
+def test_close_stdin_is_skipped_without_a_stdin_pipe() -> None:
+    policy = Escalation(steps=[(signal.SIGTERM, 1.0)], close_stdin=2.0)
+    teardown = Teardown(policy, label=LABEL, stdin_open=False)
+    assert drive(teardown, [True])[0] == SendSignal(signal.SIGTERM)
+    assert not teardown.stdin_closed
+
+
+def test_steps_run_in_order_each_with_its_own_wait() -> None:
+    policy = Escalation(steps=[(signal.SIGINT, 0.5), (signal.SIGTERM, 1.5)])
+    teardown = Teardown(policy, label=LABEL, stdin_open=False)
+    actions = drive(teardown, [False, True])
+    assert actions == [
+        SendSignal(signal.SIGINT),
+        SendSignal(signal.SIGCONT),
+        AwaitEmpty(0.5),
+        SendSignal(signal.SIGTERM),
+        SendSignal(signal.SIGCONT),
+        AwaitEmpty(1.5),
+        Finished(emptied=True),
+    ]
+    assert not teardown.grace_expired
+
+
+def test_a_sigkill_step_is_the_hard_stop_itself() -> None:
+    policy = Escalation(steps=[(signal.SIGKILL, 9.0)], kill_wait=0.25)
+    teardown = Teardown(policy, label=LABEL, stdin_open=False)
+    assert drive(teardown, [True]) == [KillAll(), AwaitEmpty(0.25), Finished(emptied=True)]
+    assert teardown.signals == [signal.SIGKILL]
+    assert not teardown.grace_expired  # there was no grace to run out
+
+
+def test_each_step_is_logged_and_the_grace_running_out_is_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="trio_proctree")
+    policy = Escalation(steps=[(signal.SIGINT, 0.5), (signal.SIGTERM, 1.5)], close_stdin=2.0)
+    drive(Teardown(policy, label=LABEL, stdin_open=True), [False, False, False, True])
+    messages = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert messages == [
+        (logging.DEBUG, f"{LABEL}: closing stdin, waiting up to 2s"),
+        (logging.DEBUG, f"{LABEL}: sending SIGINT to the tree, waiting up to 0.5s"),
+        (logging.DEBUG, f"{LABEL}: still running 0.5s after SIGINT"),
+        (logging.DEBUG, f"{LABEL}: sending SIGTERM to the tree, waiting up to 1.5s"),
+        (logging.DEBUG, f"{LABEL}: still running 1.5s after SIGTERM"),
+        (logging.WARNING, f"{LABEL} still running 1.5s after SIGTERM; sending SIGKILL to the tree"),
+        (logging.DEBUG, f"{LABEL}: sending SIGKILL to the tree, waiting up to 2s"),
+    ]
+
+
+def test_nothing_to_stop_is_logged_and_outliving_sigkill_is_an_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="trio_proctree")
+    drive(Teardown(Escalation(), label=LABEL, stdin_open=False), [], alive=False)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{LABEL}: nothing left running, no signal needed"
+    ]
+    caplog.clear()
+    drive(Teardown(Escalation(kill_wait=0.5), label=LABEL, stdin_open=False), [False, False])
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert errors == [f"{LABEL}: processes still alive 0.5s after SIGKILL (uninterruptible sleep?)"]
+
+
+# --- the policy values -------------------------------------------------------------------
+
+
+def test_defaults() -> None:
+    assert Escalation.graceful() == Escalation.graceful(5.0, signal.SIGTERM) == Escalation()
+    policy = Escalation()
+    assert policy.steps == (Step(signal.SIGTERM, 5.0),)
+    assert policy.close_stdin is None
+    assert policy.kill_wait == 2.0
+    assert policy.worst_case == 7.0
+    assert policy.graceful_steps == policy.steps
+
+
+def test_steps_accept_tuples_and_steps() -> None:
+    policy = Escalation(steps=[Step("INT", 1), (signal.SIGTERM, 2)])
+    assert policy.steps == (Step(signal.SIGINT, 1.0), Step(signal.SIGTERM, 2.0))
+    assert isinstance(policy.steps, tuple)
+    assert all(isinstance(step.wait, float) for step in policy.steps)
+
+
+def test_worst_case_counts_waits_up_to_the_first_sigkill_step() -> None:
+    policy = Escalation(
+        steps=[(signal.SIGINT, 1.0), (signal.SIGTERM, 2.0), (signal.SIGKILL, 50.0)],
+        close_stdin=0.5,
+        kill_wait=0.25,
+    )
+    assert policy.graceful_steps == (Step(signal.SIGINT, 1.0), Step(signal.SIGTERM, 2.0))
+    assert policy.worst_case == 0.5 + 1.0 + 2.0 + 0.25
+
+
+def test_policies_are_frozen_values() -> None:
+    policy = Escalation.graceful(1.0)
+    assert policy == Escalation(steps=[(signal.SIGTERM, 1.0)])
+    assert hash(policy) == hash(Escalation(steps=[(signal.SIGTERM, 1.0)]))
+    with pytest.raises(AttributeError):
+        policy.kill_wait = 0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (signal.SIGTERM, signal.SIGTERM),
+        (15, signal.SIGTERM),
+        ("TERM", signal.SIGTERM),
+        ("SIGTERM", signal.SIGTERM),
+        ("sighup", signal.SIGHUP),
+    ],
+)
+def test_signals_by_number_member_or_name(value: object, expected: int) -> None:
+    parsed = parse_signal(value)  # type: ignore[arg-type]
+    assert parsed is expected  # the Signals member itself: it prints as its name
+
+
+def test_a_realtime_signal_stays_a_number() -> None:
+    assert parse_signal(signal.SIGRTMIN + 1) == signal.SIGRTMIN + 1
+
+
+def test_signal_names_for_humans() -> None:
+    assert signal_name(signal.SIGTERM) == "SIGTERM"
+    assert signal_name(signal.SIGRTMIN + 1) == f"signal {signal.SIGRTMIN + 1}"
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (True, "signal must be a signal, not True"),
+        (0, "signal 0 is not a valid signal on this platform"),
+        (-3, "signal -3 is not a valid signal on this platform"),
+        (1 << 20, "signal 1048576 is not a valid signal on this platform"),
+        ("NOPE", "signal 'NOPE' is not a signal name on this platform"),
+        (2.5, "signal must be a signal number or name, not 2.5"),
+        (None, "signal must be a signal number or name, not None"),
+        (b"TERM", "signal must be a signal number or name, not b'TERM'"),
+    ],
+)
+def test_non_signals_are_refused_clearly(value: object, message: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        parse_signal(value)  # type: ignore[arg-type]
+    assert str(caught.value) == message
+
+
+def test_stop_signals_say_what_they_are_in_errors() -> None:
+    with pytest.raises(ValueError) as unknown:
+        Step("SIGNOPE", 1)
+    assert str(unknown.value) == "stop signal 'SIGNOPE' is not a signal name on this platform"
+    with pytest.raises(ValueError) as cannot:
+        Step(signal.SIGCONT, 1)
+    assert str(cannot.value) == "stop signal SIGCONT cannot stop a process tree; use e.g. SIGTERM"
+
+
+@pytest.mark.parametrize("value", [0, 0.0, 1, 2.5, 1e6])
+def test_durations_accept_finite_non_negative_numbers(value: float) -> None:
+    assert parse_duration(value, what="x") == float(value)
+
+
+@pytest.mark.parametrize("value", [-1, -0.001, float("nan"), float("inf"), True, "1", None])
+def test_durations_refuse_the_rest_naming_the_setting(value: object) -> None:
+    with pytest.raises(ValueError, match=r"^kill_wait must be"):
+        parse_duration(value, what="kill_wait")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"close_stdin": -1}, "close_stdin must be a finite number of seconds >= 0, not -1"),
+        ({"kill_wait": float("inf")}, "kill_wait must be a finite number of seconds >= 0, not inf"),
+        (
+            {"steps": [(signal.SIGTERM, -1)]},
+            "step wait must be a finite number of seconds >= 0, not -1",
+        ),
+        ({"steps": []}, "an Escalation needs at least one (signal, wait) step"),
+    ],
+)
+def test_bad_policies_are_refused_naming_the_setting(
+    kwargs: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ValueError) as caught:
+        Escalation(**kwargs)  # type: ignore[arg-type]
+    assert str(caught.value) == message
+
+
+def test_bad_grace_is_named_grace() -> None:
+    with pytest.raises(ValueError) as caught:
+        Escalation.graceful(-1)
+    assert str(caught.value) == "grace must be a finite number of seconds >= 0, not -1"
+
+
+def test_resolve_policy_takes_shortcuts_or_a_policy_never_both() -> None:
+    assert resolve_policy(2.0, "INT", None) == Escalation(steps=[(signal.SIGINT, 2.0)])
+    custom = Escalation(kill_wait=1.0)
+    assert resolve_policy(5.0, signal.SIGTERM, custom) is custom
+    with pytest.raises(ValueError) as both:
+        resolve_policy(2.0, signal.SIGTERM, custom)
+    assert str(both.value) == "pass either escalation= or grace=/stop_signal=, not both"
+    with pytest.raises(ValueError, match="either"):
+        resolve_policy(5.0, signal.SIGINT, custom)
+    with pytest.raises(ValueError, match="Escalation"):
+        resolve_policy(5.0, signal.SIGTERM, "fast")  # type: ignore[arg-type]
