@@ -309,8 +309,9 @@ class ProcessTree:
         if error is not None and not self._error_reported:
             self._error_reported = True
             chain_cleanup_error(exc, error, self._core.label)
-        # A cancellation that arrived meanwhile does not replace ``exc`` either: ``exc`` is
-        # what the caller must see (as with trio, where the shield defers the Cancelled).
+        # A cancellation that arrived meanwhile does not replace ``exc``: ``exc`` is what the
+        # caller must see. Unlike trio, asyncio delivers a cancellation once, so this one is
+        # absorbed (an asyncio.timeout around the block then lets ``exc`` through as is).
         del cancelled
 
     async def _connect(self, spawned: Spawned) -> None:
