@@ -19,6 +19,9 @@ nox.options.sessions = ["interpreters", "tests", "lint", "typecheck", "docs"]
 nox.options.error_on_missing_interpreters = False
 nox.options.download_python = "never"  # offline machines: find, never fetch, interpreters
 nox.options.reuse_existing_virtualenvs = True
+# uv makes the session virtualenvs in seconds where it is installed (the README's test
+# command installs it); virtualenv otherwise.
+nox.options.default_venv_backend = "uv|virtualenv"
 
 # Tools are pinned: a new release's new rules must not turn CI red on its own.
 RUFF = "ruff==0.17.6"
@@ -56,8 +59,11 @@ def interpreters(session: nox.Session) -> None:
 @nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
     """The test suite with real processes; pass pytest arguments after ``--``."""
-    session.install("-e", ".[anyio]", "pytest", "pytest-trio", "pytest-timeout", "hypothesis")
-    session.run("pytest", *session.posargs)
+    session.install(
+        "-e", ".[anyio]", "pytest", "pytest-trio", "pytest-timeout", "pytest-xdist", "hypothesis"
+    )  # fmt: skip
+    # Two workers: the suite waits on real processes far more than it computes.
+    session.run("pytest", "-n", "2", *session.posargs)
 
 
 @nox.session(python="3.11")

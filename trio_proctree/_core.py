@@ -16,7 +16,7 @@ import time
 from typing import Protocol
 
 from ._cgroup import remove_home
-from ._containment import NEED_SCAN, Containment
+from ._containment import NEED_SCAN, Containment, ContainmentLost
 from ._escalation import Escalation, SignalLike, parse_signal
 from ._leader import Leader
 from ._outcome import CleanupError, CleanupOutcome
@@ -156,8 +156,9 @@ class TreeCore:
         except Exception as exc:  # noqa: BLE001 - even a bug here must not stop the escalation
             errors.append(exc)
 
-    async def _pending(self, io: LoopIO, errors: list[Exception]) -> list[int] | None:
-        """The pidfds of the tree's live members; None when that cannot be told right now."""
+    async def _pending(self, io: LoopIO, errors: list[Exception]) -> list[int] | float:
+        """The pidfds of the tree's live members, or, when that cannot be told right now,
+        how long to pause before asking again."""
         try:
             pending = self.containment.pending()
             if pending is NEED_SCAN:
@@ -168,8 +169,10 @@ class TreeCore:
         except Exception as exc:  # noqa: BLE001 - reported at the end; the escalation goes on
             if not any(type(exc) is type(seen) and exc.args == seen.args for seen in errors):
                 errors.append(exc)
-            return None
-        return None if pending is NEED_SCAN else pending
+            return 0.05  # a degraded poll, only on this path: the error is raised at the end
+        if pending is NEED_SCAN:
+            return 0.001  # a member still finishing its exit: it takes microseconds
+        return pending
 
     async def _wait_empty(self, io: LoopIO, timeout: float, errors: list[Exception]) -> bool:
         """Wait up to ``timeout`` seconds for the tree to empty: True if it did."""
@@ -178,13 +181,11 @@ class TreeCore:
             remaining = deadline - io.now()
             if remaining <= 0:
                 return False
-            if pending is None:
-                # Who is left cannot be told right now: look again after a short pause
-                # (a degraded poll, only on this path; the error is raised at the end).
-                await io.sleep(min(remaining, 0.05))
-            else:
+            if isinstance(pending, list):
                 # Event-driven: a pidfd turns readable when its process exits.
                 await io.wait_readable(pending[0], remaining)
+            else:
+                await io.sleep(min(remaining, pending))
         return True
 
 
@@ -206,6 +207,11 @@ def kill_open_trees() -> None:
     for core in list(_open_trees):
         try:
             core.containment.kill()
+        except ContainmentLost:
+            # A bare process group whose leader is reaped cannot be signalled safely any
+            # more; its cleanup already sent SIGKILL, and could not confirm the result.
+            logger.debug("%s: not signalled again at interpreter exit", core.label)
+            continue
         except OSError as exc:
             logger.warning("%s: could not kill at interpreter exit: %s", core.label, exc)
             continue

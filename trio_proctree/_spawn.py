@@ -28,8 +28,11 @@ Command = Union[StrOrPath, Sequence[StrOrPath]]  # noqa: UP007 - a runtime alias
 
 # trio's streams carry bytes, unbuffered: these options would silently not apply.
 _TEXT_OPTIONS = ("universal_newlines", "text", "encoding", "errors", "bufsize")
-#: What subprocess.Popen takes on this Python (the command aside).
-_POPEN_OPTIONS = frozenset(inspect.signature(subprocess.Popen).parameters) - {"args"}
+#: What subprocess.Popen takes on this Python (the command aside), and process_group,
+#: which is handled here even where Popen lacks it (Python 3.10).
+_POPEN_OPTIONS = frozenset(inspect.signature(subprocess.Popen).parameters) - {"args"} | {
+    "process_group"
+}
 
 
 def require_supported_platform() -> None:
