@@ -19,7 +19,7 @@ from typing import Protocol
 
 from . import _watchdog as watchdog
 from ._leader import Leader
-from ._orphans import reap_orphans
+from ._orphans import is_subreaper, reap_orphans
 from ._procfs import ProcStat, process_table, read_stat
 from ._spawn import SpawnPlan
 
@@ -128,8 +128,9 @@ class Pidfds(dict[int, int]):
         for fd in self.values():
             poller.register(fd, select.POLLIN)
         gone = {fd for fd, _ in poller.poll(0)}
+        reaping = is_subreaper()  # else no member other than the leader is our child
         for pid, fd in list(self.items()):
-            if fd in gone and fd not in self._borrowed:
+            if reaping and fd in gone and fd not in self._borrowed:
                 with contextlib.suppress(ChildProcessError):  # not our child: not ours to reap
                     os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOHANG)
             if fd in gone or also(pid):
@@ -186,14 +187,14 @@ class ProcessGroupContainment:
     def prepare(self, plan: SpawnPlan) -> SpawnPlan:
         return plan  # plan_spawn already gives the leader a group of its own
 
-    def attach(self, leader: Leader) -> None:
+    def attach(self, leader: Leader, *, register: bool = True) -> None:
         self._leader = leader
         self._pgid = leader.pid
         stat = read_stat(leader.pid)
         assert stat is not None, "an unreaped child always has a /proc entry"
         self.backstop = [f"group {self._pgid} {stat.starttime}"]
-        for entry in self.backstop:
-            watchdog.register(entry)
+        if register:
+            watchdog.register(*self.backstop)
 
     @property
     def lingering(self) -> int:
@@ -267,8 +268,7 @@ class ProcessGroupContainment:
         if self._leader.pins_group:
             reap_orphans(self._pgid, lambda stat: stat.pgid == self._pgid)
         if emptied:
-            for entry in self.backstop:
-                watchdog.unregister(entry)
+            watchdog.unregister(*self.backstop)
 
 
 class MemberTracking:
@@ -303,10 +303,9 @@ class MemberTracking:
 
     def attach(self, leader: Leader) -> None:
         self._leader = leader
-        self._group.attach(leader)
+        self._group.attach(leader, register=False)
         self._group.watch_leader(self._members)
-        for entry in self.backstop:
-            watchdog.register(entry)
+        watchdog.register(*self._group.backstop, *self.backstop)  # one write
 
     @property
     def backstop(self) -> list[str]:
@@ -393,13 +392,14 @@ class MemberTracking:
                     signal_pidfd(fd, sig)
 
     def signal(self, sig: int, *, escalation: bool = False) -> None:
-        # Learn the members first (for an escalation, once, while they are calm: reading
-        # /proc and cgroupfs while processes exit is several times slower).
+        # The group first, in one call: its members start acting on the signal at once...
+        self._group.signal(sig)
+        # ...while we learn who else is in the tree (for an escalation, once), and send it
+        # to the escapees one by one: that work overlaps the members' exit, which the
+        # caller would be waiting for anyway.
         if not (escalation and self._surveyed):
             self._surveyed = True
             self._track_new_members()
-        # The group, in one call; then the escapees one by one.
-        self._group.signal(sig)
         self._signal_escapees(self._escapees, [sig])
         if escalation:
             # Replayed to escapees found later: pending() looks for more once every
@@ -435,5 +435,4 @@ class MemberTracking:
             return  # the spawn failed: nothing was started, nothing is registered
         reap_orphans(self._leader.pid, self._ours)
         if emptied:
-            for entry in self.backstop:
-                watchdog.unregister(entry)
+            watchdog.unregister(*self.backstop)

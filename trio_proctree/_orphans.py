@@ -45,6 +45,11 @@ def become_subreaper() -> None:
         logger.debug("pid %d is now the child subreaper of its descendants", os.getpid())
 
 
+def is_subreaper() -> bool:
+    """Whether this process has made itself a child subreaper."""
+    return os.getpid() in _subreaper_in
+
+
 def check_subreaper_available() -> None:
     """Raise SubreaperUnavailable if this process could not become a child subreaper.
 
@@ -84,7 +89,7 @@ def reap_orphans(leader_pid: int, ours: Callable[[ProcStat], bool]) -> None:
     Without the subreaper setting, orphans go to init and there is nothing to do. The
     leader is left alone: its driver reaps it, after the last signal to its group.
     """
-    if os.getpid() not in _subreaper_in:
+    if not is_subreaper():
         return
     for child in children(os.getpid()):
         if child == leader_pid:

@@ -13,12 +13,17 @@ that pipe reaches EOF — we exited, however — it SIGKILLs what is still regis
 - ``marker VAR=VALUE``: every process whose environment carries the marker, through
   pidfds (the subreaper containment's escapees).
 
-Trees are registered when they start and unregistered when their cleanup finishes.
+Trees are registered when they start, in one write. Unregistrations are kept back and
+go with the next registration (or at exit): a write wakes the watchdog, which costs tens
+of microseconds on the path that ends a tree, and an entry left registered a little longer
+is harmless (a group is checked against its leader's start time; a cgroup that has been
+emptied or reused is killed only if the parent dies, when its new tree must die too).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import subprocess
@@ -127,10 +132,11 @@ class Watchdog:
         self.pid = self._process.pid
         logger.debug("watchdog pid %d started", self.pid)
 
-    def send(self, line: str) -> None:
-        data = (line + "\n").encode()
-        # One write per line: well under PIPE_BUF, so lines from threads never interleave.
-        os.write(self._pipe, data)
+    def send(self, lines: list[str]) -> None:
+        """Write ``lines`` (the caller holds the module lock: writers never interleave)."""
+        data = "".join(line + "\n" for line in lines).encode()
+        while data:
+            data = data[os.write(self._pipe, data) :]
 
     def forget(self) -> None:
         """In a forked child: drop the parent's watchdog without telling it anything."""
@@ -170,30 +176,44 @@ def ensure_started() -> None:
         logger.warning("cannot start the parent-death backstop: %s", exc)
 
 
-def register(entry: str) -> None:
-    """Have ``entry`` (``cgroup PATH``, ``group PGID START``, ``marker VAR=VALUE``) killed
-    should this process die before `unregister`."""
+#: Unregistrations not yet written (they go with the next write).
+_deferred: list[str] = []
+#: Beyond this many, unregistrations are written at once (the watchdog's set stays small).
+_DEFER_AT_MOST = 256
+
+
+def register(*entries: str) -> None:
+    """Have ``entries`` (``cgroup PATH``, ``group PGID START``, ``marker VAR=VALUE``)
+    killed should this process die before `unregister`; written at once."""
     try:
-        _watchdog().send("+" + entry)
+        watchdog = _watchdog()
+        with _lock:
+            lines = [*_deferred, *("+" + entry for entry in entries)]
+            _deferred.clear()
+            watchdog.send(lines)
     except OSError as exc:
         # A lost watchdog must not stop trees from running: their cleanup still holds.
         logger.warning("parent-death backstop unavailable: %s", exc)
         _drop()
 
 
-def unregister(entry: str) -> None:
+def unregister(*entries: str) -> None:
     with _lock:
-        current = list(_current)
-    for watchdog in current:
+        _deferred.extend("-" + entry for entry in entries)
+        if len(_deferred) < _DEFER_AT_MOST or not _current:
+            return
+        lines = list(_deferred)
+        _deferred.clear()
         try:
-            watchdog.send("-" + entry)
+            _current[0].send(lines)
         except OSError:
-            _drop()
+            _current.clear()
 
 
 def _drop() -> None:
     with _lock:
         _current.clear()
+        _deferred.clear()
 
 
 def _after_fork_in_child() -> None:
@@ -202,12 +222,16 @@ def _after_fork_in_child() -> None:
     for watchdog in _current:
         watchdog.forget()
     _current.clear()
+    _deferred.clear()
 
 
 def _at_exit() -> None:
     for watchdog in _current:
+        with contextlib.suppress(OSError):
+            watchdog.send(list(_deferred))  # what ended cleanly is not killed at EOF
         watchdog.stop()
     _current.clear()
+    _deferred.clear()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

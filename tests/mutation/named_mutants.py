@@ -127,8 +127,8 @@ MUTANTS = [
     (
         "watchdog: trees never registered",
         "_watchdog.py",
-        '        _watchdog().send("+" + entry)',
-        "        pass",
+        "            _deferred.clear()\n            watchdog.send(lines)\n",
+        "            _deferred.clear()\n",
         "parent_killed",
     ),
     (
