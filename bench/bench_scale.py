@@ -12,31 +12,19 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import signal
 import subprocess
 import sys
 import textwrap
 import time
 from collections.abc import Awaitable, Callable
 
+import bench_teardown
 import trio
+from bench_teardown import killpg_many, proctree_many
 
 from trio_proctree import open_process_tree
 
 CONTAINMENT = "auto"
-
-
-async def killpg_many(count: int) -> float:
-    started = time.perf_counter()
-    procs = [
-        await trio.lowlevel.open_process(["sleep", "60"], start_new_session=True)
-        for _ in range(count)
-    ]
-    async with trio.open_nursery() as nursery:
-        for proc in procs:
-            os.killpg(proc.pid, signal.SIGTERM)
-            nursery.start_soon(proc.wait)
-    return time.perf_counter() - started
 
 
 async def bare_many(count: int) -> float:
@@ -46,27 +34,6 @@ async def bare_many(count: int) -> float:
         for proc in procs:
             proc.kill()
             nursery.start_soon(proc.wait)
-    return time.perf_counter() - started
-
-
-async def proctree_many(count: int) -> float:
-    started = time.perf_counter()
-    async with trio.open_nursery() as nursery:
-        ready = 0
-        all_ready = trio.Event()
-
-        async def one() -> None:
-            nonlocal ready
-            async with open_process_tree(["sleep", "60"], containment=CONTAINMENT):
-                ready += 1
-                if ready == count:
-                    all_ready.set()
-                await trio.sleep_forever()
-
-        for _ in range(count):
-            nursery.start_soon(one)
-        await all_ready.wait()
-        nursery.cancel_scope.cancel()
     return time.perf_counter() - started
 
 
@@ -179,5 +146,5 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--containment", default="auto")
     args = parser.parse_args()
-    CONTAINMENT = args.containment
+    CONTAINMENT = bench_teardown.CONTAINMENT = args.containment
     trio.run(main, args.rounds)

@@ -189,6 +189,47 @@ class TreeCore:
         return True
 
 
+class TreeView:
+    """What both drivers' ``ProcessTree`` read off their `TreeCore` the same way."""
+
+    _core: TreeCore
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__module__}.ProcessTree {self._core.label}>"
+
+    @property
+    def args(self) -> object:
+        """The command, as given."""
+        return self._core.args
+
+    @property
+    def pid(self) -> int:
+        """The leader's pid; also the tree's process group id."""
+        return self._core.leader.pid
+
+    @property
+    def containment(self) -> str:
+        """How the tree is held together: ``"cgroup"``, ``"subreaper"`` or ``"group"``."""
+        return self._core.containment.name
+
+    @property
+    def returncode(self) -> int | None:
+        """The leader's exit status, or None while it runs. Reading it never reaps the leader."""
+        return self._core.leader.poll()
+
+    @property
+    def outcome(self) -> CleanupOutcome | None:
+        """What cleanup did (a `CleanupOutcome`); None until cleanup has run."""
+        return self._core.outcome
+
+    def send_signal(self, sig: SignalLike) -> None:
+        """Send ``sig`` to every process in the tree (a no-op once cleanup has reaped it)."""
+        self._core.send_signal(sig)
+
+    def _exit_status_lost(self) -> CleanupError:  # pragma: no cover - reaped by someone else
+        return CleanupError(f"{self._core.label}: exit status lost (reaped elsewhere)")
+
+
 def _at_exit() -> None:
     kill_open_trees()
     remove_home()

@@ -11,7 +11,7 @@ import ctypes
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 
 from ._procfs import ProcStat, read_file, read_stat
 
@@ -81,6 +81,17 @@ def children(pid: int) -> list[int]:
             continue
         found.extend(int(child) for child in listing.split())
     return found
+
+
+def descendants(roots: Iterable[int]) -> Iterator[ProcStat]:
+    """The stat of each of ``roots`` and of every process below them (gone ones skipped)."""
+    pending = list(roots)
+    while pending:
+        pid = pending.pop()
+        stat = read_stat(pid)
+        if stat is not None:
+            yield stat
+            pending.extend(children(pid))
 
 
 def reap_orphans(leader_pid: int, ours: Callable[[ProcStat], bool]) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 import attrs
 
 from ._containment import MemberTracking, signal_pidfd
-from ._orphans import become_subreaper, children
+from ._orphans import become_subreaper, children, descendants
 from ._procfs import ProcStat, read_file, read_stat
 from ._spawn import SpawnPlan
 
@@ -80,15 +80,10 @@ class SubreaperContainment(MemberTracking):
             if stat is not None and (child == self.leader.pid or self._from_this_tree(stat)):
                 roots.append(child)
         members: list[int] = []
-        while roots:
-            pid = roots.pop()
-            stat = read_stat(pid)
-            if stat is None:
-                continue
+        for stat in descendants(roots):
             if stat.alive:
-                members.append(pid)
-                self._seen.add((pid, stat.starttime))
-            roots.extend(children(pid))
+                members.append(stat.pid)
+                self._seen.add((stat.pid, stat.starttime))
         return members
 
     def _confirm_escapee(self, pid: int, stat: ProcStat) -> bool:

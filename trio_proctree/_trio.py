@@ -12,7 +12,7 @@ from typing import Any, Protocol, cast
 import trio
 
 from ._choose import ContainmentChoice, choose_containment, start_tree
-from ._core import TreeCore
+from ._core import TreeCore, TreeView
 from ._escalation import (
     DEFAULT_GRACE,
     DEFAULT_STOP_SIGNAL,
@@ -20,7 +20,7 @@ from ._escalation import (
     SignalLike,
     resolve_policy,
 )
-from ._outcome import CleanupError, CleanupOutcome, chain_cleanup_error
+from ._outcome import chain_cleanup_error
 from ._run import PIPE_DRAIN_TIMEOUT, completed, plan_run
 from ._spawn import Command, Spawned, SpawnPlan, plan_spawn
 
@@ -70,7 +70,7 @@ class _TrioIO:
         trio.lowlevel.notify_closing(fd)
 
 
-class ProcessTree:
+class ProcessTree(TreeView):
     """A running process tree: a leader and everything it starts.
 
     Made by `open_process_tree` and `run_process_tree`; its cleanup runs when their scope
@@ -79,7 +79,6 @@ class ProcessTree:
 
     def __init__(self, core: TreeCore, spawned: Spawned) -> None:
         self._core = core
-        self.args = core.args
         #: The leader's stdin, when it was ``subprocess.PIPE``.
         self.stdin: trio.abc.SendStream | None = _stream(spawned.stdin)
         #: The leader's stdout, when it was ``subprocess.PIPE``.
@@ -89,29 +88,6 @@ class ProcessTree:
         self._wait_lock = trio.Lock()
         self._cleanup_started = False
         self._cleanup_done = trio.Event()
-
-    def __repr__(self) -> str:
-        return f"<trio_proctree.ProcessTree {self._core.label} returncode={self.returncode}>"
-
-    @property
-    def pid(self) -> int:
-        """The leader's pid; also the tree's process group id."""
-        return self._core.leader.pid
-
-    @property
-    def containment(self) -> str:
-        """How the tree is held together: ``"cgroup"``, ``"subreaper"`` or ``"group"``."""
-        return self._core.containment.name
-
-    @property
-    def returncode(self) -> int | None:
-        """The leader's exit status, or None while it runs. Reading it never reaps the leader."""
-        return self._core.leader.poll()
-
-    @property
-    def outcome(self) -> CleanupOutcome | None:
-        """What cleanup did (a `CleanupOutcome`); None until cleanup has run."""
-        return self._core.outcome
 
     async def wait(self) -> int:
         """Wait for the leader to exit and return its exit status.
@@ -127,12 +103,8 @@ class ProcessTree:
                     pass  # cleanup reaped the leader while we waited
         returncode = self.returncode
         if returncode is None:  # pragma: no cover - the leader was reaped by someone else
-            raise CleanupError(f"{self._core.label}: exit status lost (reaped elsewhere)")
+            raise self._exit_status_lost()
         return returncode
-
-    def send_signal(self, sig: SignalLike) -> None:
-        """Send ``sig`` to every process in the tree (a no-op once cleanup has reaped it)."""
-        self._core.send_signal(sig)
 
     @trio.lowlevel.enable_ki_protection
     async def aclose(self) -> None:

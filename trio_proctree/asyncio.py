@@ -32,7 +32,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from ._choose import ContainmentChoice, choose_containment, start_tree
-from ._core import TreeCore
+from ._core import TreeCore, TreeView
 from ._escalation import (
     DEFAULT_GRACE,
     DEFAULT_STOP_SIGNAL,
@@ -40,7 +40,7 @@ from ._escalation import (
     SignalLike,
     resolve_policy,
 )
-from ._outcome import CleanupError, CleanupOutcome, chain_cleanup_error
+from ._outcome import chain_cleanup_error
 from ._run import PIPE_DRAIN_TIMEOUT, completed, plan_run
 from ._spawn import Command, Spawned, SpawnPlan, plan_spawn
 
@@ -177,7 +177,7 @@ class _AsyncioIO:
         self._tree._stop_watching_leader()
 
 
-class ProcessTree:
+class ProcessTree(TreeView):
     """A running process tree (asyncio): a leader and everything it starts.
 
     Made by `open_process_tree` and `run_process_tree`.
@@ -185,7 +185,6 @@ class ProcessTree:
 
     def __init__(self, core: TreeCore) -> None:
         self._core = core
-        self.args = core.args
         #: The leader's stdin, when it was ``subprocess.PIPE``.
         self.stdin: asyncio.StreamWriter | None = None
         #: The leader's stdout, when it was ``subprocess.PIPE``.
@@ -200,29 +199,6 @@ class ProcessTree:
         self._error_reported = False  # a cleanup error goes to one caller, not to each
         self._rounds = _Rounds()
 
-    def __repr__(self) -> str:
-        return f"<trio_proctree.asyncio.ProcessTree {self._core.label}>"
-
-    @property
-    def pid(self) -> int:
-        """The leader's pid; also the tree's process group id."""
-        return self._core.leader.pid
-
-    @property
-    def containment(self) -> str:
-        """How the tree is held together: ``"cgroup"``, ``"subreaper"`` or ``"group"``."""
-        return self._core.containment.name
-
-    @property
-    def returncode(self) -> int | None:
-        """The leader's exit status, or None while it runs. Reading it never reaps the leader."""
-        return self._core.leader.poll()
-
-    @property
-    def outcome(self) -> CleanupOutcome | None:
-        """What cleanup did (a `CleanupOutcome`); None until cleanup has run."""
-        return self._core.outcome
-
     async def wait(self) -> int:
         """Wait for the leader to exit and return its exit status.
 
@@ -233,7 +209,7 @@ class ProcessTree:
             await asyncio.wait({self._leader_exited()})
         returncode = self.returncode
         if returncode is None:  # pragma: no cover - the leader was reaped by someone else
-            raise CleanupError(f"{self._core.label}: exit status lost (reaped elsewhere)")
+            raise self._exit_status_lost()
         return returncode
 
     def _leader_exited(self) -> asyncio.Future[None]:
@@ -248,10 +224,6 @@ class ProcessTree:
         if self._exited is not None and not self._exited.done():
             asyncio.get_running_loop().remove_reader(self._core.leader.pidfd)
             self._exited.set_result(None)
-
-    def send_signal(self, sig: SignalLike) -> None:
-        """Send ``sig`` to every process in the tree (a no-op once cleanup has reaped it)."""
-        self._core.send_signal(sig)
 
     def aclose(self) -> Awaitable[None]:
         """Start the cleanup now, and return an awaitable that waits for it to finish.

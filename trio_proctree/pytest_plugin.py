@@ -26,7 +26,7 @@ import pytest
 
 from . import _watchdog
 from ._containment import exited, signal_pidfd
-from ._orphans import become_subreaper, children
+from ._orphans import become_subreaper, children, descendants
 from ._procfs import command_line, read_stat
 
 _SNAPSHOT = pytest.StashKey[set[tuple[int, int]]]()
@@ -69,17 +69,11 @@ def _checked(item: pytest.Item) -> bool:
 
 def _descendants() -> dict[tuple[int, int], str]:
     """Every live descendant of this process: (pid, start time) -> command line."""
-    found: dict[tuple[int, int], str] = {}
-    below = children(os.getpid())
-    while below:
-        pid = below.pop()
-        stat = read_stat(pid)
-        if stat is None:
-            continue
-        if stat.alive:
-            found[(pid, stat.starttime)] = command_line(pid)
-        below.extend(children(pid))
-    return found
+    return {
+        (stat.pid, stat.starttime): command_line(stat.pid)
+        for stat in descendants(children(os.getpid()))
+        if stat.alive
+    }
 
 
 @pytest.hookimpl(wrapper=True)
