@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import trio
 
-from trio_proctree import open_process_tree
+from trio_proctree import CleanupError, open_process_tree
 
 from . import procs
 from .conftest import Tracked, read_pids
@@ -166,3 +166,62 @@ def test_other_platforms_are_refused_clearly(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(sys, "platform", "darwin")
     with pytest.raises(NotImplementedError, match="Linux only"):
         open_process_tree(["sleep", "1"])
+
+
+async def test_a_leader_reaped_by_someone_else_is_reported_not_mistaken(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # Some other part of the program reaps our leader (a waitpid(-1) in a SIGCHLD handler,
+    # say): its pid, and so its group id, may now be anyone's. Nothing is signalled by
+    # that pid again, and the lost exit status is said, not made up.
+    async with open_process_tree(
+        ["sh", "-c", "echo $$; exit 3"], stdout=subprocess.PIPE, **contained
+    ) as tree:
+        assert tree.stdout is not None
+        await read_pids(tree.stdout, 1)
+        os.waitpid(tree.pid, 0)  # noqa: ASYNC222 - it has exited (or is about to): "someone else"
+        assert tree.returncode is None
+        with pytest.raises(CleanupError, match="exit status lost"):
+            await tree.wait()
+    assert tree.outcome is not None
+    assert tree.outcome.returncode is None
+    with pytest.raises(CleanupError, match="exit status lost"):
+        await tree.wait()  # after cleanup too: never a wait on a closed pidfd
+    assert tracked.survivors() == []
+
+
+@needs_root
+async def test_a_reaped_leaders_pid_reused_by_another_tree_is_left_alone(
+    tracked: Tracked,
+) -> None:
+    # Tree A's leader is reaped by someone else; tree B's leader then gets the same pid
+    # (and so the same process group id), as our own child. A's cleanup must not take B
+    # for a part of A: not through its pid, nor its group, nor as its parent.
+    for _ in range(20):  # another process on the machine may take the pid first
+        async with open_process_tree(
+            ["sh", "-c", "echo $$; exit 0"],
+            stdout=subprocess.PIPE,
+            env=tracked.env,
+            containment="subreaper",
+        ) as tree_a:
+            assert tree_a.stdout is not None
+            await read_pids(tree_a.stdout, 1)
+            os.waitpid(tree_a.pid, 0)  # noqa: ASYNC222 - it exits at once: "someone else"
+            with next_pid_after(tree_a.pid - 1):
+                scope_b = open_process_tree(
+                    ["sh", "-c", "sleep 60 & wait"], env=tracked.env, containment="subreaper"
+                )
+                tree_b = await scope_b.__aenter__()
+            if tree_b.pid != tree_a.pid:
+                await scope_b.__aexit__(None, None, None)
+                continue
+        try:
+            assert procs.alive(tree_b.pid)  # A's cleanup left B alone
+            assert tree_a.outcome is not None
+            assert tree_a.outcome.escapees_killed == 0
+        finally:
+            await scope_b.__aexit__(None, None, None)
+        break
+    else:  # pragma: no cover
+        pytest.skip("could not make the kernel reuse the pid")
+    assert tracked.survivors() == []

@@ -391,14 +391,19 @@ class MemberTracking:
                 for sig in signals:
                     signal_pidfd(fd, sig)
 
+    #: Learn the members before the group's signal (else after it, overlapping their exit).
+    survey_first = False
+
     def signal(self, sig: int, *, escalation: bool = False) -> None:
-        # The group first, in one call: its members start acting on the signal at once...
+        survey = not (escalation and self._surveyed)  # for an escalation, once
+        self._surveyed = True
+        if survey and self.survey_first:
+            self._track_new_members()
+        # The group in one call; its members start acting on the signal at once...
         self._group.signal(sig)
-        # ...while we learn who else is in the tree (for an escalation, once), and send it
-        # to the escapees one by one: that work overlaps the members' exit, which the
-        # caller would be waiting for anyway.
-        if not (escalation and self._surveyed):
-            self._surveyed = True
+        # ...while we learn who else is in the tree: that work overlaps the members' exit,
+        # which the caller would be waiting for anyway. Then the escapees, one by one.
+        if survey and not self.survey_first:
             self._track_new_members()
         self._signal_escapees(self._escapees, [sig])
         if escalation:

@@ -128,6 +128,7 @@ class TreeCore:
             if returncode is not None or self.leader.lost:
                 io.forget_fd(self.leader.pidfd)
                 os.close(self.leader.pidfd)
+                self.leader.pidfd = -1  # closed: never to be waited on again
             if emptied:
                 _open_trees.discard(self)  # else the net at interpreter exit keeps it
             self.outcome = CleanupOutcome(
@@ -226,7 +227,7 @@ class TreeView:
         """Send ``sig`` to every process in the tree (a no-op once cleanup has reaped it)."""
         self._core.send_signal(sig)
 
-    def _exit_status_lost(self) -> CleanupError:  # pragma: no cover - reaped by someone else
+    def _exit_status_lost(self) -> CleanupError:
         return CleanupError(f"{self._core.label}: exit status lost (reaped elsewhere)")
 
 
@@ -256,10 +257,9 @@ def kill_open_trees() -> None:
         except OSError as exc:
             logger.warning("%s: could not kill at interpreter exit: %s", core.label, exc)
             continue
-        try:
-            core.leader.popen.wait(timeout=core.policy.kill_wait)
-        except Exception as exc:  # noqa: BLE001 - at exit, say it and go on
-            logger.warning("%s: not reaped at interpreter exit: %s", core.label, exc)
-        else:
-            core.leader.reaped = True
+        # By pidfd, never Popen.wait(): if someone else reaped the leader, its pid may
+        # belong to another of our children by now.
+        core.leader.reap_within(core.policy.kill_wait)
+        if not (core.leader.reaped or core.leader.lost):
+            logger.warning("%s: leader not reaped at interpreter exit", core.label)
         _open_trees.discard(core)

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import subprocess
 
 logger = logging.getLogger("trio_proctree")
 
 # waitid() options that report an exit without consuming it (the zombie stays).
 _PEEK = os.WEXITED | os.WNOHANG | os.WNOWAIT
+
+# What Popen is told when the leader was reaped by someone else (never reported to users).
+_LOST = -255
 
 
 def _decode(info: os.waitid_result) -> int:
@@ -39,37 +43,65 @@ class Leader:
 
     def poll(self) -> int | None:
         """The leader's exit status, or None while it runs. Never reaps."""
-        if self._returncode is None and not self.lost:
-            try:
-                # By pidfd, not pid: if someone else reaped the leader and its pid went to
-                # another child of ours, waitid(P_PID) would report on that one instead.
-                info = os.waitid(os.P_PIDFD, self.pidfd, _PEEK)
-            except ChildProcessError:
-                self.lost = True
-                logger.warning(
-                    "pid %d was reaped by someone else: its exit status is lost and its "
-                    "process group can no longer be signalled safely",
-                    self.pid,
-                )
-                return None
-            if info is not None:
-                self._returncode = _decode(info)
+        if self._returncode is None:
+            self._peek()
         return self._returncode
+
+    def _peek(self) -> None:
+        """Look at the leader without reaping it: note its exit status, or that it is gone."""
+        if self.reaped or self.lost:
+            return
+        try:
+            # By pidfd, not pid: if someone else reaped the leader and its pid went to
+            # another child of ours, waitid(P_PID) would report on that one instead.
+            info = os.waitid(os.P_PIDFD, self.pidfd, _PEEK)
+        except ChildProcessError:
+            self.lost = True
+            # Popen must never look at this pid again: it may be another child of ours by
+            # now, and Popen.poll() would reap that one. Marking Popen settled also keeps
+            # it from warning when freed; the value is never shown (ours stays None, or
+            # the status seen before the loss).
+            self.popen.returncode = _LOST
+            logger.warning(
+                "pid %d was reaped by someone else: its process group can no longer be "
+                "signalled safely",
+                self.pid,
+            )
+            return
+        if info is not None and self._returncode is None:
+            self._returncode = _decode(info)
 
     @property
     def pins_group(self) -> bool:
-        """True while the unreaped leader keeps its pgid from being recycled."""
-        self.poll()
+        """True while the unreaped leader keeps its pgid from being recycled.
+
+        Asked of the kernel every time: an exit status seen earlier says nothing about
+        whether someone has reaped the zombie since.
+        """
+        self._peek()
         return not (self.reaped or self.lost)
+
+    def reap_within(self, timeout: float) -> int | None:
+        """Block up to `timeout` seconds for the leader to exit, then reap it (at exit only)."""
+        if not (self.reaped or self.lost):
+            poller = select.poll()
+            poller.register(self.pidfd, select.POLLIN)
+            poller.poll(timeout * 1000)
+        return self.reap()
 
     def reap(self) -> int | None:
         """Reap the leader if it has exited; its exit status, or None if it still runs."""
-        if self.reaped:
+        if self.reaped or self.poll() is None:
             return self._returncode
-        if self.poll() is None:
-            return None
-        # Popen.poll() reaps and records the status, so Popen never warns about it later.
-        self.popen.poll()
+        try:
+            # Through the pidfd: the very process, even if someone else reaped it and its
+            # pid now belongs to another child of ours (then: ECHILD, nothing to reap).
+            os.waitid(os.P_PIDFD, self.pidfd, os.WEXITED | os.WNOHANG)
+        except ChildProcessError:
+            self._peek()  # notes that it was lost
+            return self._returncode
+        # Popen must not wait for it again (nor warn that it still runs).
+        self.popen.returncode = self._returncode
         self.reaped = True
         logger.debug("pid %d reaped, exit status %s", self.pid, self._returncode)
         return self._returncode

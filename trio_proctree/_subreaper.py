@@ -48,6 +48,10 @@ class SubreaperContainment(MemberTracking):
     """The tree is the leader's descendants plus what re-parented to us from the tree."""
 
     name = "subreaper"
+    # Members are found by walking down from their parents: walk before the stop signal,
+    # while the parents still live (an escapee whose parent dies re-parents to us, and
+    # one that also cleared its environment could no longer be told apart).
+    survey_first = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -68,16 +72,20 @@ class SubreaperContainment(MemberTracking):
         return [f"marker {MARKER_VAR}={self.marker}"]
 
     def _from_this_tree(self, stat: ProcStat) -> bool:
-        """Whether a process re-parented to us came from this tree."""
-        return stat.pgid == self.leader.pid or _environment_has(stat.pid, self._marker_entry)
+        """Whether a process re-parented to us came from this tree: in its group (only
+        while the unreaped leader pins the group id), or carrying its marker."""
+        in_group = stat.pgid == self.leader.pid and self.leader.pins_group
+        return in_group or _environment_has(stat.pid, self._marker_entry)
 
     def _list_members(self) -> list[int]:
         # Every process of the tree is below us: the leader's subtree, and the subtrees of
-        # what re-parented to us from the tree.
+        # what re-parented to us from the tree. (Once the leader is reaped, its pid may
+        # belong to another child of ours: then only the marker says who is ours.)
+        leader = self.leader.pid if self.leader.pins_group else None
         roots: list[int] = []
         for child in children(os.getpid()):
             stat = read_stat(child)
-            if stat is not None and (child == self.leader.pid or self._from_this_tree(stat)):
+            if stat is not None and (child == leader or self._from_this_tree(stat)):
                 roots.append(child)
         members: list[int] = []
         for stat in descendants(roots):
@@ -88,9 +96,10 @@ class SubreaperContainment(MemberTracking):
 
     def _confirm_escapee(self, pid: int, stat: ProcStat) -> bool:
         # Listed as a descendant; still one if its parent is us or a member we track.
+        parent_is_leader = stat.ppid == self.leader.pid and self.leader.pins_group
         return (
             stat.ppid in self._members
-            or stat.ppid == self.leader.pid
+            or parent_is_leader
             or (stat.ppid == os.getpid() and self._from_this_tree(stat))
         )
 

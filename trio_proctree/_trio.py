@@ -96,13 +96,13 @@ class ProcessTree(TreeView):
         """
         leader = self._core.leader
         async with self._wait_lock:
-            if self.returncode is None and not leader.reaped:
+            if self.returncode is None and not (leader.reaped or leader.lost):
                 try:
                     await trio.lowlevel.wait_readable(leader.pidfd)
                 except trio.ClosedResourceError:
                     pass  # cleanup reaped the leader while we waited
         returncode = self.returncode
-        if returncode is None:  # pragma: no cover - the leader was reaped by someone else
+        if returncode is None:  # the leader was reaped by someone else
             raise self._exit_status_lost()
         return returncode
 

@@ -204,11 +204,11 @@ class ProcessTree(TreeView):
 
         The rest of the tree may still be running; the leader is not reaped until cleanup.
         """
-        if self.returncode is None and not self._core.leader.reaped:
+        if self.returncode is None and not (self._core.leader.reaped or self._core.leader.lost):
             # asyncio.wait: a cancelled waiter must not cancel the future others share.
             await asyncio.wait({self._leader_exited()})
         returncode = self.returncode
-        if returncode is None:  # pragma: no cover - the leader was reaped by someone else
+        if returncode is None:  # the leader was reaped by someone else
             raise self._exit_status_lost()
         return returncode
 

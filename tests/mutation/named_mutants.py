@@ -85,8 +85,8 @@ MUTANTS = [
     (
         "leader: reaped as soon as it exits",
         "_leader.py",
-        "                info = os.waitid(os.P_PIDFD, self.pidfd, _PEEK)",
-        "                info = None if self.popen.poll() is None else os.waitid(os.P_PIDFD, self.pidfd, _PEEK)",
+        "            info = os.waitid(os.P_PIDFD, self.pidfd, _PEEK)",
+        "            info = os.waitid(os.P_PIDFD, self.pidfd, os.WEXITED | os.WNOHANG)",
         "test_exited_leader_keeps_its_pgid_reserved or test_reading_returncode_never_reaps",
     ),
     (
