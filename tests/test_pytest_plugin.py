@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import time
 import uuid
 from typing import Any
 
 import pytest
+
+from trio_proctree._procfs import command_line, read_stat
 
 from . import procs
 from .conftest import Tracked
@@ -18,21 +22,39 @@ def unique_sleep() -> str:
 
 
 LEAKY_TESTS = """
-import asyncio, ctypes, subprocess, trio
+import asyncio, ctypes, os, subprocess, time, trio
+
+def exec_done(seconds):
+    # Each leak is left running its own command line, so the report can be checked for
+    # it: a process caught between fork and exec still shows its parent's (or none).
+    wanted = ("sleep", str(seconds))
+    while True:
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{{pid}}/cmdline", "rb") as f:
+                    if tuple(f.read().decode().split("\\0")[:2]) == wanted:
+                        return
+            except OSError:
+                pass
+        time.sleep(0.005)
 
 def test_leaks_a_child():
     subprocess.Popen(["sleep", "{child}"])
+    exec_done("{child}")
 
 def test_leaks_a_setsid_escapee():
     subprocess.run(["setsid", "-f", "sleep", "{escapee}"], check=True)
+    exec_done("{escapee}")
 
 async def test_leaks_from_trio():
     await trio.lowlevel.open_process(["sh", "-c", "sleep {from_trio} & wait"])
+    exec_done("{from_trio}")
 
 def test_leaks_from_asyncio():
     async def main():
         await asyncio.create_subprocess_exec("sleep", "{from_asyncio}")
     asyncio.run(main())
+    exec_done("{from_asyncio}")
 
 def test_clean():
     subprocess.run(["sh", "-c", "sleep 0.01 & wait"], check=True)
@@ -104,3 +126,16 @@ def test_marker_checks_one_test_and_the_check_is_off_by_default(
     leftovers = tracked.survivors()
     assert len(leftovers) == 1  # the unmarked test's sleep, which nobody checked
     assert procs.kill_survivors(tracked.token) == leftovers
+
+
+def test_a_process_without_arguments_is_named_by_its_command_name() -> None:
+    # A zombie (or a process caught inside exec) has no arguments to show: reports name
+    # it by its command name, as ps does, rather than by an empty string.
+    child = subprocess.Popen(["sleep", "0"])
+    try:
+        while (stat := read_stat(child.pid)) is not None and stat.alive:
+            time.sleep(0.005)
+        assert command_line(child.pid) == "[sleep]"
+    finally:
+        child.wait()
+    assert command_line(child.pid) == "?"  # reaped: gone

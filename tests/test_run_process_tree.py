@@ -77,13 +77,18 @@ async def test_grandchild_holding_the_pipe_does_not_hang_the_call(
 
 
 async def test_output_held_open_outside_the_group_is_read_for_a_bounded_time(
-    tracked: Tracked,
+    tracked: Tracked, tmp_path: Path
 ) -> None:
     # setsid escapes the process group, and the escapee keeps stdout open. With only a
-    # group for containment, the drain bound alone lets the call return.
+    # group for containment, the drain bound alone lets the call return. The leader waits
+    # (on a fifo) until the escapee has left the group and said its pid: a leader exiting
+    # first would have the group killed while the escapee is still in it.
+    fifo = tmp_path / "ready"
+    os.mkfifo(fifo)
+    script = f"setsid -f sh -c 'echo $$; echo > {fifo}; exec sleep 60'; read x < {fifo}"
     with trio.fail_after(10):
         result = await run_process_tree(
-            ["sh", "-c", "setsid -f sh -c 'echo $$; exec sleep 60'"],
+            ["sh", "-c", script],
             capture_stdout=True,
             grace=0.5,
             env=tracked.env,

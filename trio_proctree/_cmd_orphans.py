@@ -36,13 +36,6 @@ class Orphan:
     command: str
 
 
-def _comm(pid: int) -> str:
-    try:
-        return f"[{read_file(f'/proc/{pid}/comm').decode(errors='replace').strip()}]"
-    except OSError:
-        return "?"
-
-
 def _ancestors(pid: int) -> list[int]:
     found: list[int] = []
     while (stat := read_stat(pid)) is not None and stat.ppid > 1:
@@ -72,7 +65,7 @@ def find_orphans(
                 continue
             if reaper not in adopters and not _lost_its_leader(stat):
                 continue  # an ordinary child of one of our ancestors (a shell's job, say)
-            command = command_line(pid) or _comm(pid)
+            command = command_line(pid)
             if pattern is not None and not pattern.search(command):
                 continue
             found.append(Orphan(pid, reaper, max(0.0, now - stat.starttime / ticks), command))

@@ -76,12 +76,18 @@ def read_stat(pid: int) -> ProcStat | None:
 
 
 def command_line(pid: int) -> str:
-    """The process's arguments joined by spaces ("" for a zombie or a kernel thread)."""
+    """The process's arguments joined by spaces, for people to read.
+
+    When there are none to read (a zombie, a kernel thread, a process caught inside
+    exec), its command name in brackets, as ps shows it; "?" once it is gone.
+    """
     try:
         raw = read_file(f"/proc/{pid}/cmdline")
+        if arguments := [arg.decode(errors="replace") for arg in raw.split(b"\0") if arg]:
+            return " ".join(arguments)
+        return f"[{read_file(f'/proc/{pid}/comm').decode(errors='replace').strip()}]"
     except OSError:
-        return ""
-    return " ".join(arg.decode(errors="replace") for arg in raw.split(b"\0") if arg)
+        return "?"
 
 
 def is_alive(pid: int) -> bool:
