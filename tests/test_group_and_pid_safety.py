@@ -174,12 +174,18 @@ async def test_a_leader_reaped_by_someone_else_is_reported_not_mistaken(
     # Some other part of the program reaps our leader (a waitpid(-1) in a SIGCHLD handler,
     # say): its pid, and so its group id, may now be anyone's. Nothing is signalled by
     # that pid again, and the lost exit status is said, not made up.
+    # The leader exits only when told (stdin closed), so nothing of ours can have seen its
+    # exit status before the other code reaps it: the status is truly lost.
     async with open_process_tree(
-        ["sh", "-c", "echo $$; exit 3"], stdout=subprocess.PIPE, **contained
+        ["sh", "-c", "echo $$; read x; exit 3"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        **contained,
     ) as tree:
-        assert tree.stdout is not None
+        assert tree.stdin is not None and tree.stdout is not None
         await read_pids(tree.stdout, 1)
-        os.waitpid(tree.pid, 0)  # noqa: ASYNC222 - it has exited (or is about to): "someone else"
+        await tree.stdin.aclose()
+        os.waitpid(tree.pid, 0)  # noqa: ASYNC222 - it exits at once: "someone else" reaps it
         assert tree.returncode is None
         with pytest.raises(CleanupError, match="exit status lost"):
             await tree.wait()

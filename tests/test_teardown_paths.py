@@ -7,12 +7,14 @@ import random
 import re
 import signal
 import subprocess
+import threading
 from typing import Any
 
 import pytest
 import trio
 import trio.testing
 
+import trio_proctree._trio
 from trio_proctree import open_process_tree
 
 from . import procs
@@ -110,7 +112,20 @@ async def test_cancellation_while_spawning_still_stops_the_tree(
     tracked: Tracked,
     caplog: pytest.LogCaptureFixture,
     contained: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # The worker thread spawns for real, then holds on until the cancel has been issued:
+    # without that hold, a spawn finishing in the same scheduler batch as the cancel would
+    # legitimately enter the block first (a cancel is seen at a checkpoint, not before).
+    cancel_issued = threading.Event()
+    real_start_tree = trio_proctree._trio.start_tree
+
+    def start_tree_then_hold(*args: Any) -> Any:
+        started = real_start_tree(*args)
+        cancel_issued.wait(30)
+        return started
+
+    monkeypatch.setattr(trio_proctree._trio, "start_tree", start_tree_then_hold)
     caplog.set_level(logging.DEBUG, logger="trio_proctree")
     with trio.CancelScope() as scope:
         async with trio.open_nursery() as nursery:
@@ -119,6 +134,7 @@ async def test_cancellation_while_spawning_still_stops_the_tree(
                 # Every task blocked: the spawning task is waiting on its worker thread.
                 await trio.testing.wait_all_tasks_blocked()
                 scope.cancel()
+                cancel_issued.set()
 
             nursery.start_soon(cancel_once_the_spawn_is_under_way)
             async with open_process_tree(TWO_SLEEPS, grace=0.5, **contained):
