@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import select
+import shlex
 import shutil
 import signal
 import subprocess
@@ -178,19 +180,52 @@ def test_orphans_finds_a_real_reparented_process_and_then_none(tracked: Tracked)
     assert clean.stdout == "no orphans\n"
 
 
+def test_orphans_ignores_plain_children_when_the_session_leader_is_gone(tracked: Tracked) -> None:
+    # CI runners and `setsid cmd &` leave programs in a session whose leader has exited.
+    # Children such a program started itself are not orphans, although the group and
+    # session they inherited have lost their leader.
+    marker = f"60.{uuid.uuid4().int % 10**9}"
+    program = (
+        "import os, subprocess, sys\n"
+        "print(os.getpid(), flush=True)\n"
+        "sys.stdin.readline()\n"  # until the session leader has exited and been reaped
+        "child = subprocess.Popen(['sleep', os.environ['MARKER']])\n"
+        "listed = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+        "child.kill(); child.wait()\n"
+        "print(listed.returncode); print(listed.stdout, end='')\n"
+    )
+    lister = [*tool(), "orphans", "--match", f"sleep {marker}"]
+    with subprocess.Popen(
+        # The shell leads a new session, starts the program in the background and exits.
+        ["sh", "-c", shlex.join([sys.executable, "-c", program, *lister]) + " &"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env={**tracked.env, "MARKER": marker}, start_new_session=True,
+    ) as shell:  # fmt: skip
+        assert shell.stdout is not None
+        program_exited = os.pidfd_open(int(shell.stdout.readline()))
+        assert shell.wait(timeout=30) == 0
+        output, _ = shell.communicate("go\n", timeout=60)
+    # Not our child (it was adopted when the shell exited): wait for its exit on a pidfd.
+    select.select([program_exited], [], [], 30)
+    os.close(program_exited)
+    assert output == "0\nno orphans\n"
+    assert tracked.survivors() == []
+
+
 def test_orphans_lists_the_children_of_a_named_reaper(tracked: Tracked) -> None:
     marker = f"60.{uuid.uuid4().int % 10**9}"
     # A small init of our own: a subreaper whose child shell leaves a sleep behind.
     reaper_code = (
-        "import ctypes, subprocess, sys, time\n"
+        "import ctypes, subprocess, sys\n"
         "ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)\n"
         f"subprocess.run(['sh', '-c', 'sleep {marker} &'])\n"
         "print('ready', flush=True)\n"
-        "time.sleep(60)\n"
+        "sys.stdin.read()\n"  # lives until we close its stdin, on every way out of the block
     )
     with subprocess.Popen(
-        [sys.executable, "-c", reaper_code], stdout=subprocess.PIPE, env=tracked.env
-    ) as reaper:
+        [sys.executable, "-c", reaper_code],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=tracked.env,
+    ) as reaper:  # fmt: skip
         assert reaper.stdout is not None
         assert reaper.stdout.readline() == b"ready\n"
         listed = run_tool(

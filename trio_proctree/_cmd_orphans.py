@@ -6,11 +6,13 @@ test runner, trio_proctree itself in its subreaper mode). A periodic look at wha
 adopted is how escaping trees show up before they exhaust memory, ports or pids.
 
 Listed: every child of PID 1 and of each ``--reaper`` named; and the children of this
-command's ancestors (any of which may be a subreaper) whose process group or session has
-lost its leader: they plainly outlived what started them. Which process is a subreaper
-cannot be read from outside, so an adopted ``setsid`` escapee (its own session leader)
-shows up only under PID 1 or a ``--reaper``. Services PID 1 started itself are listed
-too: narrow the list with ``--match``.
+command's ancestors (any of which may be a subreaper) that sit in a process group or
+session their parent is not in, whose leader has exited: they plainly outlived what
+started them. A child in its parent's own group and session is an ordinary child, even
+when that group's leader is gone (as for anything run from a CI job or ``setsid cmd &``).
+Which process is a subreaper cannot be read from outside, so an adopted ``setsid``
+escapee (its own session leader) shows up only under PID 1 or a ``--reaper``. Services
+PID 1 started itself are listed too: narrow the list with ``--match``.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 import attrs
 
 from ._orphans import children
-from ._procfs import ProcStat, command_line, read_file, read_stat
+from ._procfs import ProcStat, command_line, is_alive, read_file, read_stat
 
 
 @attrs.frozen
@@ -44,9 +46,13 @@ def _ancestors(pid: int) -> list[int]:
     return found
 
 
-def _lost_its_leader(stat: ProcStat) -> bool:
-    """Whether the leader of its process group or of its session has exited."""
-    return any(leader != stat.pid and read_stat(leader) is None for leader in (stat.pgid, stat.sid))
+def _outlived_its_starter(stat: ProcStat, parent: ProcStat) -> bool:
+    """Whether it sits in a process group or session that its parent is not in, and whose
+    leader has exited: the process that started it is gone."""
+    return any(
+        leader not in (stat.pid, parents) and not is_alive(leader)
+        for leader, parents in ((stat.pgid, parent.pgid), (stat.sid, parent.sid))
+    )
 
 
 def find_orphans(
@@ -59,11 +65,13 @@ def find_orphans(
     ticks = os.sysconf("SC_CLK_TCK")
     found: list[Orphan] = []
     for reaper in dict.fromkeys([1, *reapers, *ancestors]):
+        if (parent := read_stat(reaper)) is None:
+            continue
         for pid in children(reaper):
             stat = read_stat(pid)
             if stat is None or not stat.alive or pid == me or pid in ancestors:
                 continue
-            if reaper not in adopters and not _lost_its_leader(stat):
+            if reaper not in adopters and not _outlived_its_starter(stat, parent):
                 continue  # an ordinary child of one of our ancestors (a shell's job, say)
             command = command_line(pid)
             if pattern is not None and not pattern.search(command):
