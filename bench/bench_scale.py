@@ -16,13 +16,10 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Awaitable, Callable
 
 import bench_teardown
 import trio
-from bench_teardown import killpg_many, proctree_many
-
-from trio_proctree import open_process_tree
+from bench_teardown import interleaved, killpg_many, proctree_many, trees_running
 
 CONTAINMENT = "auto"
 
@@ -40,61 +37,21 @@ async def bare_many(count: int) -> float:
 async def fds_per_tree(count: int) -> float:
     """File descriptors this process holds per open tree (no pipes)."""
     before = len(os.listdir("/proc/self/fd"))
-    held = 0.0
-    async with trio.open_nursery() as nursery:
-        ready = 0
-        all_ready = trio.Event()
-
-        async def one() -> None:
-            nonlocal ready
-            async with open_process_tree(["sleep", "60"], containment=CONTAINMENT):
-                ready += 1
-                if ready == count:
-                    all_ready.set()
-                await trio.sleep_forever()
-
-        for _ in range(count):
-            nursery.start_soon(one)
-        await all_ready.wait()
-        held = (len(os.listdir("/proc/self/fd")) - before) / count
-        nursery.cancel_scope.cancel()
-    return held
-
-
-async def rounds_of(
-    rounds: int, sides: dict[str, Callable[[], Awaitable[float]]]
-) -> dict[str, float]:
-    totals = dict.fromkeys(sides, 0.0)
-    for side in sides.values():
-        await side()  # warm up
-    for _ in range(rounds):
-        for name, side in sides.items():
-            totals[name] += await side()
-    return {name: total / rounds for name, total in totals.items()}
+    async with trees_running(count, CONTAINMENT):
+        return (len(os.listdir("/proc/self/fd")) - before) / count
 
 
 UNDER_LIMIT = textwrap.dedent(
     """
     import resource, sys, trio
-    from trio_proctree import open_process_tree
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))
+    sys.path.insert(0, sys.argv[3])
+    from bench_teardown import trees_running
 
     async def main(count, containment):
-        async with trio.open_nursery() as nursery:
-            ready = trio.Event()
-            started = 0
-            async def one():
-                nonlocal started
-                async with open_process_tree(["sleep", "60"], containment=containment):
-                    started += 1
-                    if started == count:
-                        ready.set()
-                    await trio.sleep_forever()
-            for _ in range(count):
-                nursery.start_soon(one)
-            await ready.wait()
-            nursery.cancel_scope.cancel()
+        async with trees_running(count, containment):
+            pass
         print("ok")
 
     trio.run(main, int(sys.argv[1]), sys.argv[2])
@@ -104,7 +61,7 @@ UNDER_LIMIT = textwrap.dedent(
 
 def under_soft_limit(count: int) -> str:
     result = subprocess.run(
-        [sys.executable, "-c", UNDER_LIMIT, str(count), CONTAINMENT],
+        [sys.executable, "-c", UNDER_LIMIT, str(count), CONTAINMENT, os.path.dirname(__file__)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -122,7 +79,7 @@ async def main(rounds: int) -> None:
     header = f"{'concurrent trees':<20} {'bare':>10} {'killpg':>10} {'proctree':>10}"
     print(f"{header} {'vs killpg':>10} {'vs bare':>9}")
     for count in (10, 100, 500):
-        means = await rounds_of(
+        times = await interleaved(
             rounds if count < 500 else max(1, rounds // 3),
             {
                 "bare": lambda count=count: bare_many(count),
@@ -130,6 +87,7 @@ async def main(rounds: int) -> None:
                 "proctree": lambda count=count: proctree_many(count),
             },
         )
+        means = {name: sum(side) / len(side) for name, side in times.items()}
         print(
             f"{count:<20} {means['bare'] * 1e3:>7.1f} ms {means['killpg'] * 1e3:>7.1f} ms"
             f" {means['proctree'] * 1e3:>7.1f} ms {means['proctree'] / means['killpg']:>9.2f}x"

@@ -15,7 +15,8 @@ import signal
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 
 import trio
 
@@ -23,10 +24,6 @@ from trio_proctree import open_process_tree
 
 COOPERATIVE = ["sh", "-c", "sleep 60 & sleep 61 & wait"]
 CONTAINMENT = "auto"
-
-
-async def _until(event: trio.Event) -> None:
-    await event.wait()
 
 
 # --- one cooperative tree: cancel -> leader reaped ------------------------------------
@@ -64,15 +61,17 @@ async def killpg_many(count: int) -> float:
     return time.perf_counter() - started
 
 
-async def proctree_many(count: int) -> float:
-    started = time.perf_counter()
+@asynccontextmanager
+async def trees_running(count: int, containment: str) -> AsyncIterator[None]:
+    """``count`` concurrent ``sleep 60`` trees, all running for the length of the block,
+    then all torn down."""
     async with trio.open_nursery() as nursery:
         ready = 0
         all_ready = trio.Event()
 
         async def one() -> None:
             nonlocal ready
-            async with open_process_tree(["sleep", "60"], containment=CONTAINMENT):
+            async with open_process_tree(["sleep", "60"], containment=containment):
                 ready += 1
                 if ready == count:
                     all_ready.set()
@@ -81,7 +80,14 @@ async def proctree_many(count: int) -> float:
         for _ in range(count):
             nursery.start_soon(one)
         await all_ready.wait()
+        yield
         nursery.cancel_scope.cancel()
+
+
+async def proctree_many(count: int) -> float:
+    started = time.perf_counter()
+    async with trees_running(count, CONTAINMENT):
+        pass
     return time.perf_counter() - started
 
 
@@ -98,20 +104,21 @@ async def grace_cpu(grace: float) -> tuple[float, float]:
 
 
 async def interleaved(
-    rounds: int, baseline: Callable[[], Awaitable[float]], ours: Callable[[], Awaitable[float]]
-) -> tuple[list[float], list[float]]:
-    base_times, our_times = [], []
-    await baseline()  # warm up both paths (imports, thread pool)
-    await ours()
+    rounds: int, sides: dict[str, Callable[[], Awaitable[float]]]
+) -> dict[str, list[float]]:
+    """The times of each side over ``rounds`` rounds, the sides taking turns."""
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    for side in sides.values():
+        await side()  # warm up every path (imports, thread pool)
     for _ in range(rounds):
-        base_times.append(await baseline())
-        our_times.append(await ours())
-    return base_times, our_times
+        for name, side in sides.items():
+            times[name].append(await side())
+    return times
 
 
-def row(name: str, base: list[float], ours: list[float], target: str) -> str:
-    ratio = sum(ours) / sum(base)
-    base_ms, our_ms = statistics.median(base) * 1e3, statistics.median(ours) * 1e3
+def row(name: str, killpg: list[float], ours: list[float], target: str) -> str:
+    ratio = sum(ours) / sum(killpg)
+    base_ms, our_ms = statistics.median(killpg) * 1e3, statistics.median(ours) * 1e3
     return (
         f"{name:<44} {base_ms:>9.2f} ms {our_ms:>9.2f} ms {ratio:>6.2f}x"
         f" {our_ms / base_ms:>6.2f}x   {target}"
@@ -122,12 +129,13 @@ async def main(rounds: int, many: int, grace: float) -> None:
     print(f"Python {sys.version.split()[0]}, trio {trio.__version__}, {os.cpu_count()} cores")
     print(f"containment: {CONTAINMENT}")
     print(f"{'benchmark':<44} {'killpg':>12} {'proctree':>12} {'sums':>7} {'medians':>7}   target")
-    base, ours = await interleaved(rounds, killpg_teardown, proctree_teardown)
-    print(row("cooperative teardown (cancel -> reaped)", base, ours, "<= 1.5x"))
-    base, ours = await interleaved(
-        max(3, rounds // 10), lambda: killpg_many(many), lambda: proctree_many(many)
+    times = await interleaved(rounds, {"killpg": killpg_teardown, "ours": proctree_teardown})
+    print(row("cooperative teardown (cancel -> reaped)", **times, target="<= 1.5x"))
+    times = await interleaved(
+        max(3, rounds // 10),
+        {"killpg": lambda: killpg_many(many), "ours": lambda: proctree_many(many)},
     )
-    print(row(f"{many} concurrent trees, spawn + teardown", base, ours, "<= 1.1x"))
+    print(row(f"{many} concurrent trees, spawn + teardown", **times, target="<= 1.1x"))
     cpu, wall = await grace_cpu(grace)
     name = f"CPU during a {grace:g} s grace wait"
     print(f"{name:<44} {cpu * 1e3:>9.2f} ms of CPU in {wall:.2f} s    target < 20 ms")

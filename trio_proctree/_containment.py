@@ -146,22 +146,24 @@ class Pidfds(dict[int, int]):
             os.close(fd)
 
 
-def open_member_pidfd(pid: int, pgid: int) -> int | None:
-    """A pidfd for ``pid`` if it is a live process in group ``pgid``, else None.
+def pin_process(pid: int, still_ours: Callable[[ProcStat], bool]) -> tuple[int, ProcStat] | None:
+    """A pidfd for ``pid``, and its stat, if it is a live process ``still_ours`` accepts.
 
-    The pid may have been recycled since a scan saw it. The stat read after the pidfd is
-    open, with the pidfd still unreadable (its process not exited) after that read, proves
-    the stat and the pidfd describe the same live process.
+    The pid may have been recycled since a listing saw it. The stat read after the pidfd
+    is open, with the pidfd still unreadable (its process not exited) after that read,
+    proves the stat and the pidfd describe the same live process. Alive is what the pidfd
+    says: /proc shows a process whose main thread exited as a zombie while its other
+    threads run on.
     """
     try:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:
         return None
-    now = read_stat(pid)
-    if now is None or now.pgid != pgid or exited(fd):
+    stat = read_stat(pid)
+    if stat is None or not still_ours(stat) or exited(fd):
         os.close(fd)
         return None
-    return fd
+    return fd, stat
 
 
 class ProcessGroupContainment:
@@ -245,11 +247,13 @@ class ProcessGroupContainment:
             # Without the pin a process in this pgid may be a stranger: watch nobody new.
             return []
         for pid in snapshot.in_group(self._pgid):
-            fd = open_member_pidfd(pid, self._pgid)
-            if fd is not None:
+            if (pinned := pin_process(pid, self._in_group)) is not None:
                 self._lingering.add(pid)
-                self._watched[pid] = fd
+                self._watched[pid] = pinned[0]
         return list(self._watched.values())
+
+    def _in_group(self, stat: ProcStat) -> bool:
+        return stat.pgid == self._pgid
 
     def _left_group(self, pid: int) -> bool:
         """Whether member ``pid`` has left the group (so it escapes the tree)."""
@@ -352,29 +356,23 @@ class MemberTracking:
     def _open_member(self, pid: int) -> int | None:
         """A pidfd for ``pid`` if it is a live member, noting whether it is an escapee.
 
-        The stat read after the pidfd is open, with the pidfd still unreadable after the
-        read, proves both describe the same live process. In the tree's process group
-        (its pgid pinned by the unreaped leader) it is a member; outside it, the
-        containment has to confirm it.
+        In the tree's process group (its pgid pinned by the unreaped leader) it is a
+        member; outside it, the containment has to confirm it.
         """
-        try:
-            fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            return None
-        assert self._leader is not None
-        stat = read_stat(pid)
-        # A process in the group is a member only while the unreaped leader pins the pgid.
-        in_group = stat is not None and stat.pgid == self._leader.pid and self._leader.pins_group
-        if stat is not None and not in_group:
+        leader = self.leader
+
+        def is_member(stat: ProcStat) -> bool:
+            # A process in the group is a member only while the unreaped leader pins the pgid.
+            if stat.pgid == leader.pid and leader.pins_group:
+                return True
             if self._confirm_escapee(pid, stat):
                 self._escapees.add(pid)
-            else:
-                stat = None
-        # Alive is what the pidfd says: /proc shows a process whose main thread exited as
-        # a zombie while its other threads run on.
-        if stat is None or exited(fd):
-            os.close(fd)
+                return True
+            return False
+
+        if (pinned := pin_process(pid, is_member)) is None:
             return None
+        fd, stat = pinned
         self._seen.add((pid, stat.starttime))
         return fd
 

@@ -22,7 +22,7 @@ import attrs
 import trio
 
 from ._choose import choose_containment
-from ._containment import signal_pidfd
+from ._containment import pin_process, signal_pidfd
 from ._procfs import is_alive
 from ._trio import open_process_tree
 
@@ -72,15 +72,9 @@ class _Run:
     async def clean_up(self) -> None:
         """Kill what the strategy left (by pidfd: a recycled pid is never hit), then reap."""
         for pid in self.members():
-            try:
-                fd = os.pidfd_open(pid)
-            except ProcessLookupError:
-                continue
-            try:
-                if self.marked(pid):  # still ours, now that the pidfd pins the process
-                    signal_pidfd(fd, signal.SIGKILL)
-            finally:
-                os.close(fd)
+            if (pinned := pin_process(pid, lambda stat: self.marked(stat.pid))) is not None:
+                signal_pidfd(pinned[0], signal.SIGKILL)
+                os.close(pinned[0])
         for leader in self.leaders:
             with trio.CancelScope(shield=True):
                 await leader.wait()

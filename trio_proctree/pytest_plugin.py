@@ -25,9 +25,9 @@ from collections.abc import Generator
 import pytest
 
 from . import _watchdog
-from ._containment import exited, signal_pidfd
+from ._containment import pin_process, signal_pidfd
 from ._orphans import become_subreaper, children, descendants
-from ._procfs import command_line, read_stat
+from ._procfs import command_line
 
 _SNAPSHOT = pytest.StashKey[set[tuple[int, int]]]()
 
@@ -114,18 +114,13 @@ def _kill(leaked: list[tuple[int, int]]) -> None:
     Through pidfds, checked after opening against the start time the listing saw: a pid
     recycled since the listing is never hit.
     """
+    started = dict(leaked)
     pidfds: dict[int, int] = {}
-    for pid, starttime in leaked:
-        try:
-            fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            continue
-        stat = read_stat(pid)
-        if stat is None or stat.starttime != starttime or exited(fd):
-            os.close(fd)
-            continue
-        pidfds[pid] = fd
-        signal_pidfd(fd, signal.SIGKILL)
+    for pid in started:
+        pinned = pin_process(pid, lambda stat: stat.starttime == started[stat.pid])
+        if pinned is not None:
+            pidfds[pid] = pinned[0]
+            signal_pidfd(pinned[0], signal.SIGKILL)
     poller = select.poll()
     for fd in pidfds.values():
         poller.register(fd, select.POLLIN)
