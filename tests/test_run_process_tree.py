@@ -76,13 +76,15 @@ async def test_grandchild_holding_the_pipe_does_not_hang_the_call(
     assert tracked.survivors() == []
 
 
-async def test_output_held_open_outside_the_group_is_read_for_a_bounded_time(
-    tracked: Tracked, tmp_path: Path
-) -> None:
-    # setsid escapes the process group, and the escapee keeps stdout open. With only a
-    # group for containment, the drain bound alone lets the call return. The leader waits
-    # (on a fifo) until the escapee has left the group and said its pid: a leader exiting
-    # first would have the group killed while the escapee is still in it.
+async def _run_leaving_an_escapee_on_stdout(
+    tracked: Tracked, tmp_path: Path, containment: str
+) -> int:
+    """Run a tree whose ``setsid`` escapee keeps stdout open after the leader exits; the
+    escapee's pid.
+
+    The leader waits (on a fifo) until the escapee has left the group and said its pid: a
+    leader exiting first would have the group killed while the escapee is still in it.
+    """
     fifo = tmp_path / "ready"
     os.mkfifo(fifo)
     script = f"setsid -f sh -c 'echo $$; echo > {fifo}; exec sleep 60'; read x < {fifo}"
@@ -92,9 +94,17 @@ async def test_output_held_open_outside_the_group_is_read_for_a_bounded_time(
             capture_stdout=True,
             grace=0.5,
             env=tracked.env,
-            containment="group",
+            containment=containment,
         )
-    escapee = int(result.stdout)
+    return int(result.stdout)
+
+
+async def test_output_held_open_outside_the_group_is_read_for_a_bounded_time(
+    tracked: Tracked, tmp_path: Path
+) -> None:
+    # With only a group for containment, the escapee is out of reach and keeps stdout
+    # open: the drain bound alone lets the call return.
+    escapee = await _run_leaving_an_escapee_on_stdout(tracked, tmp_path, "group")
     assert procs.alive(escapee)
     assert tracked.survivors() == [escapee]
     procs.kill_survivors(tracked.token)
@@ -103,19 +113,7 @@ async def test_output_held_open_outside_the_group_is_read_for_a_bounded_time(
 async def test_escapee_holding_the_pipe_is_stopped_by_its_cgroup(
     tracked: Tracked, tmp_path: Path
 ) -> None:
-    # The leader waits (on a fifo) until the escapee has said its pid, then exits.
-    fifo = tmp_path / "ready"
-    os.mkfifo(fifo)
-    script = f"setsid -f sh -c 'echo $$; echo > {fifo}; exec sleep 60'; read x < {fifo}"
-    with trio.fail_after(10):
-        result = await run_process_tree(
-            ["sh", "-c", script],
-            capture_stdout=True,
-            grace=0.5,
-            env=tracked.env,
-            containment="cgroup",
-        )
-    escapee = int(result.stdout)
+    escapee = await _run_leaving_an_escapee_on_stdout(tracked, tmp_path, "cgroup")
     assert not procs.alive(escapee)
     assert tracked.survivors() == []
 
