@@ -155,6 +155,31 @@ async def test_stopped_escapee_gets_sigcont_and_stops_gracefully(
     assert tracked.survivors() == []
 
 
+async def test_an_escapee_started_during_the_stop_gets_the_stop_signal_too(
+    tracked: Tracked, strong: str, tmp_path: Path
+) -> None:
+    # The escapee's SIGTERM handler starts another escapee and exits: that one appears only
+    # after the stop signal went out, and is found when cleanup looks for what is left.
+    # It must get the stop signal then, not wait out the grace for SIGKILL.
+    script = tmp_path / "escapee.sh"
+    script.write_text("trap 'setsid -f sleep 60; exit 0' TERM\necho $$\nread x\n")
+    async with open_process_tree(
+        ["sh", "-c", f"setsid -f sh {shlex.quote(str(script))}; sleep 60"],
+        grace=0.5,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+        containment=strong,
+    ) as tree:
+        assert tree.stdout is not None
+        [escapee] = await read_pids(tree.stdout, 1)
+        assert procs.alive(escapee)
+    assert tree.outcome is not None
+    assert tree.outcome.escapees_killed >= 2  # the first escapee and the one it started
+    assert not tree.outcome.grace_expired
+    assert tracked.survivors() == []
+
+
 async def test_signalling_an_escapee_that_just_exited_is_not_an_error(
     tracked: Tracked, strong: str
 ) -> None:

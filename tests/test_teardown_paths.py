@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import random
 import re
+import shlex
 import signal
 import subprocess
 import threading
@@ -94,6 +95,29 @@ async def test_lingering_descendants_are_stopped_after_the_leader_exited(
     assert tree.outcome is not None
     assert tree.outcome.lingering_killed == 1
     assert tree.outcome.signals == (signal.SIGTERM, signal.SIGCONT)
+    assert tree.outcome.returncode == 0
+
+
+async def test_a_member_that_outlives_the_stopped_leader_counts_as_lingering(
+    tracked: Tracked,
+    contained: dict[str, Any],
+) -> None:
+    # The leader takes 0.1 s to stop after SIGTERM; its child ignores SIGTERM (inherited
+    # across exec) and is still running after the leader exited, until SIGKILL.
+    child = "trap '' TERM; echo $$; exec sleep 60"
+    async with open_process_tree(
+        ["sh", "-c", f"trap 'sleep 0.1; exit 0' TERM; sh -c {shlex.quote(child)} & wait"],
+        grace=0.5,
+        stdout=subprocess.PIPE,
+        **contained,
+    ) as tree:
+        assert tree.stdout is not None
+        [child] = await read_pids(tree.stdout, 1)
+    assert not procs.alive(child)
+    assert tracked.survivors() == []
+    assert tree.outcome is not None
+    assert tree.outcome.grace_expired
+    assert tree.outcome.lingering_killed == 1
     assert tree.outcome.returncode == 0
 
 

@@ -305,10 +305,14 @@ class MemberTracking:
     def prepare(self, plan: SpawnPlan) -> SpawnPlan:
         return plan
 
+    #: Whether the leader is tracked (and waited on) with the members.
+    watches_leader = True
+
     def attach(self, leader: Leader) -> None:
         self._leader = leader
         self._group.attach(leader, register=False)
-        self._group.watch_leader(self._members)
+        if self.watches_leader:
+            self._group.watch_leader(self._members)
         watchdog.register(*self._group.backstop, *self.backstop)  # one write
 
     @property

@@ -112,10 +112,46 @@ MUTANTS = [
     ),
     (
         "cgroup: escapees not sent the stop signal",
+        "_cgroup.py",
+        "        self._signal_escapees([pid for pid in self._escapees if pid not in new], [sig])\n"
+        "        self._signal_escapees(new, catch_up)\n",
+        "        pass\n",
+        "test_stopped_escapee_gets_sigcont",
+    ),
+    (
+        "subreaper: escapees not sent the stop signal",
         "_containment.py",
         "        self._signal_escapees(self._escapees, [sig])",
         "        pass",
         "test_stopped_escapee_gets_sigcont",
+    ),
+    (
+        "cgroup: an escapee found late misses the stop signal",
+        "_cgroup.py",
+        "            self._signal_escapees(self._survey(track=True), self._sent)",
+        "            self._survey(track=True)",
+        "started_during_the_stop and cgroup",
+    ),
+    (
+        "subreaper: an escapee found late misses the stop signal",
+        "_containment.py",
+        "            self._signal_escapees(new_escapees, self._sent)",
+        "            pass",
+        "started_during_the_stop and subreaper",
+    ),
+    (
+        "cgroup: called empty without reading cgroup.events",
+        "_cgroup.py",
+        "            if not _populated(self.path):\n                return self._now_empty()",
+        "            return self._now_empty()",
+        "lingering and cgroup",
+    ),
+    (
+        "cgroup: members outliving the leader not counted as lingering",
+        "_cgroup.py",
+        "        self._lingering.update(self._members)  # outliving the leader",
+        "        pass",
+        "outlives_the_stopped and cgroup",
     ),
     (
         "subreaper: never set",
