@@ -64,6 +64,24 @@ def with_token(pid: int, token: str) -> bool:
         return False
 
 
+def command_name(pid: int) -> str | None:
+    """The process's command name (``comm``), or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            return f.read().decode().strip()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def read_environ(pid: int) -> bytes | None:
+    """The process's raw environment block, or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
 def survivors(token: str) -> list[int]:
     """Live processes carrying ``token`` in their environment."""
     found = []

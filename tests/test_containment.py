@@ -159,10 +159,11 @@ async def test_an_escapee_started_during_the_stop_gets_the_stop_signal_too(
     tracked: Tracked, strong: str, tmp_path: Path
 ) -> None:
     # The escapee's SIGTERM handler starts another escapee and exits: that one appears only
-    # after the stop signal went out, and is found when cleanup looks for what is left.
-    # It must get the stop signal then, not wait out the grace for SIGKILL.
+    # after the stop signal went out (50 ms after: well after the listings that go with
+    # the signal), and is found when cleanup looks for what is left once the first one
+    # exited. It must get the stop signal then, not wait out the grace for SIGKILL.
     script = tmp_path / "escapee.sh"
-    script.write_text("trap 'setsid -f sleep 60; exit 0' TERM\necho $$\nread x\n")
+    script.write_text("trap 'sleep 0.05; setsid -f sleep 60; exit 0' TERM\necho $$\nread x\n")
     async with open_process_tree(
         ["sh", "-c", f"setsid -f sh {shlex.quote(str(script))}; sleep 60"],
         grace=0.5,
@@ -219,6 +220,37 @@ async def test_process_group_alone_misses_exactly_the_escapees(tracked: Tracked)
     assert tree.outcome is not None
     assert tree.outcome.escapees_killed == 0
     assert procs.kill_survivors(tracked.token) == [escapee]
+
+
+async def test_subreaper_misses_an_escapee_that_clears_its_environment(
+    tracked: Tracked,
+) -> None:
+    # Documents the subreaper containment's limit: a process that left the group and shows
+    # no environment cannot be told from a stranger. Cleanup looks again for a while (it
+    # might be in the middle of execve), then takes it for one: it neither kills it nor
+    # waits out the grace for it.
+    async with open_process_tree(
+        ["sh", "-c", "setsid -f sh -c 'echo $$; exec env -i sleep 60'; sleep 60"],
+        grace=5.0,
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+        containment="subreaper",
+    ) as tree:
+        assert tree.stdout is not None
+        [escapee] = await read_pids(tree.stdout, 1)
+        with trio.fail_after(5):
+            # No event says the exec is done: wait for ``sleep``, with no environment.
+            while not (procs.command_name(escapee) == "sleep" and not procs.read_environ(escapee)):
+                await trio.sleep(0.001)
+    try:
+        assert tree.outcome is not None
+        assert not tree.outcome.grace_expired
+        assert tree.outcome.escapees_killed == 0
+        assert procs.alive(escapee)
+    finally:
+        os.kill(escapee, signal.SIGKILL)  # our own test process, by pid
+        os.waitpid(escapee, 0)  # noqa: ASYNC222 - SIGKILLed, our child (subreaper): at once
+    assert tracked.survivors() == []
 
 
 # --- the parent process SIGKILLed: the watchdog ------------------------------------------

@@ -49,7 +49,9 @@ async def test_a_longer_grace_costs_no_extra_wakeups(
 ) -> None:
     short = await cleanup_steps(0.05, contained)
     long = await cleanup_steps(0.5, contained)
-    # A sleep-poll loop (every 50 ms, say) would add ~9 steps to the longer grace.
-    assert long - short <= 2, (short, long)
+    # A sleep-poll loop (every 20 ms, say) would add ~22 steps to the longer grace. What
+    # follows SIGKILL takes 3 to 6 steps either way (one wake-up per process still to exit
+    # when cleanup looks: measured 3-6 on both sides), hence the margin.
+    assert long - short <= 5, (short, long)
     assert short < 20
     assert tracked.survivors() == []

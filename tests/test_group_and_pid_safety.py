@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -193,6 +195,41 @@ async def test_a_leader_reaped_by_someone_else_is_reported_not_mistaken(
     assert tree.outcome.returncode is None
     with pytest.raises(CleanupError, match="exit status lost"):
         await tree.wait()  # after cleanup too: never a wait on a closed pidfd
+    assert tracked.survivors() == []
+
+
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper"])
+async def test_a_tree_whose_leader_was_reaped_elsewhere_is_still_stopped_gracefully(
+    tracked: Tracked, containment: str, tmp_path: Path
+) -> None:
+    # With its leader reaped by someone else, the tree's group id may be anyone's: no
+    # killpg. The cgroup (or, under a subreaper, the marker) still says who is a member,
+    # and each gets the stop signal through its pidfd, so it stops gracefully.
+    fifo, handled = tmp_path / "fifo", tmp_path / "handled"
+    os.mkfifo(fifo)
+    member = tmp_path / "member.sh"
+    member.write_text(
+        f"exec 3<> {shlex.quote(str(fifo))}\n"
+        f"trap 'echo handled > {shlex.quote(str(handled))}; exit 0' TERM\n"
+        "echo $$\nread x <&3\n"
+    )
+    async with open_process_tree(
+        ["sh", "-c", f"sh {shlex.quote(str(member))} & echo $$; read x; exit 3"],
+        grace=5.0,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+        containment=containment,
+    ) as tree:
+        assert tree.stdin is not None and tree.stdout is not None
+        [member_pid] = set(await read_pids(tree.stdout, 2)) - {tree.pid}
+        await tree.stdin.aclose()
+        os.waitpid(tree.pid, 0)  # noqa: ASYNC222 - it exits at once: "someone else" reaps it
+        assert procs.alive(member_pid)
+    assert handled.read_text() == "handled\n"
+    assert tree.outcome is not None
+    assert not tree.outcome.grace_expired
+    assert tree.outcome.signals[0] == signal.SIGTERM
     assert tracked.survivors() == []
 
 

@@ -334,7 +334,7 @@ class CgroupContainment(MemberTracking):
         leader_gone = not self._leader_running()
         new: list[int] = []
         for pid in self._list_members():
-            if pid == leader.pid or pid in self._members:
+            if pid in self._members or (pid == leader.pid and not leader.lost):
                 continue
             if pins:
                 try:
@@ -367,14 +367,18 @@ class CgroupContainment(MemberTracking):
         # The members already seen are surveyed once per escalation (SIGCONT right after
         # the stop signal needs no new listing), on every signal a user sends.
         survey = not (escalation and self._surveyed)
-        self._surveyed = True
+        self._surveyed |= escalation
         if escalation:
             self._sent.append(sig)
         # Escapees found now get the escalation so far (this signal included).
         catch_up = self._sent if escalation else [sig]
         # The group first, in one call: its members act on the signal at once, and the
         # listing below overlaps their exit (listed first, the signal would wait for it).
-        self._group.signal(sig)
+        # Unless the leader was reaped elsewhere: then its group id may be anyone's, and
+        # the cgroup alone says who is a member; the listing finds them all, and each is
+        # signalled through a pidfd (and counted as an escapee: the group is unknown).
+        if self.leader.pins_group:
+            self._group.signal(sig)
         # Then the escapees, one pidfd each. An escalation also pins the members to wait on.
         new = self._survey(track=escalation) if survey else []
         self._signal_escapees([pid for pid in self._escapees if pid not in new], [sig])

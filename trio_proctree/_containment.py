@@ -299,6 +299,8 @@ class MemberTracking:
         self._surveyed = False
         self._emptied = False
         self._sent: list[int] = []  # signals sent so far, replayed to members found later
+        #: Whether the last listing met a process it could not place yet (ask again soon).
+        self._undecided = False
         #: (pid, starttime) of every member seen, to recognise their zombies later.
         self._seen: set[tuple[int, int]] = set()
 
@@ -398,11 +400,14 @@ class MemberTracking:
 
     def signal(self, sig: int, *, escalation: bool = False) -> None:
         survey = not (escalation and self._surveyed)  # for an escalation, once
-        self._surveyed = True
+        self._surveyed |= escalation
         if survey and self.survey_first:
             self._track_new_members()
-        # The group in one call; its members start acting on the signal at once...
-        self._group.signal(sig)
+        # The group in one call; its members start acting on the signal at once... (Unless
+        # the leader was reaped elsewhere: its group id may be anyone's by now. Then every
+        # member the listing confirms is signalled through its pidfd, as an escapee.)
+        if self.leader.pins_group:
+            self._group.signal(sig)
         # ...while we learn who else is in the tree: that work overlaps the members' exit,
         # which the caller would be waiting for anyway. Then the escapees, one by one.
         if survey and not self.survey_first:
@@ -426,9 +431,10 @@ class MemberTracking:
         if not self._members:
             listed, new_escapees = self._track_new_members()
             self._signal_escapees(new_escapees, self._sent)
-            if listed and not self._members:
-                # Listed, but gone before its pidfd opened: still finishing its exit.
-                # Ask again after the driver yields, rather than spin here.
+            if not self._members and (listed or self._undecided):
+                # Listed, but gone before its pidfd opened: still finishing its exit. Or
+                # a process the listing could not place yet. Ask again after the driver
+                # yields, rather than spin here.
                 return NEED_SCAN
         if self.leader.poll() is not None:
             self._lingering.update(pid for pid in self._members if pid != self.leader.pid)

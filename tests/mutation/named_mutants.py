@@ -161,6 +161,20 @@ MUTANTS = [
         "subreaper and (escapee or daemon)",
     ),
     (
+        "subreaper: a process showing no environment stays undecided for good",
+        "_subreaper.py",
+        "            if seen < self.UNDECIDED_LISTINGS:",
+        "            if True:",
+        "clears_its_environment",
+    ),
+    (
+        "lost leader: its members get no stop signal",
+        "_cgroup.py",
+        "        if self.leader.pins_group:\n            self._group.signal(sig)",
+        "        self._group.signal(sig)",
+        "reaped_elsewhere and cgroup",
+    ),
+    (
         "watchdog: trees never registered",
         "_watchdog.py",
         "            _deferred.clear()\n            watchdog.send(lines)\n",
