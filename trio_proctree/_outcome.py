@@ -13,7 +13,7 @@ logger = logging.getLogger("trio_proctree")
 class CleanupOutcome:
     """A record of one tree's cleanup, available as ``tree.outcome`` once cleanup ran."""
 
-    #: How the tree was held together: ``"cgroup"`` or ``"group"``.
+    #: How the tree was held together: ``"cgroup"``, ``"subreaper"`` or ``"group"``.
     containment: str
     #: Signals sent to the whole tree, in order (each stop signal is followed by SIGCONT).
     #: Empty when nothing was left running.
@@ -23,10 +23,12 @@ class CleanupOutcome:
     #: Whether the graceful steps ran out of time, so SIGKILL was needed.
     grace_expired: bool
     #: Processes other than the leader still running after the leader had exited, which
-    #: cleanup then stopped (``sh -c "sleep 60 & exit 0"`` leaves one).
+    #: cleanup then stopped (``sh -c "sleep 60 & exit 0"`` leaves one). Members still
+    #: dying of the same signal as the leader when its exit is seen may count too.
     lingering_killed: int
     #: Members outside the tree's process group (``setsid`` daemons, double forks) that
-    #: cleanup found and stopped; only a cgroup can see them.
+    #: cleanup found and stopped; a process group alone cannot see them. When the leader
+    #: was reaped by someone else, the group is unknown and every member found counts.
     escapees_killed: int
     #: Seconds from the start of cleanup until the leader was reaped.
     duration: float
