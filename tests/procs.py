@@ -56,12 +56,8 @@ def starttime(pid: int) -> int:
 
 
 def with_token(pid: int, token: str) -> bool:
-    needle = f"{TOKEN_VAR}={token}".encode()
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return needle in f.read().split(b"\0")
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return False
+    environment = read_environ(pid)
+    return environment is not None and f"{TOKEN_VAR}={token}".encode() in environment.split(b"\0")
 
 
 def command_name(pid: int) -> str | None:
@@ -74,11 +70,11 @@ def command_name(pid: int) -> str | None:
 
 
 def read_environ(pid: int) -> bytes | None:
-    """The process's raw environment block, or None once it is gone."""
+    """The process's raw environment block, or None once it is gone (or not ours to read)."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             return f.read()
-    except (FileNotFoundError, ProcessLookupError):
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
 
 

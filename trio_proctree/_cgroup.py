@@ -318,10 +318,11 @@ class CgroupContainment(MemberTracking):
         leader = self.leader
         return leader.poll() is None and not leader.lost
 
-    def _survey(self, *, track: bool) -> list[int]:
+    def _survey(self, *, track: bool, pins: bool) -> list[int]:
         """List the members, note those that outlived the leader, and return the escapees
         not known before (pinned by pidfd). With ``track``, every member listed is tracked
-        by a pidfd, to be waited on.
+        by a pidfd, to be waited on. ``pins``: whether the unreaped leader pins the group
+        id (the caller has just asked).
 
         A member of the group is told by ``getpgid`` alone: ``killpg`` reaches it, and a
         listed pid recycled by the time ``getpgid`` asks is in our pinned group only if it
@@ -330,7 +331,6 @@ class CgroupContainment(MemberTracking):
         one.) Anything else is confirmed by `_open_member` through a pidfd of its own.
         """
         leader = self.leader
-        pins = leader.pins_group
         leader_gone = not self._leader_running()
         new: list[int] = []
         for pid in self._list_members():
@@ -377,15 +377,16 @@ class CgroupContainment(MemberTracking):
         # Unless the leader was reaped elsewhere: then its group id may be anyone's, and
         # the cgroup alone says who is a member; the listing finds them all, and each is
         # signalled through a pidfd (and counted as an escapee: the group is unknown).
-        if self.leader.pins_group:
+        pins = self.leader.pins_group
+        if pins:
             self._group.signal(sig)
         # Then the escapees, one pidfd each. An escalation also pins the members to wait on.
-        new = self._survey(track=escalation) if survey else []
+        new = self._survey(track=escalation, pins=pins) if survey else []
         self._signal_escapees([pid for pid in self._escapees if pid not in new], [sig])
         self._signal_escapees(new, catch_up)
         # An escapee may have forked before its signal came: list again until none is new.
         for _ in range(self.SURVEY_ROUNDS - 1 if new else 0):
-            new = self._survey(track=False)
+            new = self._survey(track=False, pins=pins)
             if not new:
                 break
             self._signal_escapees(new, catch_up)
@@ -401,7 +402,8 @@ class CgroupContainment(MemberTracking):
                 return self._now_empty()
             # Something outlived the leader: track it by pidfd (and give escapees found
             # only now the escalation so far).
-            self._signal_escapees(self._survey(track=True), self._sent)
+            new = self._survey(track=True, pins=self.leader.pins_group)
+            self._signal_escapees(new, self._sent)
             if not self._members:
                 # Populated, yet nobody listed: the last members are finishing their exit
                 # (a process leaves the listing first). Ask again after the driver yields.

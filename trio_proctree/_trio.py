@@ -118,6 +118,7 @@ class ProcessTree(TreeView):
             OSError: if signalling the tree failed.
         """
         if self._cleanup_started:
+            # Unshielded: a later caller's own cancellation may end its wait (not the cleanup).
             await self._cleanup_done.wait()
             return
         # Shielded: a cleanup cut short by a cancellation is a leaked tree. Bounded by the

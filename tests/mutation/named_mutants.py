@@ -128,8 +128,8 @@ MUTANTS = [
     (
         "cgroup: an escapee found late misses the stop signal",
         "_cgroup.py",
-        "            self._signal_escapees(self._survey(track=True), self._sent)",
-        "            self._survey(track=True)",
+        "            self._signal_escapees(new, self._sent)",
+        "            pass",
         "started_during_the_stop and cgroup",
     ),
     (
@@ -170,7 +170,7 @@ MUTANTS = [
     (
         "lost leader: its members get no stop signal",
         "_cgroup.py",
-        "        if self.leader.pins_group:\n            self._group.signal(sig)",
+        "        if pins:\n            self._group.signal(sig)",
         "        self._group.signal(sig)",
         "reaped_elsewhere and cgroup",
     ),
