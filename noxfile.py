@@ -5,6 +5,8 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import subprocess
+from pathlib import Path
 
 import nox
 
@@ -15,7 +17,7 @@ PYTHONS = ["3.10", "3.11", "3.12", "3.13", "3.14"]
 #: on every missing one alike.
 OPTIONAL_PYTHONS = {"3.14"}
 
-nox.options.sessions = ["interpreters", "tests", "lint", "typecheck", "docs"]
+nox.options.sessions = ["interpreters", "tests", "tests_glibc", "lint", "typecheck", "docs"]
 nox.options.error_on_missing_interpreters = False
 nox.options.download_python = "never"  # offline machines: find, never fetch, interpreters
 nox.options.reuse_existing_virtualenvs = True
@@ -27,6 +29,7 @@ nox.options.default_venv_backend = "uv|virtualenv"
 RUFF = "ruff==0.17.6"
 MYPY = "mypy==2.4.1"
 PYRIGHT = "pyright==1.1.414"
+TEST_TOOLS = ["pytest", "pytest-trio", "pytest-timeout", "pytest-xdist", "hypothesis"]
 
 
 def _add_pyenv_interpreters() -> None:
@@ -59,11 +62,67 @@ def interpreters(session: nox.Session) -> None:
 @nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
     """The test suite with real processes; pass pytest arguments after ``--``."""
-    session.install(
-        "-e", ".[anyio]", "pytest", "pytest-trio", "pytest-timeout", "pytest-xdist", "hypothesis"
-    )  # fmt: skip
+    session.install("-e", ".[anyio]", *TEST_TOOLS)
     # Two workers: the suite waits on real processes far more than it computes.
     session.run("pytest", "-n", "2", *session.posargs)
+
+
+#: Debian 13 ships glibc 2.41, the first C library that starts a process in a cgroup.
+GLIBC_SOURCE = "http://deb.debian.org/debian trixie main"
+DEBIAN_KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
+GLIBC_CACHE = Path(".nox", "_glibc").resolve()
+
+
+@nox.session(python="3.11")
+def tests_glibc(session: nox.Session) -> None:
+    """The test suite once more under Debian 13's C library (glibc 2.41), where leaders
+    start directly in their cgroup: the machine's own C library may be older. Skipped,
+    and said so, where that library cannot be fetched (no apt, not Debian, offline)."""
+    loader, library = _debian_glibc(session)
+    session.install("-e", ".[anyio]", *TEST_TOOLS)
+    # The workers run under that C library (their children under the machine's own).
+    # (Not in session.create_tmp(): that makes it TMPDIR, inside this project, and pytest
+    # would give the test files that tests write this project's pytest configuration.)
+    python = GLIBC_CACHE / "python"
+    venv_python = Path(session.bin) / "python"
+    python.write_text(
+        f'#!/bin/sh\nexec "{loader}" --library-path "{library}" "{venv_python}" "$@"\n'
+    )
+    python.chmod(0o755)
+    session.run(
+        "pytest", "-d", "--tx", f"2*popen//python={python}", *session.posargs,
+        env={"TRIO_PROCTREE_EXPECT_DIRECT": "1"},
+    )  # fmt: skip
+
+
+def _debian_glibc(session: nox.Session) -> tuple[Path, Path]:
+    """Debian 13's dynamic loader and C library directory, fetched with apt on first use."""
+    if not (
+        shutil.which("apt-get") and shutil.which("dpkg-deb") and os.path.exists(DEBIAN_KEYRING)
+    ):
+        session.skip("skipped: fetching Debian's glibc needs apt-get, dpkg-deb and its keyring")
+    cache = GLIBC_CACHE
+    root = cache / "root"
+    if not list(root.glob("usr/lib/*/libc.so.6")):
+        (cache / "lists" / "partial").mkdir(parents=True, exist_ok=True)
+        sources = cache / "sources.list"
+        sources.write_text(f"deb [signed-by={DEBIAN_KEYRING}] {GLIBC_SOURCE}\n")
+        apt = [
+            "apt-get", "-q",
+            "-o", f"Dir::Etc::SourceList={sources}", "-o", "Dir::Etc::SourceParts=-",
+            "-o", f"Dir::State::Lists={cache / 'lists'}", "-o", f"Dir::Cache={cache / 'apt'}",
+        ]  # fmt: skip
+        try:
+            subprocess.run([*apt, "update"], check=True, capture_output=True)
+            subprocess.run([*apt, "download", "libc6"], check=True, capture_output=True, cwd=cache)
+            (package,) = cache.glob("libc6_*.deb")
+            subprocess.run(["dpkg-deb", "-x", package, root], check=True, capture_output=True)
+        except (subprocess.CalledProcessError, ValueError) as exc:
+            details = getattr(exc, "stderr", b"") or b""
+            session.skip(f"skipped: cannot fetch Debian 13's libc6: {exc} {details[-300:]!r}")
+    library = next(root.glob("usr/lib/*/libc.so.6")).parent
+    loader = next(root.glob("usr/lib*/ld-linux*.so.*"))
+    return loader, library
 
 
 @nox.session(python="3.11")

@@ -10,6 +10,7 @@ import contextlib
 import os
 import select
 import signal
+import sys
 import time
 import uuid
 
@@ -137,3 +138,21 @@ def children_of_self() -> set[int]:
 
 def open_fds() -> set[int]:
     return {int(fd) for fd in os.listdir("/proc/self/fd")}
+
+
+def python() -> list[str]:
+    """How to start a Python like this one: through the same dynamic loader and C library
+    when this one was started through an explicit loader (``nox -s tests_glibc``)."""
+    if not os.path.basename(os.readlink("/proc/self/exe")).startswith("ld-"):
+        return [sys.executable]
+    with open("/proc/self/cmdline", "rb") as f:
+        argv = f.read().split(b"\0")
+    if argv[1] != b"--library-path":
+        return [sys.executable]
+    return [os.fsdecode(arg) for arg in argv[:3]] + [sys.executable]
+
+
+def populated(cgroup: str) -> bool:
+    """Whether anything still runs in the cgroup at this directory."""
+    with open(os.path.join(cgroup, "cgroup.events"), "rb") as f:
+        return b"populated 1" in f.read()

@@ -5,10 +5,11 @@ process that uses trio_proctree gets one directory inside its own cgroup,
 ``trio_proctree-<pid>-<starttime>``, and each tree a ``tree-<n>`` cgroup inside that.
 
 The leader is placed in its cgroup before the user's program runs, without ``preexec_fn``
-(unsafe in a threaded program, and trio spawns from worker threads): the command is
-started through ``/bin/sh``, which writes its own pid into the cgroup and then ``exec``\\ s
-the command. A process moved into a cgroup after it forked would leave its existing
-children outside.
+(unsafe in a threaded program, and trio spawns from worker threads): with glibc 2.41 or
+newer it is created there (`._spawn_into_cgroup`); elsewhere the command is started
+through ``/bin/sh``, which writes its own pid into the cgroup and then ``exec``\\ s the
+command. A process moved into a cgroup after it forked would leave its existing children
+outside.
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ from typing import Any
 
 import attrs
 
+from . import _spawn_into_cgroup as direct_spawn
 from ._containment import NEED_SCAN, MemberTracking, Pending
 from ._procfs import ProcStat, read_file, read_stat
 from ._spawn import SpawnPlan
+from ._spawn_into_cgroup import IntoCgroup
 
 logger = logging.getLogger("trio_proctree")
 
@@ -94,7 +97,8 @@ class CgroupHome:
     """This process's directory of tree cgroups.
 
     Emptied tree cgroups are kept for the next tree: an empty cgroup is as good as a new
-    one, and reusing it saves a mkdir when a tree starts and an rmdir when it ends.
+    one for a leader that joins it, and reusing it saves a mkdir when a tree starts and an
+    rmdir when it ends.
     """
 
     path: str
@@ -109,16 +113,21 @@ class CgroupHome:
 
     def take_tree(self) -> str:
         with self._lock:
-            if self._free:
+            if self._free and not direct_spawn.available():
                 return self._free.pop()
             path = os.path.join(self.path, f"tree-{next(self._counter)}")
         os.mkdir(path)
         return path
 
     def give_back(self, tree: str) -> None:
-        """Keep an empty tree cgroup for reuse (or remove it, when enough are kept)."""
+        """Keep an empty tree cgroup for reuse (or remove it, when enough are kept).
+
+        Not where leaders start directly in their cgroup: Linux kills a child created in a
+        cgroup that ``cgroup.kill`` was ever written to (see `_spawn_into_cgroup._prove`),
+        and a tree's own members may have written it.
+        """
         with self._lock:
-            if len(self._free) < self.KEEP:
+            if len(self._free) < self.KEEP and not direct_spawn.available():
                 self._free.append(tree)
                 return
         os.rmdir(tree)
@@ -290,11 +299,16 @@ class CgroupContainment(MemberTracking):
         else:
             assert isinstance(plan.command, list)
             argv = list(plan.command)
-            if executable is not None:
-                argv[0] = executable  # (sh's exec cannot set a different argv[0])
+        # Where the C library can, the leader starts in the cgroup itself, with no /bin/sh;
+        # the command through /bin/sh stays as the way there if it cannot after all.
+        direct = None
+        if direct_spawn.can_start(options):
+            direct = IntoCgroup(self.path, plan.program, list(argv))
+        if executable is not None:
+            argv[0] = executable  # (sh's exec cannot set a different argv[0])
         procs = os.path.join(self.path, "cgroup.procs")
         command = ["/bin/sh", "-c", _JOIN_AND_EXEC, procs, *argv]
-        return attrs.evolve(plan, command=command, options=options)
+        return attrs.evolve(plan, command=command, options=options, into_cgroup=direct)
 
     @property
     def backstop(self) -> list[str]:

@@ -30,9 +30,11 @@ def _decode(info: os.waitid_result) -> int:
 
 
 class Leader:
-    def __init__(self, popen: subprocess.Popen[bytes], pidfd: int) -> None:
+    def __init__(self, pid: int, popen: subprocess.Popen[bytes] | None, pidfd: int) -> None:
+        #: The Popen that started the leader, if one did: told the exit status when it is
+        #: settled, so that it never waits for (or reaps) this pid itself.
         self.popen = popen
-        self.pid = popen.pid
+        self.pid = pid
         #: Readable once the leader has exited; owned by the tree, closed after the reap.
         self.pidfd = pidfd
         self._returncode: int | None = None
@@ -61,7 +63,8 @@ class Leader:
             # now, and Popen.poll() would reap that one. Marking Popen settled also keeps
             # it from warning when freed; the value is never shown (ours stays None, or
             # the status seen before the loss).
-            self.popen.returncode = _LOST
+            if self.popen is not None:
+                self.popen.returncode = _LOST
             logger.warning(
                 "pid %d was reaped by someone else: its process group can no longer be "
                 "signalled safely",
@@ -101,7 +104,8 @@ class Leader:
             self._peek()  # notes that it was lost
             return self._returncode
         # Popen must not wait for it again (nor warn that it still runs).
-        self.popen.returncode = self._returncode
+        if self.popen is not None:
+            self.popen.returncode = self._returncode
         self.reaped = True
         logger.debug("pid %d reaped, exit status %s", self.pid, self._returncode)
         return self._returncode

@@ -23,6 +23,9 @@ from typing import Any, Union, cast
 
 import attrs
 
+from . import _spawn_into_cgroup as direct
+from ._spawn_into_cgroup import IntoCgroup
+
 StrOrPath = Union[str, bytes, "os.PathLike[str]"]
 Command = Union[StrOrPath, Sequence[StrOrPath]]  # noqa: UP007 - a runtime alias with a string part
 
@@ -70,6 +73,11 @@ class SpawnPlan:
     stderr: Any
     #: ``"sleep 60"``: how logs and errors name the command.
     label: str
+    #: The program to run, as an absolute path (``command`` names it as the user did).
+    program: str = ""
+    #: Where the containment would have the leader start directly, when it can be
+    #: (``command`` is then the fallback that gets there through ``/bin/sh``).
+    into_cgroup: IntoCgroup | None = None
 
     @property
     def changes_user(self) -> bool:
@@ -81,7 +89,9 @@ class SpawnPlan:
 class Spawned:
     """A started leader, with our ends of its pipes (raw fds; the drivers wrap them)."""
 
-    popen: subprocess.Popen[bytes]
+    pid: int
+    #: None when the leader was started without `subprocess` (directly in its cgroup).
+    popen: subprocess.Popen[bytes] | None
     pidfd: int
     stdin: int | None
     stdout: int | None
@@ -117,7 +127,7 @@ def plan_spawn(command: Command, options: Mapping[str, Any]) -> SpawnPlan:
         program = options.get("executable") or "/bin/sh"
     else:
         program = options.get("executable") or argv[0]
-    _resolve_executable(program, env=options.get("env"), cwd=options.get("cwd"))
+    path = _resolve_executable(program, env=options.get("env"), cwd=options.get("cwd"))
     return SpawnPlan(
         command=command if isinstance(command, (str, bytes)) else argv,
         options=options,
@@ -125,6 +135,8 @@ def plan_spawn(command: Command, options: Mapping[str, Any]) -> SpawnPlan:
         stdout=stdout,
         stderr=stderr,
         label=_describe(command, argv),
+        # Absolute: a program started directly gets its cwd before the exec (as in Popen).
+        program=os.path.abspath(path),
     )
 
 
@@ -256,9 +268,13 @@ def spawn(plan: SpawnPlan) -> Spawned:
             ours["stderr"], stdio["stderr"] = _pipe(child_ends, child_reads=False)
         elif plan.stderr == subprocess.STDOUT and "stdout" in ours:
             stdio["stderr"] = stdio["stdout"]
-        popen = cast(
-            "subprocess.Popen[bytes]", subprocess.Popen(plan.command, **stdio, **plan.options)
-        )
+        pid = _start_in_cgroup(plan, stdio)
+        popen = None
+        if pid is None:
+            popen = cast(
+                "subprocess.Popen[bytes]", subprocess.Popen(plan.command, **stdio, **plan.options)
+            )
+            pid = popen.pid
     except BaseException:
         for fd in ours.values():
             os.close(fd)
@@ -268,17 +284,33 @@ def spawn(plan: SpawnPlan) -> Spawned:
             os.close(fd)
     # The child is ours and unreaped, so its pid cannot have been recycled yet.
     try:
-        pidfd = os.pidfd_open(popen.pid)
+        pidfd = os.pidfd_open(pid)
     except OSError:
         # Without a pidfd the tree cannot be watched: stop it before it runs away (its
         # group id is pinned by the unreaped leader), and leak nothing.
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(popen.pid, signal.SIGKILL)
-        popen.wait()
+            os.killpg(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        if popen is not None:
+            popen.returncode = -signal.SIGKILL  # reaped: Popen must not wait for it
         for fd in ours.values():
             os.close(fd)
         raise
-    return Spawned(popen, pidfd, ours.get("stdin"), ours.get("stdout"), ours.get("stderr"))
+    return Spawned(pid, popen, pidfd, ours.get("stdin"), ours.get("stdout"), ours.get("stderr"))
+
+
+def _start_in_cgroup(plan: SpawnPlan, stdio: Mapping[str, Any]) -> int | None:
+    """Start the leader directly in its cgroup if the plan asks and it can be done here:
+    its pid, or None (then `subprocess.Popen` starts ``plan.command``)."""
+    if plan.into_cgroup is None:
+        return None
+    fds = direct.stdio_fds(stdio["stdin"], stdio["stdout"], stdio["stderr"])
+    if fds is None:
+        return None
+    try:
+        return direct.start(plan.into_cgroup, plan.options, fds)
+    except direct.Refused:
+        return None
 
 
 def _pipe(child_ends: list[int], *, child_reads: bool) -> tuple[int, int]:
