@@ -69,7 +69,7 @@ def test_grace_running_out_brings_sigkill() -> None:
         SendSignal(signal.SIGCONT),
         AwaitEmpty(1.0),
         KillAll(),
-        AwaitEmpty(0.5),
+        AwaitEmpty(0.5, grace=False),  # the hard stop is waited out, never cut short
         Finished(emptied=True),
     ]
     assert teardown.signals == [signal.SIGTERM, signal.SIGCONT, signal.SIGKILL]
@@ -126,7 +126,11 @@ def test_steps_run_in_order_each_with_its_own_wait() -> None:
 def test_a_sigkill_step_is_the_hard_stop_itself() -> None:
     policy = Escalation(steps=[(signal.SIGKILL, 9.0)], kill_wait=0.25)
     teardown = Teardown(policy, label=LABEL, stdin_open=False)
-    assert drive(teardown, [True]) == [KillAll(), AwaitEmpty(0.25), Finished(emptied=True)]
+    assert drive(teardown, [True]) == [
+        KillAll(),
+        AwaitEmpty(0.25, grace=False),
+        Finished(emptied=True),
+    ]
     assert teardown.signals == [signal.SIGKILL]
     assert not teardown.grace_expired  # there was no grace to run out
 

@@ -45,6 +45,11 @@ class LoopIO(Protocol):
         """Let every other runnable task run once (never raises a cancellation)."""
         ...
 
+    def interrupted(self) -> bool:
+        """Whether the program was interrupted (Ctrl-C) during this cleanup: graces are then
+        cut short, and the interrupt is raised once the tree is gone."""
+        ...
+
     async def sleep(self, seconds: float) -> None:
         """Pause (never raises a cancellation)."""
         ...
@@ -103,7 +108,7 @@ class TreeCore:
             while not isinstance(action, Finished):
                 emptied = None
                 if isinstance(action, AwaitEmpty):
-                    emptied = await self._wait_empty(io, action.timeout, errors)
+                    emptied = await self._wait_empty(io, action, errors)
                 elif isinstance(action, CloseStdin):
                     if (error := await io.close_stdin()) is not None:
                         errors.append(error)
@@ -175,12 +180,12 @@ class TreeCore:
             return 0.001  # a member still finishing its exit: it takes microseconds
         return pending
 
-    async def _wait_empty(self, io: LoopIO, timeout: float, errors: list[Exception]) -> bool:
-        """Wait up to ``timeout`` seconds for the tree to empty: True if it did."""
-        deadline = io.now() + timeout
+    async def _wait_empty(self, io: LoopIO, wait: AwaitEmpty, errors: list[Exception]) -> bool:
+        """Wait up to ``wait.timeout`` seconds for the tree to empty: True if it did."""
+        deadline = io.now() + wait.timeout
         while (pending := await self._pending(io, errors)) != []:
             remaining = deadline - io.now()
-            if remaining <= 0:
+            if remaining <= 0 or (wait.grace and io.interrupted()):
                 return False
             if isinstance(pending, list):
                 # Event-driven: a pidfd turns readable when its process exits.

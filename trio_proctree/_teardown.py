@@ -40,6 +40,10 @@ class AwaitEmpty:
     """Wait up to ``timeout`` seconds for the tree to empty; report whether it did."""
 
     timeout: float
+    #: A grace the tree is given after a graceful step, which the driver may cut short
+    #: (the user interrupted the program: press Ctrl-C again and the tree gets SIGKILL
+    #: now). False for the wait after the hard stop.
+    grace: bool = True
 
 
 @attrs.frozen
@@ -127,7 +131,7 @@ class Teardown:
         )
         self.signals.append(signal.SIGKILL)
         yield KillAll()
-        if (yield AwaitEmpty(policy.kill_wait)):
+        if (yield AwaitEmpty(policy.kill_wait, grace=False)):
             return Finished(emptied=True)
         logger.error(
             "%s: processes still alive %gs after SIGKILL (uninterruptible sleep?)",

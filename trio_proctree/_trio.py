@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from types import TracebackType
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import trio
 
@@ -29,21 +29,46 @@ if sys.version_info < (3, 11):  # pragma: no cover
 
 logger = logging.getLogger("trio_proctree")
 
+T = TypeVar("T")
+
 
 class HasFileno(Protocol):
     def fileno(self) -> int: ...
 
 
 class _TrioIO:
-    """What the shared cleanup needs from trio (see `LoopIO`)."""
+    """What the shared cleanup needs from trio (see `LoopIO`).
+
+    Cleanup runs shielded, so no cancellation reaches these waits. A KeyboardInterrupt
+    does: trio raises a pending Ctrl-C in the main task at whatever it waits on, shield
+    or not, and left to propagate it would abandon the tree halfway (signalled, never
+    killed, never reaped). Each wait here keeps it instead; cleanup then cuts its graces
+    short, kills what is left, and the interrupt is raised once the tree is gone.
+    """
 
     def __init__(self, tree: ProcessTree) -> None:
         self._tree = tree
+        self.keyboard_interrupt: KeyboardInterrupt | None = None
 
     def now(self) -> float:
         return trio.current_time()
 
+    def interrupted(self) -> bool:
+        return self.keyboard_interrupt is not None
+
+    async def _kept(self, wait: Callable[..., Awaitable[T]], *args: Any) -> T | None:
+        try:
+            return await wait(*args)
+        except KeyboardInterrupt as interrupt:
+            logger.debug("%s: interrupted; killing the tree without more grace", self._tree)
+            if self.keyboard_interrupt is None:
+                self.keyboard_interrupt = interrupt
+            return None
+
     async def wait_readable(self, fd: int, timeout: float) -> None:
+        await self._kept(self._wait_readable, fd, timeout)
+
+    async def _wait_readable(self, fd: int, timeout: float) -> None:
         with trio.move_on_after(timeout):
             if fd == self._tree._core.leader.pidfd:
                 # The leader's pidfd is shared with ProcessTree.wait(), and trio lets one
@@ -54,16 +79,19 @@ class _TrioIO:
                 await trio.lowlevel.wait_readable(fd)
 
     async def yield_now(self) -> None:
-        await trio.lowlevel.cancel_shielded_checkpoint()
+        await self._kept(trio.lowlevel.cancel_shielded_checkpoint)
 
     async def sleep(self, seconds: float) -> None:
-        await trio.sleep(seconds)  # (cleanup runs shielded: no cancellation reaches here)
+        await self._kept(trio.sleep, seconds)
 
     async def close_stdin(self) -> Exception | None:
-        return await self._tree._close_stream("stdin")
+        return await self._kept(self._tree._close_stream, "stdin")
 
     async def close_streams(self) -> list[Exception]:
-        errors = [await self._tree._close_stream(name) for name in ("stdin", "stdout", "stderr")]
+        errors = [
+            await self._kept(self._tree._close_stream, name)
+            for name in ("stdin", "stdout", "stderr")
+        ]
         return [error for error in errors if error is not None]
 
     def forget_fd(self, fd: int) -> None:
@@ -134,10 +162,18 @@ class ProcessTree(TreeView):
             await self._cleanup_done.wait()
             return
         self._cleanup_started = True
+        io = _TrioIO(self)
         try:
-            await self._core.cleanup(_TrioIO(self), stdin_open=self.stdin is not None)
+            await self._core.cleanup(io, stdin_open=self.stdin is not None)
+        except Exception as error:
+            if io.keyboard_interrupt is None:
+                raise
+            # The interrupt wins, as a cancellation does; the error rides along.
+            chain_cleanup_error(io.keyboard_interrupt, error, self._core.label)
         finally:
             self._cleanup_done.set()
+        if io.keyboard_interrupt is not None:
+            raise io.keyboard_interrupt
 
     async def _close_stream(self, name: str) -> Exception | None:
         stream = getattr(self, name)

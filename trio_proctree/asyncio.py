@@ -102,6 +102,28 @@ async def _through_cancellation(
     return cancelled
 
 
+def _deliver_later(cancelled: asyncio.CancelledError) -> None:
+    """Cancel this task again at its next await, if the cancellation that ``exc`` got
+    ahead of is still owed then (Python 3.11+).
+
+    Owed: nobody took it back. An ``asyncio.timeout`` (or anyio scope) that ``exc``
+    passes through on its way out takes back its own as it exits, before the loop runs
+    the check below; a plain ``task.cancel()`` is never taken back, and without this it
+    would be lost (a task that retries in a loop would never stop). Python 3.10 cannot
+    tell the two apart (no ``Task.cancelling``): there it stays absorbed.
+    """
+    task = asyncio.current_task()
+    if sys.version_info < (3, 11) or task is None:  # pragma: no cover - Python 3.10
+        return
+
+    def still_owed() -> None:
+        if not task.done() and task.cancelling() > 0:
+            task.uncancel()  # cancel() below counts it again: the count stays as it was
+            task.cancel(*cancelled.args)
+
+    task.get_loop().call_soon(still_owed)
+
+
 def _settle(
     future: asyncio.Future[T], cancelled: asyncio.CancelledError | None, label: str, *, report: bool
 ) -> T | None:
@@ -160,6 +182,11 @@ class _AsyncioIO:
     async def yield_now(self) -> None:
         await self.sleep(0)
 
+    def interrupted(self) -> bool:
+        # asyncio.run turns Ctrl-C into a cancellation of the main task, which waits for
+        # the cleanup like any other (and a second Ctrl-C stops the loop itself).
+        return False
+
     async def sleep(self, seconds: float) -> None:
         with contextlib.suppress(asyncio.CancelledError):  # as in wait_readable
             await asyncio.sleep(seconds)
@@ -194,7 +221,11 @@ class ProcessTree(TreeView):
         self._read_transports: dict[str, asyncio.BaseTransport] = {}
         self._stdin_transport: asyncio.WriteTransport | None = None
         self._exited: asyncio.Future[None] | None = None
+        #: The running cleanup, and the future callers wait on: settled when the cleanup
+        #: has run (a task cancelled before its first step is replaced, the future stays).
         self._cleanup: asyncio.Task[None] | None = None
+        self._cleaned: asyncio.Future[None] | None = None
+        self._cleanup_began = False
         self._waiters = 0
         self._error_reported = False  # a cleanup error goes to one caller, not to each
         self._rounds = _Rounds()
@@ -242,25 +273,47 @@ class ProcessTree(TreeView):
         """
         return self._await_cleanup(self._start_cleanup())
 
-    def _start_cleanup(self) -> asyncio.Task[None]:
+    def _start_cleanup(self) -> asyncio.Future[None]:
+        loop = asyncio.get_running_loop()
+        if self._cleaned is None:
+            self._cleaned = loop.create_future()
         if self._cleanup is None:
-            io = _AsyncioIO(self)
-            task = asyncio.get_running_loop().create_task(
-                self._core.cleanup(io, stdin_open=self.stdin is not None)
-            )
+            task = loop.create_task(self._run_cleanup())
             self._cleanup = task
             _cleanups.add(task)
             task.add_done_callback(self._cleanup_done)
-        return self._cleanup
+        return self._cleaned
+
+    async def _run_cleanup(self) -> None:
+        self._cleanup_began = True
+        await self._core.cleanup(_AsyncioIO(self), stdin_open=self.stdin is not None)
 
     def _cleanup_done(self, task: asyncio.Task[None]) -> None:
         _cleanups.discard(task)
+        cleaned = self._cleaned
+        assert cleaned is not None
+        if task.cancelled() and not self._cleanup_began:
+            # Cancelled before its first step (a blanket "cancel every task" right after
+            # aclose() was called): the cleanup never ran. Start it again; the callers
+            # wait on `cleaned`, not on this task.
+            logger.debug("%s: cleanup cancelled before it began; starting it again", self)
+            self._cleanup = None
+            self._start_cleanup()
+            return
+        if task.cancelled():  # pragma: no cover - the cleanup absorbs cancellation once begun
+            cleaned.cancel()
+            return
         error = task.exception()  # (also marks it retrieved: no "never retrieved" noise)
-        if error is not None and self._waiters == 0:
+        if error is None:
+            cleaned.set_result(None)
+            return
+        cleaned.set_exception(error)
+        if self._waiters == 0:
             # Nobody is waiting to be told: say it here, never lose it.
             logger.error("%s: cleanup failed", self._core.label, exc_info=error)
+        cleaned.exception()  # retrieved: reported here or to the callers
 
-    async def _await_cleanup(self, task: asyncio.Task[None]) -> None:
+    async def _await_cleanup(self, task: asyncio.Future[None]) -> None:
         self._waiters += 1
         try:
             cancelled = await _through_cancellation(task, self._rounds)
@@ -277,14 +330,14 @@ class ProcessTree(TreeView):
             cancelled = await _through_cancellation(task, self._rounds)
         finally:
             self._waiters -= 1
-        error = task.exception()
+        error = None if task.cancelled() else task.exception()
         if error is not None and not self._error_reported:
             self._error_reported = True
             chain_cleanup_error(exc, error, self._core.label)
         # A cancellation that arrived meanwhile does not replace ``exc``: ``exc`` is what the
-        # caller must see. Unlike trio, asyncio delivers a cancellation once, so this one is
-        # absorbed (an asyncio.timeout around the block then lets ``exc`` through as is).
-        del cancelled
+        # caller must see. It is still owed to whoever asked for it.
+        if cancelled is not None:
+            _deliver_later(cancelled)
 
     async def _connect(self, spawned: Spawned) -> None:
         loop = asyncio.get_running_loop()
@@ -350,10 +403,16 @@ class _TreeScope:
 
     async def _start(self) -> ProcessTree:
         loop = asyncio.get_running_loop()
-        spawned, containment = await loop.run_in_executor(
-            None, start_tree, self._plan, self._containment
-        )
+        forking = loop.run_in_executor(None, start_tree, self._plan, self._containment)
+        # This task itself may be cancelled (asyncio.run's shutdown, a blanket "cancel every
+        # task"): the worker thread forks all the same, so wait for it through that too, or
+        # the process it starts is nobody's.
+        cancelled = await _through_cancellation(forking)
+        spawned, containment = forking.result()  # a failed spawn raises here
         tree = ProcessTree(TreeCore(spawned, containment, self._plan, self._policy))
+        if cancelled is not None:
+            await tree._close_under(cancelled)
+            raise cancelled
         try:
             await tree._connect(spawned)
         except BaseException as exc:

@@ -1,0 +1,238 @@
+"""Cleanup when the program itself is stopping: every task cancelled at once (asyncio.run's
+shutdown), Ctrl-C during a grace, a task cancelled while an exception leaves its block."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from typing import Any
+
+import pytest
+
+import trio_proctree.asyncio
+from trio_proctree.asyncio import open_process_tree
+
+from . import procs
+from .conftest import Tracked
+
+SLEEPS = ["sh", "-c", "sleep 60 & sleep 61 & wait"]
+IGNORES_TERM = ["sh", "-c", "trap '' TERM; echo ready; sleep 60"]
+
+
+class Flaky(Exception):
+    pass
+
+
+def cancel_every_other_task() -> None:
+    """What asyncio.run does to what is left at its end (and a blanket shutdown does)."""
+    for task in asyncio.all_tasks():
+        if task is not asyncio.current_task():
+            task.cancel()
+
+
+def test_a_spawn_whose_tasks_are_all_cancelled_leaves_no_tree(
+    tracked: Tracked, contained: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Mutant: awaiting the spawn's worker thread directly (its result lost on cancel).
+    forked = threading.Event()
+    real_start_tree = trio_proctree.asyncio.start_tree
+
+    def slow_start_tree(*args: Any) -> Any:
+        started = real_start_tree(*args)
+        forked.set()  # the leader runs; the cancellation comes while this thread returns
+        time.sleep(0.1)
+        return started
+
+    monkeypatch.setattr(trio_proctree.asyncio, "start_tree", slow_start_tree)
+
+    async def main() -> None:
+        async def opener() -> None:
+            async with open_process_tree(SLEEPS, grace=0.2, **contained):
+                await asyncio.sleep(60)  # pragma: no cover - never entered
+
+        task = asyncio.get_running_loop().create_task(opener())
+        await asyncio.get_running_loop().run_in_executor(None, forked.wait)
+        cancel_every_other_task()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert tracked.survivors() == []  # now, not at interpreter exit
+
+    asyncio.run(main())
+
+
+def test_a_cleanup_cancelled_before_its_first_step_runs_all_the_same(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # Mutant: callers waiting on the cleanup task itself (not restarted when cancelled
+    # before it began): the caller got a CancelledError nobody sent it, the tree lived on.
+    loop_errors: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(
+            lambda _, context: loop_errors.append(context)
+        )
+        async with open_process_tree(SLEEPS, grace=0.2, **contained) as tree:
+            closing = tree.aclose()  # the cleanup task is created here...
+            cancel_every_other_task()  # ...and cancelled before its first step
+            await closing
+            assert tree.outcome is not None
+            assert tree.outcome.signals == (signal.SIGTERM, signal.SIGCONT)
+            assert tracked.survivors() == []
+
+    asyncio.run(main())
+    assert loop_errors == []
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="Task.cancelling() is Python 3.11+")
+def test_a_cancel_during_cleanup_under_an_exception_is_delivered_after_it(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # Mutant: absorbing that cancellation (the task retried five times and ended normally).
+    async def main() -> None:
+        cleaning = asyncio.Event()
+        tries: list[int] = []
+
+        async def worker() -> None:
+            for attempt in range(5):
+                try:
+                    async with open_process_tree(
+                        IGNORES_TERM, grace=0.3, stdout=subprocess.PIPE, **contained
+                    ) as tree:
+                        assert tree.stdout is not None
+                        assert await tree.stdout.readline() == b"ready\n"
+                        cleaning.set()
+                        raise Flaky  # noqa: TRY301 - the block fails
+                except Flaky:
+                    tries.append(attempt)
+
+        task = asyncio.get_running_loop().create_task(worker())
+        await cleaning.wait()
+        await asyncio.sleep(0.05)  # into the cleanup's 0.3 s grace
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert tries == [0]  # the Flaky got through first, then the cancellation
+
+    asyncio.run(main())
+    assert tracked.survivors() == []
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="asyncio.timeout is Python 3.11+")
+def test_a_timeout_that_an_exception_passes_on_its_way_out_leaves_no_stray_cancel(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # Mutant: cancelling the task again after cleanup without asking whether it is owed.
+    async def main() -> str:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(None) as deadline:
+                async with open_process_tree(
+                    IGNORES_TERM, grace=0.3, stdout=subprocess.PIPE, **contained
+                ) as tree:
+                    assert tree.stdout is not None
+                    assert await tree.stdout.readline() == b"ready\n"
+                    deadline.reschedule(loop.time() + 0.05)  # expires during the cleanup
+                    raise Flaky  # noqa: TRY301 - the block fails
+        except Flaky:
+            await asyncio.sleep(0.05)  # the timeout's cancellation stayed inside it
+            current = asyncio.current_task()
+            assert current is not None
+            assert current.cancelling() == 0
+            return "handled"
+
+    assert asyncio.run(main()) == "handled"
+    assert tracked.survivors() == []
+
+
+# Holds a tree whose members ignore SIGTERM, ends its block (cleanup: a 5 s grace), and is
+# interrupted once (one Ctrl-C) a moment into that grace. Reports before it exits, so
+# that the net at interpreter exit cannot hide a tree the cleanup left behind.
+INTERRUPTED_DURING_THE_GRACE = textwrap.dedent(
+    """
+    import json, logging, os, signal, sys, threading, time, trio
+    from trio_proctree import open_process_tree
+
+    grace_began = threading.Event()
+
+    class Watch(logging.Handler):
+        def emit(self, record):
+            if "sending SIGTERM" in record.getMessage():
+                grace_began.set()
+
+    log = logging.getLogger("trio_proctree")
+    log.addHandler(Watch())
+    log.setLevel(logging.DEBUG)
+
+    def press_ctrl_c():
+        grace_began.wait()
+        time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=press_ctrl_c, daemon=True).start()
+    trees, pids = [], []
+
+    async def main():
+        command = ["sh", "-c", "trap '' TERM; sleep 60 & echo $$ $!; wait"]
+        async with open_process_tree(
+            command, grace=5.0, stdout=-1, containment=sys.argv[1]
+        ) as tree:
+            trees.append(tree)
+            line = b""
+            while not line.endswith(b"\\n"):
+                line += await tree.stdout.receive_some()
+            pids.extend(int(pid) for pid in line.split())
+
+    began = time.monotonic()
+    try:
+        trio.run(main)
+        interrupted = False
+    except KeyboardInterrupt:
+        interrupted = True
+    outcome = trees[0].outcome
+
+    def alive(pid):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
+        except OSError:
+            return False
+
+    print(json.dumps({
+        "interrupted": interrupted,
+        "seconds": time.monotonic() - began,
+        "signals": None if outcome is None else [int(s) for s in outcome.signals],
+        "returncode": None if outcome is None else outcome.returncode,
+        "alive": [pid for pid in pids if alive(pid)],
+        "pids": pids,
+    }))
+    """
+)
+
+
+def test_ctrl_c_during_the_grace_kills_the_tree_now_then_interrupts(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # Mutant: letting the KeyboardInterrupt out of the cleanup's wait (trio raises it in
+    # the main task's checkpoint, shielded or not): the tree was left signalled, alive.
+    child = subprocess.run(
+        [*procs.python(), "-c", INTERRUPTED_DURING_THE_GRACE, contained["containment"]],
+        capture_output=True,
+        env=contained["env"],
+        timeout=60,
+        check=False,
+    )
+    assert child.returncode == 0, child.stderr.decode()
+    report = json.loads(child.stdout)
+    assert report["interrupted"]
+    assert len(report["pids"]) == 2  # the shell and its sleep
+    assert report["alive"] == []
+    assert report["signals"] == [signal.SIGTERM, signal.SIGCONT, signal.SIGKILL]
+    assert report["returncode"] == -signal.SIGKILL
+    assert report["seconds"] < 4  # the 5 s grace was cut short
+    assert tracked.survivors() == []
