@@ -422,7 +422,7 @@ def test_stale_cgroup_of_a_dead_owner_is_swept_and_its_processes_killed(
     home = _cgroup.cgroup_home()
     parent = os.path.dirname(home.path)
     # A home whose owner is gone: pid 1 with a start time it never had.
-    stale = os.path.join(parent, "trio_proctree-1-999999999")
+    stale = os.path.join(parent, f"trio_proctree-{_cgroup._pid_namespace()}-1-999999999")
     tree = os.path.join(stale, "tree-0")
     os.makedirs(tree)
     leftover = subprocess.Popen(

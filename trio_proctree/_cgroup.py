@@ -2,7 +2,8 @@
 
 A process group misses descendants that call ``setsid()``; a cgroup keeps them all. Each
 process that uses trio_proctree gets one directory inside its own cgroup,
-``trio_proctree-<pid>-<starttime>``, and each tree a ``tree-<n>`` cgroup inside that.
+``trio_proctree-<pid namespace>-<pid>-<starttime>``, and each tree a ``tree-<n>`` cgroup
+inside that.
 
 The leader is placed in its cgroup before the user's program runs, without ``preexec_fn``
 (unsafe in a threaded program, and trio spawns from worker threads): with glibc 2.41 or
@@ -115,9 +116,16 @@ class CgroupHome:
         with self._lock:
             if self._free and not direct_spawn.available():
                 return self._free.pop()
-            path = os.path.join(self.path, f"tree-{next(self._counter)}")
-        os.mkdir(path)
-        return path
+        while True:
+            with self._lock:
+                path = os.path.join(self.path, f"tree-{next(self._counter)}")
+            try:
+                os.mkdir(path)
+            except FileExistsError:
+                # Made by this process before it exec'd itself (same pid, same start
+                # time, so the same home): its trees died with the old image's watchdog.
+                continue
+            return path
 
     def give_back(self, tree: str) -> None:
         """Keep an empty tree cgroup for reuse (or remove it, when enough are kept).
@@ -188,7 +196,7 @@ def _make_home(pid: int) -> CgroupHome:
         raise CgroupUnavailable(f"the cgroup {parent} is not writable (not delegated to us)")
     stat = read_stat(pid)
     assert stat is not None
-    name = f"{_HOME_PREFIX}{pid}-{stat.starttime}"
+    name = f"{_HOME_PREFIX}{_pid_namespace()}-{pid}-{stat.starttime}"
     path = os.path.join(parent, name)
     _sweep_stale_homes(parent)
     try:
@@ -204,24 +212,34 @@ def _make_home(pid: int) -> CgroupHome:
     return CgroupHome(path, relative.replace("//", "/"))
 
 
+def _pid_namespace() -> int:
+    """Our pid namespace, by inode: a home's pid means something only inside it."""
+    return os.stat("/proc/self/ns/pid").st_ino
+
+
 def _sweep_stale_homes(parent: str) -> None:
     """Remove the homes of processes that died without cleaning up (crashed, SIGKILLed).
 
     What still runs in them outlived its owner: the parent-death backstop should have
-    killed it, and this does, before removing the directories.
+    killed it, and this does, before removing the directories. Only homes made in our
+    pid namespace are looked at: the owner of another's may well be alive, under a pid
+    that means nothing (or someone else) here.
     """
     try:
         entries = os.listdir(parent)
     except OSError:
         return
+    namespace = _pid_namespace()
     for name in entries:
         if not name.startswith(_HOME_PREFIX):
             continue
         try:
-            pid_text, start_text = name[len(_HOME_PREFIX) :].split("-")
+            ns_text, pid_text, start_text = name[len(_HOME_PREFIX) :].split("-")
             owner, start = int(pid_text), int(start_text)
+            if int(ns_text) != namespace:
+                continue
         except ValueError:
-            continue
+            continue  # not a home of ours (nor of this version)
         stat = read_stat(owner)
         if stat is not None and stat.starttime == start:
             continue  # its owner still runs
@@ -279,6 +297,8 @@ class CgroupContainment(MemberTracking):
     name = "cgroup"
     #: The leader is waited on by itself, not tracked with the members.
     watches_leader = False
+    #: cgroup.kill reaches every member, in the group or not.
+    backstop_needs_group = False
 
     #: Listings per signal: after the escapees a listing found are signalled, the cgroup is
     #: listed again for what they forked meanwhile, until a listing finds none new.
@@ -308,6 +328,7 @@ class CgroupContainment(MemberTracking):
             argv[0] = executable  # (sh's exec cannot set a different argv[0])
         procs = os.path.join(self.path, "cgroup.procs")
         command = ["/bin/sh", "-c", _JOIN_AND_EXEC, procs, *argv]
+        plan = super().prepare(plan)
         return attrs.evolve(plan, command=command, options=options, into_cgroup=direct)
 
     @property

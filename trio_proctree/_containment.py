@@ -305,17 +305,25 @@ class MemberTracking:
         self._seen: set[tuple[int, int]] = set()
 
     def prepare(self, plan: SpawnPlan) -> SpawnPlan:
+        # Registered before the leader starts: if this process is SIGKILLed between the
+        # fork and attach(), the watchdog must already know the tree (a process group is
+        # only known once its leader runs; that window is the group containment's).
+        watchdog.register(*self.backstop)
         return plan
 
     #: Whether the leader is tracked (and waited on) with the members.
     watches_leader = True
+    #: Whether the watchdog also needs the process group (not where the backstop alone
+    #: reaches every member).
+    backstop_needs_group = True
 
     def attach(self, leader: Leader) -> None:
         self._leader = leader
         self._group.attach(leader, register=False)
         if self.watches_leader:
             self._group.watch_leader(self._members)
-        watchdog.register(*self._group.backstop, *self.backstop)  # one write
+        if self.backstop_needs_group:
+            watchdog.register(*self._group.backstop)
 
     @property
     def backstop(self) -> list[str]:
@@ -445,7 +453,9 @@ class MemberTracking:
         self._members.close_all()
         self._group.release(emptied=emptied)
         if self._leader is None:
-            return  # the spawn failed: nothing was started, nothing is registered
+            # The spawn failed: nothing was started; only the backstop was registered.
+            watchdog.unregister(*self.backstop)
+            return
         reap_orphans(self._leader.pid, self._ours)
         if emptied:
             watchdog.unregister(*self.backstop)

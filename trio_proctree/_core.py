@@ -244,6 +244,15 @@ def _at_exit() -> None:
 atexit.register(_at_exit)
 
 
+def _forget_the_parents_trees() -> None:
+    # A forked child inherits this set, not the trees: they are its parent's to stop. Its
+    # exit must not kill them (cgroup.kill, or SIGKILL through an inherited pidfd).
+    _open_trees.clear()
+
+
+os.register_at_fork(after_in_child=_forget_the_parents_trees)
+
+
 def kill_open_trees() -> None:
     """The net at interpreter exit: SIGKILL every tree still open, and reap its leader.
 

@@ -9,8 +9,8 @@ those of trees trio_proctree does not own included. trio_proctree reaps only the
 processes that came from its own trees; it never waits for any other.
 
 A re-parented process is known to come from a tree by its process group, or, if it left
-the group, by a marker in its environment (``TRIO_PROCTREE_TREE``), inherited from the
-leader. An escapee that both leaves the group and clears its environment is missed. A
+the group, by a marker in its environment (``TRIO_PROCTREE_TREE_<id>``), inherited from
+the leader. An escapee that both leaves the group and clears its environment is missed. A
 process that shows no environment at all may be in the middle of ``execve``: cleanup
 looks again for a while (`SubreaperContainment.UNDECIDED_LISTINGS`) before it decides.
 """
@@ -34,7 +34,11 @@ from ._spawn import SpawnPlan
 
 logger = logging.getLogger("trio_proctree")
 
-MARKER_VAR = "TRIO_PROCTREE_TREE"
+#: Each tree's marker is a variable of its own, ``TRIO_PROCTREE_TREE_<id>=1``: a tree
+#: started inside another tree's member adds its marker to the outer one's instead of
+#: replacing it, so the outer tree (and its watchdog) still knows the inner tree's
+#: processes as its own.
+MARKER_PREFIX = "TRIO_PROCTREE_TREE_"
 
 _tree_numbers = itertools.count()
 
@@ -60,21 +64,21 @@ class SubreaperContainment(MemberTracking):
     def __init__(self) -> None:
         super().__init__()
         become_subreaper()
-        self.marker = f"{os.getpid()}-{next(_tree_numbers)}-{uuid.uuid4().hex[:8]}"
-        self._marker_entry = f"{MARKER_VAR}={self.marker}".encode()
+        self.marker = f"{MARKER_PREFIX}{os.getpid()}_{next(_tree_numbers)}_{uuid.uuid4().hex[:8]}"
+        self._marker_entry = f"{self.marker}=1".encode()
         self._undecided_counts: dict[tuple[int, int], int] = {}
 
     def prepare(self, plan: SpawnPlan) -> SpawnPlan:
         env: Mapping[Any, Any] = plan.options.get("env") or os.environ
         if any(isinstance(key, bytes) for key in env):
-            marked = {**env, MARKER_VAR.encode(): self.marker.encode()}
+            marked = {**env, self.marker.encode(): b"1"}
         else:
-            marked = {**env, MARKER_VAR: self.marker}
-        return attrs.evolve(plan, options={**plan.options, "env": marked})
+            marked = {**env, self.marker: "1"}
+        return attrs.evolve(super().prepare(plan), options={**plan.options, "env": marked})
 
     @property
     def backstop(self) -> list[str]:
-        return [f"marker {MARKER_VAR}={self.marker}"]
+        return [f"marker {self.marker}=1"]
 
     #: How many listings a live process that shows no environment stays undecided before
     #: it is taken for a stranger. A process in the middle of ``execve`` shows none for a

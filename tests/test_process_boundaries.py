@@ -1,0 +1,255 @@
+"""Where one process's trees end and others begin: a forked child, an owner in another pid
+namespace, the process after it exec's itself, nested trees, and the moment between the
+fork of a leader and the watchdog hearing of it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import textwrap
+import time
+
+import pytest
+
+from trio_proctree import _cgroup
+
+from . import procs
+from .conftest import Tracked
+from .test_containment import available
+
+STRONG = ["cgroup", "subreaper"]
+
+
+def until_none_survive(tracked: Tracked, within: float) -> list[int]:
+    deadline = time.monotonic() + within
+    while tracked.survivors() and time.monotonic() < deadline:
+        time.sleep(0.01)  # strangers' deaths: no event to wait on
+    return tracked.survivors()
+
+
+# Holds a tree, forks a child that exits the way a Python program does (atexit hooks
+# run), then reports whether its own tree is still running.
+FORK_AND_EXIT = textwrap.dedent(
+    """
+    import atexit, json, os, sys, trio
+    from trio_proctree import open_process_tree
+
+    async def main():
+        async with open_process_tree(["sleep", "60"], containment=sys.argv[1]) as tree:
+            child = os.fork()
+            if child == 0:
+                atexit._run_exitfuncs()
+                os._exit(0)
+            os.waitpid(child, 0)
+            # A SIGKILL from the child's exit would land in microseconds.
+            with trio.move_on_after(0.2):
+                await tree.wait()
+            report = {"returncode": tree.returncode}
+        report["signals"] = [int(s) for s in tree.outcome.signals]
+        print(json.dumps(report))
+
+    trio.run(main)
+    """
+)
+
+
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper", "group"])
+def test_a_forked_child_that_exits_leaves_the_parents_trees_alone(
+    tracked: Tracked, containment: str
+) -> None:
+    # Red before: the child's exit hook killed the parent's trees (cgroup.kill, or SIGKILL
+    # through the inherited pidfd).
+    available(containment)
+    child = subprocess.run(
+        [*procs.python(), "-c", FORK_AND_EXIT, containment],
+        capture_output=True,
+        env=tracked.env,
+        timeout=60,
+        check=False,
+    )
+    assert child.returncode == 0, child.stderr.decode()
+    report = json.loads(child.stdout)
+    assert report["returncode"] is None  # still running after the child's exit
+    assert report["signals"] == [signal.SIGTERM, signal.SIGCONT]  # our own cleanup, later
+    assert tracked.survivors() == []
+
+
+HOLDS_A_TREE = textwrap.dedent(
+    """
+    import sys, trio
+    from trio_proctree import open_process_tree
+
+    async def main():
+        command = ["sh", "-c", "echo ready; exec sleep 60"]
+        async with open_process_tree(command, containment="cgroup", stdout=-1) as tree:
+            assert await tree.stdout.receive_some() == b"ready\\n"  # in its cgroup by now
+            print(tree._core.containment.path, flush=True)
+            await trio.to_thread.run_sync(sys.stdin.readline)
+
+    trio.run(main)
+    """
+)
+
+
+def test_a_home_made_in_another_pid_namespace_is_never_swept(tracked: Tracked) -> None:
+    # Red before: its owner's pid meant another process (or none) here, so its home was
+    # taken for a dead owner's and its running tree was killed.
+    available("cgroup")
+    if shutil.which("unshare") is None:  # pragma: no cover - util-linux is everywhere
+        pytest.skip("needs unshare(1)")
+    holder = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", *procs.python(), "-c", HOLDS_A_TREE],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=tracked.env,
+    )
+    with holder:
+        assert holder.stdout is not None and holder.stdin is not None
+        tree = holder.stdout.readline().decode().strip()
+        if not tree:  # pragma: no cover - unshare refused (not root, say)
+            pytest.skip(f"cannot make a pid namespace: {holder.stderr.read()!r}")  # type: ignore[union-attr]
+        members = _cgroup._procs(tree)
+        assert len(members) == 1  # its sleep, by its pid here
+        _cgroup._sweep_stale_homes(os.path.dirname(os.path.dirname(tree)))
+        assert procs.alive(members[0])
+        assert os.path.isdir(tree)
+        holder.stdin.write(b"\n")
+        holder.stdin.close()
+        assert holder.wait(timeout=30) == 0
+    assert tracked.survivors() == []
+
+
+# Runs a tree, exec's itself, and runs another: same pid, same start time, same home.
+# (Started as ``python -c CODE CODE``: the second CODE is how it finds itself again.)
+EXECS_ITSELF = textwrap.dedent(
+    """
+    import os, sys, trio
+    from trio_proctree import run_process_tree
+
+    trio.run(run_process_tree, ["true"])
+    if sys.argv[-1] != "again":
+        os.execv(sys.executable, [sys.executable, "-c", sys.argv[1], sys.argv[1], "again"])
+    print("ran twice")
+    """
+)
+
+
+def test_a_process_that_execs_itself_starts_trees_again(tracked: Tracked) -> None:
+    # Red before: the tree-0 its former self made was still there, and mkdir failed.
+    available("cgroup")
+    child = subprocess.run(
+        [*procs.python(), "-c", EXECS_ITSELF, EXECS_ITSELF],
+        capture_output=True,
+        env=tracked.env,
+        timeout=60,
+        check=False,
+    )
+    assert child.returncode == 0, child.stderr.decode()
+    assert child.stdout == b"ran twice\n"
+    assert tracked.survivors() == []
+
+
+# SIGKILLs itself the moment its leader has started, before the tree is set up.
+DIES_RIGHT_AFTER_THE_FORK = textwrap.dedent(
+    """
+    import os, signal, sys, trio
+    import trio_proctree._choose as choose
+
+    real_spawn = choose.spawn
+
+    def spawn_then_die(plan):
+        spawned = real_spawn(plan)
+        print(spawned.pid, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    choose.spawn = spawn_then_die
+    from trio_proctree import open_process_tree
+
+    async def main():
+        command = ["sh", "-c", "setsid -f sleep 60; exec sleep 60"]
+        async with open_process_tree(command, containment=sys.argv[1]):
+            pass
+
+    trio.run(main)
+    """
+)
+
+
+@pytest.mark.parametrize("containment", STRONG)
+def test_a_parent_killed_between_fork_and_setup_takes_the_tree_along(
+    tracked: Tracked, containment: str
+) -> None:
+    # Red before: the watchdog heard of a tree only once it was set up, after the fork.
+    # (The group containment has this window: a group is known only once its leader runs.)
+    available(containment)
+    parent = subprocess.Popen(
+        [*procs.python(), "-c", DIES_RIGHT_AFTER_THE_FORK, containment],
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+    )
+    with parent:
+        assert parent.stdout is not None
+        leader = int(parent.stdout.readline())
+        assert parent.wait(timeout=30) == -signal.SIGKILL
+    assert until_none_survive(tracked, within=1.0) == []
+    assert not procs.alive(leader)
+
+
+# An outer tree whose leader is a Python program holding an inner tree (with an escapee);
+# the outer program relays the inner tree's pids, then waits.
+INNER = textwrap.dedent(
+    """
+    import sys, trio
+    from trio_proctree import open_process_tree
+
+    async def main():
+        command = ["sh", "-c", "echo $$; setsid -f sh -c 'echo $$; exec sleep 60'; exec sleep 60"]
+        async with open_process_tree(command, containment=sys.argv[1], stdout=-1) as tree:
+            data = b""
+            while data.count(b"\\n") < 2:
+                data += await tree.stdout.receive_some()
+            print(data.decode(), end="", flush=True)
+            await trio.sleep_forever()
+
+    trio.run(main)
+    """
+)
+OUTER = textwrap.dedent(
+    """
+    import sys, trio
+    from trio_proctree import open_process_tree
+
+    async def main():
+        inner = [*sys.argv[2:], "-c", sys.argv[1], "subreaper"]
+        async with open_process_tree(inner, containment="subreaper", stdout=-1) as tree:
+            data = b""
+            while data.count(b"\\n") < 2:
+                data += await tree.stdout.receive_some()
+            print(data.decode(), end="", flush=True)
+            await trio.sleep_forever()
+
+    trio.run(main)
+    """
+)
+
+
+def test_nested_subreaper_trees_die_with_the_outer_parent(tracked: Tracked) -> None:
+    # Red before (3 runs in 4): the inner tree's processes carried only the inner tree's
+    # marker, and the outer watchdog killed the inner watchdog before it could act.
+    available("subreaper")
+    outer = subprocess.Popen(
+        [*procs.python(), "-c", OUTER, INNER, *procs.python()],
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+    )
+    with outer:
+        assert outer.stdout is not None
+        inner_pids = [int(outer.stdout.readline()) for _ in range(2)]
+        assert all(procs.alive(pid) for pid in inner_pids)
+        outer.send_signal(signal.SIGKILL)
+        outer.wait()
+    assert until_none_survive(tracked, within=1.0) == []
