@@ -4,6 +4,7 @@ fork of a leader and the watchdog hearing of it."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -253,3 +254,79 @@ def test_nested_subreaper_trees_die_with_the_outer_parent(tracked: Tracked) -> N
         outer.send_signal(signal.SIGKILL)
         outer.wait()
     assert until_none_survive(tracked, within=1.0) == []
+
+
+# Runs out of file descriptors inside the block, then lets cleanup run: it cannot list
+# the tree any more, but the process group needs none to be signalled.
+OUT_OF_FILE_DESCRIPTORS = textwrap.dedent(
+    """
+    import json, os, resource, signal, sys, trio
+    from trio_proctree import Escalation, open_process_tree
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))
+    pids, filler = [], []
+
+    async def main():
+        policy = Escalation(steps=[(signal.SIGTERM, 0.2)], kill_wait=0.2)
+        command = ["sh", "-c", "trap '' TERM; sleep 60 & echo $$ $!; wait"]
+        async with open_process_tree(
+            command, escalation=policy, stdout=-1, containment=sys.argv[1]
+        ) as tree:
+            line = b""
+            while not line.endswith(b"\\n"):
+                line += await tree.stdout.receive_some()
+            pids.extend(int(pid) for pid in line.split())
+            try:
+                while True:
+                    filler.append(os.open("/dev/null", os.O_RDONLY))
+            except OSError:
+                pass
+
+    try:
+        trio.run(main)
+        error = None
+    except Exception as exc:
+        error = exc
+    for fd in filler:
+        os.close(fd)
+
+    def alive(pid):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
+        except OSError:
+            return False
+
+    print(json.dumps({
+        "pids": pids,
+        "alive": [pid for pid in pids if alive(pid)],
+        "error": type(error).__name__,
+        "cause": getattr(error.__cause__, "errno", None),
+    }))
+    """
+)
+
+
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper", "group"])
+def test_out_of_file_descriptors_the_group_is_still_killed(
+    tracked: Tracked, containment: str
+) -> None:
+    # Red before (subreaper): the listing that failed came before the killpg, so nothing
+    # was signalled at all, yet the outcome listed every signal.
+    available(containment)
+    child = subprocess.run(
+        [*procs.python(), "-c", OUT_OF_FILE_DESCRIPTORS, containment],
+        capture_output=True,
+        env=tracked.env,
+        timeout=60,
+        check=False,
+    )
+    assert child.returncode == 0, child.stderr.decode()
+    report = json.loads(child.stdout)
+    assert len(report["pids"]) == 2
+    assert report["alive"] == []
+    assert report["error"] in ("CleanupError", "OSError")  # said, not swallowed
+    if report["error"] == "CleanupError":
+        assert report["cause"] == errno.EMFILE  # and why
+    assert tracked.survivors() == []

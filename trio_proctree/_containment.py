@@ -409,13 +409,22 @@ class MemberTracking:
     def signal(self, sig: int, *, escalation: bool = False) -> None:
         survey = not (escalation and self._surveyed)  # for an escalation, once
         self._surveyed |= escalation
+        listing_failed = None
         if survey and self.survey_first:
-            self._track_new_members()
+            try:
+                self._track_new_members()
+            except OSError as exc:
+                # Out of file descriptors, say: the group still gets its signal below (a
+                # killpg needs none); the error is raised after it.
+                listing_failed = exc
         # The group in one call; its members start acting on the signal at once... (Unless
         # the leader was reaped elsewhere: its group id may be anyone's by now. Then every
         # member the listing confirms is signalled through its pidfd, as an escapee.)
         if self.leader.pins_group:
             self._group.signal(sig)
+        if listing_failed is not None:
+            self._signal_escapees(self._escapees, [sig])  # those already known
+            raise listing_failed
         # ...while we learn who else is in the tree: that work overlaps the members' exit,
         # which the caller would be waiting for anyway. Then the escapees, one by one.
         if survey and not self.survey_first:
@@ -427,10 +436,17 @@ class MemberTracking:
             self._sent.append(sig)
 
     def kill(self) -> None:
-        self._hard_kill()
-        if self.leader.pins_group:  # the leader, should it not have joined the cgroup yet
+        # The group first: a killpg needs no file descriptor, so it works even when this
+        # process has run out of them, which the hard stop below may not (it opens files).
+        # It also reaches a leader that has not joined its cgroup yet.
+        if self.leader.pins_group:
             self._group.kill()
         self._sent.append(signal.SIGKILL)
+        try:
+            self._hard_kill()
+        except OSError:
+            self._signal_escapees(self._escapees, [signal.SIGKILL])  # those already known
+            raise
 
     def pending(self) -> Pending:
         self._members.forget_exited()

@@ -147,7 +147,11 @@ class TreeCore:
                 returncode=returncode,
             )
         if isinstance(action, Finished) and not action.emptied:
-            errors.insert(0, CleanupError(f"{self.label}: processes outlived SIGKILL"))
+            outlived = CleanupError(f"{self.label}: processes outlived SIGKILL")
+            # Often because a step failed (no file descriptors left to list the tree, say):
+            # that is the reason, and must show.
+            outlived.__cause__ = errors[0] if errors else None
+            errors.insert(0, outlived)
         if errors:
             for extra in errors[1:]:
                 logger.error("%s: another cleanup error", self.label, exc_info=extra)
