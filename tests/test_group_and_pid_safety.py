@@ -7,6 +7,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -162,6 +163,56 @@ def test_windows_is_refused_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys, "platform", "win32")
     with pytest.raises(NotImplementedError, match="Windows"):
         open_process_tree(["sleep", "1"])
+
+
+# Imports the package as Windows would offer it: without the Unix-only modules, os and
+# signal names, then asks both drivers for a tree.
+AS_ON_WINDOWS = textwrap.dedent(
+    """
+    import asyncio, importlib.abc, os, signal, sys, trio  # these all exist on Windows
+
+    UNIX_ONLY = {"grp", "pwd", "fcntl", "termios", "resource", "_posixsubprocess"}
+
+    class Missing(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name in UNIX_ONLY:
+                raise ModuleNotFoundError(f"No module named {name!r}")
+
+    sys.meta_path.insert(0, Missing())
+    for name in UNIX_ONLY:
+        sys.modules.pop(name, None)
+    for module, names in [
+        (os, "WEXITED WNOHANG WNOWAIT P_PID P_PIDFD pidfd_open waitid killpg getpgid "
+             "setsid fork register_at_fork waitstatus_to_exitcode O_DIRECTORY"),
+        (signal, "SIGKILL SIGCONT SIGSTOP SIGHUP SIGPIPE SIGCHLD SIGXFSZ pidfd_send_signal"),
+    ]:
+        for name in names.split():
+            if hasattr(module, name):
+                delattr(module, name)
+    sys.platform = "win32"
+
+    import trio_proctree, trio_proctree.asyncio
+    for start in (
+        lambda: trio.run(trio_proctree.run_process_tree, ["cmd"]),
+        lambda: asyncio.run(trio_proctree.asyncio.run_process_tree(["cmd"])),
+    ):
+        try:
+            start()
+        except NotImplementedError as exc:
+            print(exc)
+    """
+)
+
+
+def test_on_windows_the_package_imports_and_refuses_clearly() -> None:
+    # Red before: importing it failed (grp, pwd, os.WEXITED, signal.SIGSTOP at import).
+    child = subprocess.run(
+        [*procs.python(), "-c", AS_ON_WINDOWS], capture_output=True, timeout=60, check=False
+    )
+    assert child.returncode == 0, child.stderr.decode()
+    lines = child.stdout.decode().splitlines()
+    assert len(lines) == 2
+    assert all("does not support Windows" in line for line in lines)
 
 
 def test_other_platforms_are_refused_clearly(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -254,7 +254,8 @@ def _forget_the_parents_trees() -> None:
     _open_trees.clear()
 
 
-os.register_at_fork(after_in_child=_forget_the_parents_trees)
+if hasattr(os, "register_at_fork"):  # not on Windows, where nothing here runs
+    os.register_at_fork(after_in_child=_forget_the_parents_trees)
 
 
 def kill_open_trees() -> None:

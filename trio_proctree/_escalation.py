@@ -13,7 +13,9 @@ SignalLike = int | str
 #: Signals that cannot end a process, so they make no sense as a stop signal:
 #: SIGSTOP only suspends the tree (and cleanup follows every stop signal with SIGCONT),
 #: and SIGCONT resumes it.
-_NOT_STOP_SIGNALS = frozenset({signal.SIGSTOP, signal.SIGCONT})
+_NOT_STOP_SIGNALS = frozenset(
+    getattr(signal, name) for name in ("SIGSTOP", "SIGCONT") if hasattr(signal, name)
+)  # (neither exists on Windows, where importing the package must still work)
 
 
 def parse_signal(value: SignalLike, *, what: str = "signal") -> int:

@@ -15,9 +15,6 @@ import subprocess
 
 logger = logging.getLogger("trio_proctree")
 
-# waitid() options that report an exit without consuming it (the zombie stays).
-_PEEK = os.WEXITED | os.WNOHANG | os.WNOWAIT
-
 # What Popen is told when the leader was reaped by someone else (never reported to users).
 _LOST = -255
 
@@ -56,7 +53,8 @@ class Leader:
         try:
             # By pidfd, not pid: if someone else reaped the leader and its pid went to
             # another child of ours, waitid(P_PID) would report on that one instead.
-            info = os.waitid(os.P_PIDFD, self.pidfd, _PEEK)
+            # WNOWAIT: the exit is reported, not consumed (the zombie stays).
+            info = os.waitid(os.P_PIDFD, self.pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
             self.lost = True
             # Popen must never look at this pid again: it may be another child of ours by

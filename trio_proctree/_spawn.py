@@ -10,10 +10,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
-import grp
 import inspect
 import os
-import pwd
 import shlex
 import signal
 import subprocess
@@ -178,6 +176,9 @@ def _check_command(command: Command, shell: bool) -> list[Any]:
 
 def _check_user_and_group(options: Mapping[str, Any]) -> None:
     """Names given for ``user=`` / ``group=`` must exist (else Popen fails after forking)."""
+    import grp  # noqa: PLC0415 - Unix only: importing the package must work on Windows
+    import pwd  # noqa: PLC0415
+
     user, group = options.get("user"), options.get("group")
     if isinstance(user, str):
         try:

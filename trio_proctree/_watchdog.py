@@ -234,5 +234,6 @@ def _at_exit() -> None:
     _deferred.clear()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+if hasattr(os, "register_at_fork"):  # not on Windows, where nothing here runs
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 atexit.register(_at_exit)
