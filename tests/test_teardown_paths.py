@@ -121,6 +121,23 @@ async def test_a_member_that_outlives_the_stopped_leader_counts_as_lingering(
     assert tree.outcome.returncode == 0
 
 
+async def test_members_stopped_with_the_leader_are_not_counted_as_lingering(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # Red before: members still dying of the same SIGTERM when the leader's exit was seen
+    # counted, in 2 teardowns of 5 (cgroup). Lingering means outliving the leader into a
+    # later step (or into cleanup itself), not dying a moment after it.
+    for _ in range(15):
+        async with open_process_tree(
+            ["sh", "-c", "sleep 60 & sleep 61 & wait"], **contained
+        ) as tree:
+            await trio.sleep(0.02)  # the shell has started both
+        assert tree.outcome is not None
+        assert tree.outcome.signals == (signal.SIGTERM, signal.SIGCONT)
+        assert tree.outcome.lingering_killed == 0
+    assert tracked.survivors() == []
+
+
 async def test_a_tree_that_already_ended_gets_no_signal(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:

@@ -19,6 +19,7 @@ import contextlib
 import itertools
 import logging
 import os
+import signal
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -354,10 +355,9 @@ class CgroupContainment(MemberTracking):
         return leader.poll() is None and not leader.lost
 
     def _survey(self, *, track: bool, pins: bool) -> list[int]:
-        """List the members, note those that outlived the leader, and return the escapees
-        not known before (pinned by pidfd). With ``track``, every member listed is tracked
-        by a pidfd, to be waited on. ``pins``: whether the unreaped leader pins the group
-        id (the caller has just asked).
+        """List the members, and return the escapees not known before (pinned by pidfd).
+        With ``track``, every member listed is tracked by a pidfd, to be waited on.
+        ``pins``: whether the unreaped leader pins the group id (the caller has just asked).
 
         A member of the group is told by ``getpgid`` alone: ``killpg`` reaches it, and a
         listed pid recycled by the time ``getpgid`` asks is in our pinned group only if it
@@ -366,7 +366,6 @@ class CgroupContainment(MemberTracking):
         one.) Anything else is confirmed by `_open_member` through a pidfd of its own.
         """
         leader = self.leader
-        leader_gone = not self._leader_running()
         new: list[int] = []
         for pid in self._list_members():
             if pid in self._members or (pid == leader.pid and not leader.lost):
@@ -381,8 +380,6 @@ class CgroupContainment(MemberTracking):
                 except ProcessLookupError:
                     in_group = False
                 if in_group:
-                    if leader_gone:
-                        self._lingering.add(pid)
                     if waited is not None:
                         self._members[pid] = waited
                     continue
@@ -392,8 +389,6 @@ class CgroupContainment(MemberTracking):
             if fd is None:
                 continue
             self._members[pid] = fd
-            if leader_gone:
-                self._lingering.add(pid)
             if pid in self._escapees:
                 new.append(pid)
         return new
@@ -413,10 +408,17 @@ class CgroupContainment(MemberTracking):
         # the cgroup alone says who is a member; the listing finds them all, and each is
         # signalled through a pidfd (and counted as an escapee: the group is unknown).
         pins = self.leader.pins_group
+        early: list[int] = []
+        if escalation and sig != signal.SIGCONT and self._leader_exited():
+            # A step after the leader exited: what still runs outlived it, and lingers.
+            # Counted before the signal, which some of it may die of at once. (Only here
+            # is the listing taken first: while the leader runs, nothing lingers yet.)
+            early = self._survey(track=True, pins=pins)
+            self._mark_lingering()
         if pins:
             self._group.signal(sig)
         # Then the escapees, one pidfd each. An escalation also pins the members to wait on.
-        new = self._survey(track=escalation, pins=pins) if survey else []
+        new = early + (self._survey(track=escalation, pins=pins) if survey else [])
         self._signal_escapees([pid for pid in self._escapees if pid not in new], [sig])
         self._signal_escapees(new, catch_up)
         # An escapee may have forked before its signal came: list again until none is new.
@@ -431,7 +433,6 @@ class CgroupContainment(MemberTracking):
             self._members.forget_exited()
         if self._leader_running():
             return [self.leader.pidfd]
-        self._lingering.update(self._members)  # outliving the leader
         if not self._members:
             if not _populated(self.path):
                 return self._now_empty()

@@ -183,6 +183,10 @@ class ProcessGroupContainment:
         self._started = False
         self._scan_after: int | None = None
         self._lingering: set[int] = set()
+        #: Members found after the leader exited, once cleanup had begun its steps: they
+        #: linger if still running at the next step (else they were dying of the last).
+        self._outliving: set[int] = set()
+        self._stepped = False
         #: What the parent-death watchdog kills, should we die before cleanup.
         self.backstop: list[str] = []
 
@@ -208,6 +212,10 @@ class ProcessGroupContainment:
 
     def signal(self, sig: int, *, escalation: bool = False) -> None:
         assert self._leader is not None
+        if escalation and sig != signal.SIGCONT:  # (SIGCONT completes the step before)
+            self._stepped = True
+            self._watched.forget_exited()
+            self._lingering.update(pid for pid in self._outliving if pid in self._watched)
         if not self._leader.pins_group:
             # The pgid may belong to a new, unrelated group by now: signalling it could hit
             # processes outside the tree.
@@ -220,7 +228,7 @@ class ProcessGroupContainment:
             pass  # nothing left in the group, not even the leader's zombie
 
     def kill(self) -> None:
-        self.signal(signal.SIGKILL)
+        self.signal(signal.SIGKILL, escalation=True)
 
     def watch_leader(self, watched: Pidfds) -> None:
         """Start watching the leader (unless it has been reaped: its pid may be reused)."""
@@ -248,7 +256,9 @@ class ProcessGroupContainment:
             return []
         for pid in snapshot.in_group(self._pgid):
             if (pinned := pin_process(pid, self._in_group)) is not None:
-                self._lingering.add(pid)
+                # Outliving the leader: on its own before cleanup's first step; after one,
+                # only if still running at the next (it may be dying of this one).
+                (self._outliving if self._stepped else self._lingering).add(pid)
                 self._watched[pid] = pinned[0]
         return list(self._watched.values())
 
@@ -417,6 +427,11 @@ class MemberTracking:
                 # Out of file descriptors, say: the group still gets its signal below (a
                 # killpg needs none); the error is raised after it.
                 listing_failed = exc
+        if escalation and sig != signal.SIGCONT and self._leader_exited():
+            # A step of cleanup (SIGCONT completes the one before) taken after the leader
+            # exited: what still runs outlived it, and lingers. Counted before the signal,
+            # which some of it may die of at once.
+            self._mark_lingering()
         # The group in one call; its members start acting on the signal at once... (Unless
         # the leader was reaped elsewhere: its group id may be anyone's by now. Then every
         # member the listing confirms is signalled through its pidfd, as an escapee.)
@@ -435,7 +450,17 @@ class MemberTracking:
             # tracked member has exited.
             self._sent.append(sig)
 
+    def _leader_exited(self) -> bool:
+        return self.leader.lost or self.leader.poll() is not None
+
+    def _mark_lingering(self) -> None:
+        """Members other than the leader still running at a step after the leader exited."""
+        self._members.forget_exited()
+        self._lingering.update(pid for pid in self._members if pid != self.leader.pid)
+
     def kill(self) -> None:
+        if self._leader_exited():
+            self._mark_lingering()
         # The group first: a killpg needs no file descriptor, so it works even when this
         # process has run out of them, which the hard stop below may not (it opens files).
         # It also reaches a leader that has not joined its cgroup yet.
@@ -460,8 +485,6 @@ class MemberTracking:
                 # a process the listing could not place yet. Ask again after the driver
                 # yields, rather than spin here.
                 return NEED_SCAN
-        if self.leader.poll() is not None:
-            self._lingering.update(pid for pid in self._members if pid != self.leader.pid)
         self._emptied = not self._members
         return list(self._members.values())
 

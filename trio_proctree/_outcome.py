@@ -22,9 +22,10 @@ class CleanupOutcome:
     stdin_closed: bool
     #: Whether the graceful steps ran out of time, so SIGKILL was needed.
     grace_expired: bool
-    #: Processes other than the leader still running after the leader had exited, which
-    #: cleanup then stopped (``sh -c "sleep 60 & exit 0"`` leaves one). Members still
-    #: dying of the same signal as the leader when its exit is seen may count too.
+    #: Processes other than the leader that outlived it and were stopped by cleanup: still
+    #: running when cleanup began after the leader had exited (``sh -c "sleep 60 & exit 0"``
+    #: leaves one), or at a later step (a member that ignored the stop signal that ended
+    #: the leader, say). Members that stop with the leader on the same signal do not count.
     lingering_killed: int
     #: Members outside the tree's process group (``setsid`` daemons, double forks) that
     #: cleanup found and stopped; a process group alone cannot see them. When the leader
