@@ -21,6 +21,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+#: Debian 13's C library, as ``nox -s tests_glibc`` fetched it: mutants of the direct start
+#: into a cgroup (glibc 2.41+) run their tests under it.
+GLIBC = ROOT / ".nox" / "_glibc" / "root"
 
 # name, file, original text, mutated text, tests that must go red (pytest -k)
 MUTANTS = [
@@ -85,7 +88,7 @@ MUTANTS = [
     (
         "leader: reaped as soon as it exits",
         "_leader.py",
-        "            info = os.waitid(os.P_PIDFD, self.pidfd, _PEEK)",
+        "            info = os.waitid(os.P_PIDFD, self.pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT)",
         "            info = os.waitid(os.P_PIDFD, self.pidfd, os.WEXITED | os.WNOHANG)",
         "test_exited_leader_keeps_its_pgid_reserved or test_reading_returncode_never_reaps",
     ),
@@ -147,11 +150,18 @@ MUTANTS = [
         "lingering and cgroup",
     ),
     (
-        "cgroup: members outliving the leader not counted as lingering",
-        "_cgroup.py",
-        "        self._lingering.update(self._members)  # outliving the leader",
-        "        pass",
+        "lingering: a member outliving the leader into SIGKILL not counted",
+        "_containment.py",
+        "        if self._leader_exited():\n            self._mark_lingering()\n",
+        "",
         "outlives_the_stopped and cgroup",
+    ),
+    (
+        "lingering: counted after the step's signal, not before it",
+        "_cgroup.py",
+        "            early = self._survey(track=True, pins=pins)\n            self._mark_lingering()\n",
+        "            early = self._survey(track=True, pins=pins)\n",
+        "stopped_after_the_leader_exited and cgroup",
     ),
     (
         "subreaper: never set",
@@ -198,6 +208,69 @@ MUTANTS = [
         "test_a_longer_grace_costs_no_extra_wakeups",
     ),
     (
+        "fork: the child's exit kills the parent's trees",
+        "_core.py",
+        "    _open_trees.clear()",
+        "    pass",
+        "forked_child",
+    ),
+    (
+        "sweep: homes of another pid namespace taken for stale",
+        "_cgroup.py",
+        "            if int(ns_text) != namespace:",
+        "            if False:",
+        "another_pid_namespace",
+    ),
+    (
+        "interrupt: Ctrl-C abandons the cleanup",
+        "_trio.py",
+        "        except KeyboardInterrupt as interrupt:",
+        "        except ZeroDivisionError as interrupt:",
+        "ctrl_c",
+    ),
+    (
+        "spawn: the worker thread's result lost when its task is cancelled",
+        "asyncio.py",
+        "        cancelled = await _through_cancellation(forking)",
+        "        cancelled = None\n        await forking",
+        "whose_tasks_are_all_cancelled",
+    ),
+    (
+        "close: a cleanup cancelled before it began is not started again",
+        "asyncio.py",
+        "        if task.cancelled() and not self._cleanup_began:",
+        "        if False:",
+        "before_its_first_step_runs",
+    ),
+    (
+        "close: a cancel absorbed under the block's exception is never delivered",
+        "asyncio.py",
+        "            _deliver_later(cancelled)",
+        "            pass",
+        "delivered_after_it",
+    ),
+    (
+        "fds: a failed listing skips the group's signal",
+        "_containment.py",
+        "                listing_failed = exc",
+        "                raise",
+        "file_descriptors and subreaper",
+    ),
+    (
+        "direct start: a killed tree's cgroup reused [glibc]",
+        "_cgroup.py",
+        "            if self._free and not direct_spawn.available():",
+        "            if self._free:",
+        "starts_after_the_one_before_was_killed",
+    ),
+    (
+        "direct start: never proven with a throwaway child [glibc]",
+        "_spawn_into_cgroup.py",
+        "    if not _proven:\n        _prove(glibc, request.cgroup)",
+        "    if False:\n        _prove(glibc, request.cgroup)",
+        "die_at_birth",
+    ),
+    (
         "subreaper: orphans never reaped",
         "_orphans.py",
         "            try:\n                os.waitpid(child, os.WNOHANG)",
@@ -220,8 +293,16 @@ def run(name: str, path: str, old: str, new: str, tests: str) -> bool:
         target.write_text(source.replace(old, new, 1))
         # Run in the copy: the current directory goes first on sys.path, so the mutated
         # package shadows the installed (editable) one.
+        python = [sys.executable]
+        if name.endswith("[glibc]"):
+            # Mutants of the direct start, which only glibc 2.41+ takes.
+            library = next(GLIBC.glob("usr/lib/*/libc.so.6"), None)
+            if library is None:
+                raise SystemExit(f"{name}: needs Debian 13's glibc: run nox -s tests_glibc")
+            loader = next(GLIBC.glob("usr/lib*/ld-linux*.so.*"))
+            python = [str(loader), "--library-path", str(library.parent), sys.executable]
         result = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+            [*python, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
              "-o", "check_process_leaks=false", "-k", tests, "tests"],
             cwd=scratch, capture_output=True, text=True, timeout=900, check=False,
         )  # fmt: skip
