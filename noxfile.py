@@ -158,6 +158,17 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session(python="3.11", default=False)
+def bench_glibc(session: nox.Session) -> None:
+    """The benchmarks under Debian 13's C library (glibc 2.41): leaders start directly
+    in their cgroup, without the exec of /bin/sh that older C libraries need."""
+    loader, library = _debian_glibc(session)
+    session.install("-e", ".")
+    python = [str(loader), "--library-path", str(library), str(Path(session.bin) / "python")]
+    session.run(*python, "bench/bench_teardown.py", *session.posargs, external=True)
+    session.run(*python, "bench/bench_scale.py", *session.posargs, external=True)
+
+
+@nox.session(python="3.11", default=False)
 def mutation(session: nox.Session) -> None:
     """Mutation testing: mutmut on the policy and the escalation machine (configured in
     pyproject.toml), then the named mutants of the containment and close-path code."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -115,8 +116,13 @@ def test_a_home_made_in_another_pid_namespace_is_never_swept(tracked: Tracked) -
             pytest.skip(f"cannot make a pid namespace: {holder.stderr.read()!r}")  # type: ignore[union-attr]
         members = _cgroup._procs(tree)
         assert len(members) == 1  # its sleep, by its pid here
-        _cgroup._sweep_stale_homes(os.path.dirname(os.path.dirname(tree)))
-        assert procs.alive(members[0])
+        pidfd = os.pidfd_open(members[0])
+        try:
+            _cgroup._sweep_stale_homes(os.path.dirname(os.path.dirname(tree)))
+            # A cgroup.kill would land in microseconds; its pidfd stays unreadable.
+            assert select.select([pidfd], [], [], 0.2)[0] == []
+        finally:
+            os.close(pidfd)
         assert os.path.isdir(tree)
         holder.stdin.write(b"\n")
         holder.stdin.close()
@@ -257,7 +263,8 @@ def test_nested_subreaper_trees_die_with_the_outer_parent(tracked: Tracked) -> N
 
 
 # Runs out of file descriptors inside the block, then lets cleanup run: it cannot list
-# the tree any more, but the process group needs none to be signalled.
+# the tree any more, but the process group needs none to be signalled. The shell exits 0
+# on SIGTERM: its status says whether the stop signal got through.
 OUT_OF_FILE_DESCRIPTORS = textwrap.dedent(
     """
     import json, os, resource, signal, sys, trio
@@ -265,11 +272,11 @@ OUT_OF_FILE_DESCRIPTORS = textwrap.dedent(
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))
-    pids, filler = [], []
+    pids, filler, trees = [], [], []
 
     async def main():
         policy = Escalation(steps=[(signal.SIGTERM, 0.2)], kill_wait=0.2)
-        command = ["sh", "-c", "trap '' TERM; sleep 60 & echo $$ $!; wait"]
+        command = ["sh", "-c", "trap 'exit 0' TERM; sleep 60 & echo $$ $!; wait"]
         async with open_process_tree(
             command, escalation=policy, stdout=-1, containment=sys.argv[1]
         ) as tree:
@@ -277,6 +284,7 @@ OUT_OF_FILE_DESCRIPTORS = textwrap.dedent(
             while not line.endswith(b"\\n"):
                 line += await tree.stdout.receive_some()
             pids.extend(int(pid) for pid in line.split())
+            trees.append(tree)
             try:
                 while True:
                     filler.append(os.open("/dev/null", os.O_RDONLY))
@@ -303,6 +311,7 @@ OUT_OF_FILE_DESCRIPTORS = textwrap.dedent(
         "alive": [pid for pid in pids if alive(pid)],
         "error": type(error).__name__,
         "cause": getattr(error.__cause__, "errno", None),
+        "returncode": trees[0].outcome.returncode,
     }))
     """
 )
@@ -326,6 +335,7 @@ def test_out_of_file_descriptors_the_group_is_still_killed(
     report = json.loads(child.stdout)
     assert len(report["pids"]) == 2
     assert report["alive"] == []
+    assert report["returncode"] == 0  # the stop signal got through: the shell's trap ran
     assert report["error"] in ("CleanupError", "OSError")  # said, not swallowed
     if report["error"] == "CleanupError":
         assert report["cause"] == errno.EMFILE  # and why

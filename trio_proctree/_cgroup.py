@@ -115,7 +115,7 @@ class CgroupHome:
 
     def take_tree(self) -> str:
         with self._lock:
-            if self._free and not direct_spawn.available():
+            if self._free:  # (none are kept while leaders start directly: see give_back)
                 return self._free.pop()
         while True:
             with self._lock:

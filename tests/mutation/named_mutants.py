@@ -124,8 +124,8 @@ MUTANTS = [
     (
         "subreaper: escapees not sent the stop signal",
         "_containment.py",
-        "        self._signal_escapees(self._escapees, [sig])",
-        "        pass",
+        "            self._track_new_members()\n        self._signal_escapees(self._escapees, [sig])",
+        "            self._track_new_members()\n        pass",
         "test_stopped_escapee_gets_sigcont",
     ),
     (
@@ -259,8 +259,8 @@ MUTANTS = [
     (
         "direct start: a killed tree's cgroup reused [glibc]",
         "_cgroup.py",
-        "            if self._free and not direct_spawn.available():",
-        "            if self._free:",
+        "            if len(self._free) < self.KEEP and not direct_spawn.available():",
+        "            if len(self._free) < self.KEEP:",
         "starts_after_the_one_before_was_killed",
     ),
     (
