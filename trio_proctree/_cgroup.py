@@ -100,13 +100,16 @@ class CgroupHome:
 
     Emptied tree cgroups are kept for the next tree: an empty cgroup is as good as a new
     one for a leader that joins it, and reusing it saves a mkdir when a tree starts and an
-    rmdir when it ends.
+    rmdir when it ends. Where leaders start directly in their cgroup none is reused (see
+    `give_back`): each is removed when the next tree starts, in the spawn's worker thread,
+    not on the path that ends a tree.
     """
 
     path: str
     #: The path as /proc/PID/cgroup shows it, for telling members from strangers.
     relative: str
     _free: list[str] = attrs.field(factory=list[str])
+    _retired: list[str] = attrs.field(factory=list[str])
     _counter: Iterator[int] = attrs.field(factory=itertools.count)
     _lock: threading.Lock = attrs.field(factory=threading.Lock)
 
@@ -117,6 +120,10 @@ class CgroupHome:
         with self._lock:
             if self._free:  # (none are kept while leaders start directly: see give_back)
                 return self._free.pop()
+            retired, self._retired = self._retired, []
+        for tree in retired:
+            with contextlib.suppress(OSError):  # (a member made a cgroup in it: left)
+                os.rmdir(tree)
         while True:
             with self._lock:
                 path = os.path.join(self.path, f"tree-{next(self._counter)}")
@@ -136,15 +143,19 @@ class CgroupHome:
         and a tree's own members may have written it.
         """
         with self._lock:
-            if len(self._free) < self.KEEP and not direct_spawn.available():
-                self._free.append(tree)
+            if not direct_spawn.available():
+                if len(self._free) < self.KEEP:
+                    self._free.append(tree)
+                    return
+            elif len(self._retired) < self.KEEP:
+                self._retired.append(tree)
                 return
         os.rmdir(tree)
 
     def remove(self) -> None:
         """Remove the kept cgroups and the home itself (at interpreter exit)."""
         with self._lock:
-            free, self._free = self._free, []
+            free, self._free, self._retired = self._free + self._retired, [], []
         for tree in free:
             with contextlib.suppress(OSError):
                 os.rmdir(tree)

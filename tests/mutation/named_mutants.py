@@ -259,8 +259,8 @@ MUTANTS = [
     (
         "direct start: a killed tree's cgroup reused [glibc]",
         "_cgroup.py",
-        "            if len(self._free) < self.KEEP and not direct_spawn.available():",
-        "            if len(self._free) < self.KEEP:",
+        "            if not direct_spawn.available():\n                if len(self._free)",
+        "            if True:\n                if len(self._free)",
         "starts_after_the_one_before_was_killed",
     ),
     (
