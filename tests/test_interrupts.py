@@ -158,6 +158,9 @@ INTERRUPTED_DURING_THE_GRACE = textwrap.dedent(
     import json, logging, os, signal, sys, threading, time, trio
     from trio_proctree import open_process_tree
 
+    # Ctrl-C as at a terminal: a background job (CI, nohup) inherits SIGINT ignored, and
+    # then Python installs no KeyboardInterrupt for it.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     grace_began = threading.Event()
 
     class Watch(logging.Handler):
