@@ -408,6 +408,11 @@ def test_cgroup2_mount_is_found_on_pure_and_hybrid_hosts() -> None:
     assert find_cgroup2_mount(hybrid) == "/sys/fs/cgroup/unified"
     assert find_cgroup2_mount(spaced) == "/mnt/my cgroups"
     assert find_cgroup2_mount("32 31 0:29 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw\n") is None
+    # In a cgroup namespace, a mount made outside it shows its root as "/..": unusable.
+    outside = "41 31 0:38 /.. /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n"
+    inside = "52 40 0:38 / /mnt/cgroup rw - cgroup2 cgroup2 rw\n"
+    assert find_cgroup2_mount(outside) is None
+    assert find_cgroup2_mount(outside + inside) == "/mnt/cgroup"
 
 
 def test_own_cgroup_is_read_from_the_unified_line() -> None:

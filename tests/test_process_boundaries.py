@@ -340,3 +340,77 @@ def test_out_of_file_descriptors_the_group_is_still_killed(
     if report["error"] == "CleanupError":
         assert report["cause"] == errno.EMFILE  # and why
     assert tracked.survivors() == []
+
+
+# Reports which containment "auto" gives a tree here, and whether its setsid escapee
+# was stopped with it.
+WHICH_CONTAINMENT = textwrap.dedent(
+    """
+    import json, os, trio
+    from trio_proctree import open_process_tree
+
+    async def main():
+        command = ["sh", "-c", "setsid -f sh -c 'echo $$; exec sleep 60'; exec sleep 60"]
+        async with open_process_tree(command, grace=5.0, stdout=-1) as tree:
+            line = b""
+            while not line.endswith(b"\\n"):
+                line += await tree.stdout.receive_some()
+        try:
+            with open(f"/proc/{int(line)}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            state = "reaped"
+        outcome = tree.outcome
+        print(json.dumps({
+            "containment": tree.containment,
+            "escapee_state": state,
+            "grace_expired": outcome.grace_expired,
+            "escapees_killed": outcome.escapees_killed,
+        }))
+
+    trio.run(main)
+    """
+)
+
+
+def test_in_a_cgroup_namespace_that_hides_our_cgroup_auto_does_not_pick_cgroup(
+    tracked: Tracked,
+) -> None:
+    # Red before: under `unshare --cgroup` the cgroup2 mount still shows the host's tree
+    # (its root is "/.." from inside), so our own cgroup ("/" inside) was looked for at
+    # the host's root: the home went there, and escapees were never confirmed as members
+    # (each waited out the whole grace for cgroup.kill).
+    available("cgroup")
+    if shutil.which("unshare") is None:  # pragma: no cover - util-linux is everywhere
+        pytest.skip("needs unshare(1)")
+    # The namespace's root must be a cgroup below the mount's root: a cgroup of our own.
+    with open("/proc/self/mountinfo") as f:
+        mount = _cgroup.find_cgroup2_mount(f.read())
+    with open("/proc/self/cgroup") as f:
+        here = _cgroup.own_cgroup(f.read())
+    assert mount is not None and here is not None
+    private = os.path.join(mount, here.lstrip("/"), f"cgroupns-{tracked.token}")
+    os.mkdir(private)
+    try:
+        child = subprocess.run(
+            [
+                "sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', private,
+                "unshare", "--cgroup", *procs.python(), "-c", WHICH_CONTAINMENT,
+            ],
+            capture_output=True, env=tracked.env, timeout=60, check=False,
+        )  # fmt: skip
+    finally:
+        deadline = time.monotonic() + 5  # its watchdog leaves once it has seen it exit
+        while procs.populated(private) and time.monotonic() < deadline:
+            time.sleep(0.01)  # a stranger's exit: no event to wait on
+        for inner in sorted(_cgroup._all_dirs(private), key=len, reverse=True):
+            os.rmdir(inner)
+    if child.returncode != 0 and b"unshare" in child.stderr:  # pragma: no cover - not root
+        pytest.skip(f"cannot make a cgroup namespace: {child.stderr!r}")
+    assert child.returncode == 0, child.stderr.decode()
+    report = json.loads(child.stdout)
+    assert report["containment"] == "subreaper"  # the strongest that works here
+    assert report["escapee_state"] in ("Z", "X", "reaped")  # stopped with the tree...
+    assert not report["grace_expired"]  # ...by the stop signal, not after the grace
+    assert report["escapees_killed"] == 1
+    assert tracked.survivors() == []

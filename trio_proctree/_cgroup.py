@@ -51,11 +51,19 @@ def _unescape_mount_path(field: str) -> str:
 
 def find_cgroup2_mount(mountinfo: str) -> str | None:
     """Where the cgroup v2 hierarchy is mounted: ``/sys/fs/cgroup`` on pure v2 hosts,
-    ``/sys/fs/cgroup/unified`` on hybrid ones. None if it is not mounted."""
+    ``/sys/fs/cgroup/unified`` on hybrid ones. None if it is not mounted where our own
+    cgroup path (as /proc/self/cgroup gives it) can be found under it.
+
+    That takes a mount of the hierarchy's root as our cgroup namespace sees it (mountinfo
+    root ``/``). In a cgroup namespace whose mount was made outside it (``unshare
+    --cgroup``, say), the root shows as ``/..``: the mount holds cgroups above our
+    namespace's root, whose names we cannot know, so our own cannot be found in it.
+    """
     for line in mountinfo.splitlines():
         before, _, after = line.partition(" - ")
-        if after.split(" ", 1)[0] == "cgroup2":
-            return _unescape_mount_path(before.split(" ")[4])
+        fields = before.split(" ")
+        if after.split(" ", 1)[0] == "cgroup2" and fields[3] == "/":
+            return _unescape_mount_path(fields[4])
     return None
 
 
