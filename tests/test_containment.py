@@ -19,9 +19,10 @@ import pytest
 import trio
 
 import trio_proctree
-from trio_proctree import ContainmentUnavailable, _cgroup, open_process_tree
+from trio_proctree import ContainmentUnavailable, _cgroup, open_process_tree, run_process_tree
 from trio_proctree._cgroup import find_cgroup2_mount, own_cgroup
 from trio_proctree._orphans import become_subreaper
+from trio_proctree._subreaper import SubreaperContainment
 
 from . import procs
 from .conftest import Tracked, read_pids
@@ -250,6 +251,39 @@ async def test_subreaper_misses_an_escapee_that_clears_its_environment(
     finally:
         os.kill(escapee, signal.SIGKILL)  # our own test process, by pid
         os.waitpid(escapee, 0)  # noqa: ASYNC222 - SIGKILLed, our child (subreaper): at once
+    assert tracked.survivors() == []
+
+
+async def test_a_child_of_ours_with_no_environment_slows_one_subreaper_teardown_only(
+    tracked: Tracked, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Red before: each subreaper teardown took the program's own child started with env={}
+    # for a member in the middle of execve, and listed the tree again up to 50 times.
+    available("subreaper")
+    listings = 0
+    list_members = SubreaperContainment._list_members
+
+    def counted(self: SubreaperContainment) -> list[int]:
+        nonlocal listings
+        listings += 1
+        return list_members(self)
+
+    monkeypatch.setattr(SubreaperContainment, "_list_members", counted)
+    stranger = await trio.lowlevel.open_process(["/bin/sleep", "60"], env={})  # of no tree
+    try:
+        with trio.fail_after(5):
+            while procs.command_name(stranger.pid) != "sleep":  # its exec is done
+                await trio.sleep(0.001)
+        for _ in range(4):
+            await run_process_tree(["true"], env=tracked.env, containment="subreaper")
+    finally:
+        stranger.kill()  # our own child, by pid
+        await stranger.wait()
+    assert (
+        SubreaperContainment.UNDECIDED_LISTINGS
+        <= listings
+        < 2 * (SubreaperContainment.UNDECIDED_LISTINGS)
+    )
     assert tracked.survivors() == []
 
 

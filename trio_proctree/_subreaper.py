@@ -21,6 +21,7 @@ import itertools
 import logging
 import os
 import signal
+import threading
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -52,6 +53,28 @@ def _environment_has(pid: int, entry: bytes) -> bool | None:
     return entry in environment.split(b"\0") if environment else None
 
 
+#: How often each live process (pid, start time) re-parented to us has been seen with no
+#: environment, over all trees: one started with an empty environment (a child of the
+#: program's own, ``env={}``) shows none for good, and keeps a teardown looking again only
+#: the first time, not in every teardown after.
+_no_environment_seen: dict[tuple[int, int], int] = {}
+_no_environment_lock = threading.Lock()
+
+
+def _still_undecided(stat: ProcStat, listings: int) -> bool:
+    """Count one more sighting of ``stat`` with no environment; whether to look again."""
+    key = (stat.pid, stat.starttime)
+    with _no_environment_lock:
+        seen = _no_environment_seen.get(key, 0)
+        if seen >= listings:
+            return False
+        if len(_no_environment_seen) >= 4096:  # keep it bounded: forget the gone
+            for old in [k for k in _no_environment_seen if read_stat(k[0]) is None]:
+                del _no_environment_seen[old]
+        _no_environment_seen[key] = seen + 1
+        return True
+
+
 class SubreaperContainment(MemberTracking):
     """The tree is the leader's descendants plus what re-parented to us from the tree."""
 
@@ -66,7 +89,6 @@ class SubreaperContainment(MemberTracking):
         become_subreaper()
         self.marker = f"{MARKER_PREFIX}{os.getpid()}_{next(_tree_numbers)}_{uuid.uuid4().hex[:8]}"
         self._marker_entry = f"{self.marker}=1".encode()
-        self._undecided_counts: dict[tuple[int, int], int] = {}
 
     def prepare(self, plan: SpawnPlan) -> SpawnPlan:
         env: Mapping[Any, Any] = plan.options.get("env") or os.environ
@@ -94,12 +116,8 @@ class SubreaperContainment(MemberTracking):
         if stat.pgid == self.leader.pid and self.leader.pins_group:
             return True
         verdict = _environment_has(stat.pid, self._marker_entry)
-        if verdict is None and stat.alive:
-            key = (stat.pid, stat.starttime)
-            seen = self._undecided_counts.get(key, 0)
-            if seen < self.UNDECIDED_LISTINGS:
-                self._undecided_counts[key] = seen + 1
-                self._undecided = True
+        if verdict is None and stat.alive and _still_undecided(stat, self.UNDECIDED_LISTINGS):
+            self._undecided = True
         return bool(verdict)
 
     def _list_members(self) -> list[int]:
