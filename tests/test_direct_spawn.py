@@ -7,7 +7,9 @@ whole suite once more with Debian 13's C library so that they run here too.
 
 from __future__ import annotations
 
+import errno
 import os
+import resource
 import signal
 import subprocess
 import textwrap
@@ -191,4 +193,112 @@ def test_leaders_go_through_sh_where_children_made_in_their_cgroup_die_at_birth(
         while procs.populated(killed) and time.monotonic() < deadline:
             time.sleep(0.01)  # a stranger's exit: no event to wait on
         os.rmdir(killed)
+    assert tracked.survivors() == []
+
+
+def script(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+
+
+async def test_a_path_through_a_symlink_and_dotdot_runs_the_file_subprocess_runs(
+    tracked: Tracked, contained: dict[str, Any], tmp_path: Path
+) -> None:
+    # Red before (direct starts): the path was made absolute by text, so "link/.." meant
+    # the symlink's directory, not its target's parent, and another file ran.
+    script(tmp_path / "real" / "x", '#!/bin/sh\necho "right program: $0"\n')
+    script(tmp_path / "wd" / "x", '#!/bin/sh\necho "WRONG program: $0"\n')
+    (tmp_path / "real" / "dir").mkdir()
+    (tmp_path / "wd" / "link").symlink_to(tmp_path / "real" / "dir")
+    for command, cwd in [(["../x"], tmp_path / "wd" / "link"), (["wd/link/../x"], tmp_path)]:
+        expected = await trio.run_process(
+            command, cwd=cwd, env=contained["env"], capture_stdout=True
+        )
+        assert expected.stdout.startswith(b"right program: ")
+        result = await run_process_tree(command, cwd=cwd, capture_stdout=True, **contained)
+        assert result.stdout == expected.stdout  # the same file, and the same $0
+    assert tracked.survivors() == []
+
+
+async def test_the_path_search_goes_on_past_a_file_that_will_not_exec(
+    tracked: Tracked, contained: dict[str, Any], tmp_path: Path
+) -> None:
+    # Red before (direct starts): the first executable file on PATH was the only one tried.
+    # (Through /bin/sh such a file would run as a script: a documented difference.)
+    if contained["containment"] == "cgroup" and not _spawn_into_cgroup.available():
+        pytest.skip("through /bin/sh, a file with no #! runs as a shell script")
+    script(tmp_path / "a" / "tool", "\x7fELF not really\n")
+    script(tmp_path / "b" / "tool", "#!/bin/sh\necho the real tool\n")
+    env = {**contained["env"], "PATH": f"{tmp_path / 'a'}:{tmp_path / 'b'}:/usr/bin:/bin"}
+    expected = await trio.run_process(["tool"], env=env, capture_stdout=True)
+    result = await run_process_tree(
+        ["tool"], env=env, capture_stdout=True, containment=contained["containment"]
+    )
+    assert result.stdout == expected.stdout == b"the real tool\n"
+    assert tracked.survivors() == []
+
+
+async def test_options_popen_refuses_are_refused_the_same(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # Red before (direct starts): pass_fds=None was taken, and the process started.
+    with pytest.raises(TypeError):
+        await trio.run_process(["true"], pass_fds=None)
+    with pytest.raises(TypeError):
+        await run_process_tree(["true"], pass_fds=None, **contained)
+    assert tracked.survivors() == []
+
+
+@needs_direct
+async def test_a_bad_stdio_descriptor_is_not_blamed_on_the_program(tracked: Tracked) -> None:
+    # Red before: EBADF named the program, as if its exec had failed.
+    unused = resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 1  # the last number we may have
+    assert unused not in procs.open_fds()
+    with pytest.raises(OSError, match="Bad file descriptor") as raised:
+        await run_process_tree(["true"], stdin=unused, env=tracked.env, containment="cgroup")
+    assert raised.value.errno == errno.EBADF
+    assert raised.value.filename is None
+    assert tracked.survivors() == []
+
+
+# The first tree's cgroup vanishes before its spawn (its first, proving, one); reports
+# what that spawn raised, and whether later trees still start directly.
+FIRST_SPAWN_FAILS = textwrap.dedent(
+    """
+    import os, trio
+    from trio_proctree import _cgroup, _spawn_into_cgroup, run_process_tree
+
+    prepare = _cgroup.CgroupContainment.prepare
+    def vanishing(self, plan):
+        os.rmdir(self.path)
+        _cgroup.CgroupContainment.prepare = prepare
+        return prepare(self, plan)
+    _cgroup.CgroupContainment.prepare = vanishing
+
+    async def main():
+        try:
+            await run_process_tree(["true"], containment="cgroup")
+        except OSError as exc:
+            print(type(exc).__name__)
+        await run_process_tree(["true"], containment="cgroup")
+        print(_spawn_into_cgroup.available())
+
+    trio.run(main)
+    """
+)
+
+
+@needs_direct
+def test_a_failed_first_spawn_does_not_turn_direct_starts_off(tracked: Tracked) -> None:
+    # Red before: any error of the proving spawn sent every later leader through /bin/sh.
+    child = subprocess.run(
+        [*procs.python(), "-c", FIRST_SPAWN_FAILS],
+        capture_output=True,
+        env=tracked.env,
+        timeout=60,
+        check=False,
+    )
+    assert child.returncode == 0, child.stderr.decode()
+    assert child.stdout.decode().split() == ["FileNotFoundError", "True"]
     assert tracked.survivors() == []

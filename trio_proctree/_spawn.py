@@ -71,8 +71,9 @@ class SpawnPlan:
     stderr: Any
     #: ``"sleep 60"``: how logs and errors name the command.
     label: str
-    #: The program to run, as an absolute path (``command`` names it as the user did).
-    program: str = ""
+    #: The program to run, as Popen will look for it: ``executable``, else the command's
+    #: first argument (``/bin/sh`` with ``shell``).
+    program: Any = ""
     #: Where the containment would have the leader start directly, when it can be
     #: (``command`` is then the fallback that gets there through ``/bin/sh``).
     into_cgroup: IntoCgroup | None = None
@@ -125,7 +126,7 @@ def plan_spawn(command: Command, options: Mapping[str, Any]) -> SpawnPlan:
         program = options.get("executable") or "/bin/sh"
     else:
         program = options.get("executable") or argv[0]
-    path = _resolve_executable(program, env=options.get("env"), cwd=options.get("cwd"))
+    _resolve_executable(program, env=options.get("env"), cwd=options.get("cwd"))
     return SpawnPlan(
         command=command if isinstance(command, (str, bytes)) else argv,
         options=options,
@@ -133,8 +134,7 @@ def plan_spawn(command: Command, options: Mapping[str, Any]) -> SpawnPlan:
         stdout=stdout,
         stderr=stderr,
         label=_describe(command, argv),
-        # Absolute: a program started directly gets its cwd before the exec (as in Popen).
-        program=os.path.abspath(path),
+        program=program,
     )
 
 

@@ -44,7 +44,7 @@ _SUPPORTED: Mapping[str, tuple[Any, ...] | None] = {
     "restore_signals": (True, False),
     "start_new_session": (True, False),
     "process_group": (None, 0),
-    "pass_fds": ((), None),
+    "pass_fds": ((),),
     "preexec_fn": (None,),
     "umask": (-1,),
     "pipesize": (-1,),
@@ -58,10 +58,11 @@ _SUPPORTED: Mapping[str, tuple[Any, ...] | None] = {
 
 @attrs.frozen
 class IntoCgroup:
-    """A leader to start inside ``cgroup`` (a directory), running ``program`` with ``argv``."""
+    """A leader to start inside ``cgroup`` (a directory), running ``program`` (found as
+    Popen finds it) with ``argv``."""
 
     cgroup: str
-    program: str
+    program: Any
     argv: Sequence[Any]
 
 
@@ -181,19 +182,22 @@ def _prove(glibc: _Glibc, cgroup: str) -> None:
                 raise Refused
             return
         throwaway = IntoCgroup(cgroup, "/bin/sh", ["sh", "-c", "exit 0"])
+        pid = _posix_spawn(glibc, throwaway, {}, [])  # its errors are this spawn's
         try:
-            _, status = os.waitpid(_posix_spawn(glibc, throwaway, {}, []), 0)
-            outcome: object = os.waitstatus_to_exitcode(status)
-        except OSError as exc:
-            outcome = exc
+            _, status = os.waitpid(pid, 0)
+        except ChildProcessError:
+            # Reaped by someone else (a waitpid(-1) in the program): no answer yet. This
+            # leader goes through /bin/sh; the next spawn asks again.
+            raise Refused from None
+        outcome = os.waitstatus_to_exitcode(status)
         if outcome == 0:
             _proven = True
             return
         _refused = True
     logger.debug(
-        "a child started in its cgroup did not live (%s); leaders will join their cgroup "
-        "through /bin/sh",
-        outcome if isinstance(outcome, OSError) else f"exit status {outcome}",
+        "a child started in its cgroup did not live (exit status %s); leaders will join "
+        "their cgroup through /bin/sh",
+        outcome,
     )
     raise Refused
 
@@ -206,55 +210,124 @@ def _posix_spawn(
     argv = [os.fsencode(arg) for arg in request.argv]
     c_argv = (ctypes.c_char_p * (len(argv) + 1))(*argv, None)
     env = options.get("env")
+    cwd = options.get("cwd")
+    candidates = _candidates(request.program, env, cwd)
     c_env: Any = glibc.environ.value if env is None else _environment(env)
     attr, actions, defaults = _Opaque(), _Opaque(), _SigSet()
     cgroup = os.open(request.cgroup, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    _check(libc.posix_spawnattr_init(attr))
+    try:
+        _check(libc.posix_spawnattr_init(attr))
+    except BaseException:
+        os.close(cgroup)
+        raise
     try:
         _check(libc.posix_spawn_file_actions_init(actions))
         try:
-            flags = _SETCGROUP
-            if options.get("start_new_session", False):
-                flags |= _SETSID
-            elif options.get("process_group") == 0:
-                flags |= _SETPGROUP
-                _check(libc.posix_spawnattr_setpgroup(attr, 0))
-            if options.get("restore_signals", True):
-                # As Popen does: what Python ignores for itself, the program gets back.
-                flags |= _SETSIGDEF
-                _check(libc.sigemptyset(defaults))
-                for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ"):
-                    if hasattr(signal, name):
-                        _check(libc.sigaddset(defaults, getattr(signal, name)))
-                _check(libc.posix_spawnattr_setsigdefault(attr, defaults))
-            _check(libc.posix_spawnattr_setflags(attr, flags))
-            _check(libc.posix_spawnattr_setcgroup_np(attr, cgroup))
-            _add_stdio(libc, actions, stdio)
-            if options.get("close_fds", True):
-                _check(libc.posix_spawn_file_actions_addclosefrom_np(actions, 3))
-            cwd = options.get("cwd")
-            if cwd is not None:
-                _check(libc.posix_spawn_file_actions_addchdir_np(actions, os.fsencode(cwd)))
+            _set_attributes(libc, attr, defaults, options, cgroup)
+            _set_actions(libc, actions, stdio, options)
             pid = ctypes.c_int()
-            error = libc.posix_spawn(
-                ctypes.byref(pid), os.fsencode(request.program), actions, attr, c_argv, c_env
-            )
+            # As Popen's child does: each candidate in turn, until one execs; the first
+            # error other than "not there" is the one to report.
+            saved_error, last_error = 0, errno.ENOENT
+            for path in candidates:
+                last_error = libc.posix_spawn(ctypes.byref(pid), path, actions, attr, c_argv, c_env)
+                if last_error in (0, errno.ENOSYS):
+                    break
+                if last_error not in (errno.ENOENT, errno.ENOTDIR) and not saved_error:
+                    saved_error = last_error
         finally:
             libc.posix_spawn_file_actions_destroy(actions)
     finally:
         libc.posix_spawnattr_destroy(attr)
         os.close(cgroup)
-    if error == errno.ENOSYS:
+    if last_error == errno.ENOSYS:
         _refused = True
         logger.debug("clone3 is refused here; leaders will join their cgroup through /bin/sh")
         raise Refused
-    if error:
-        # The child's exec (or chdir) failed: Popen names the program, or the directory.
-        culprit = request.program
-        if error == errno.ENOENT and cwd is not None and not os.path.isdir(cwd):
-            culprit = os.fsdecode(cwd)
-        raise OSError(error, os.strerror(error), culprit)
+    if last_error:
+        raise _spawn_error(saved_error or last_error, request.program, cwd)
     return pid.value
+
+
+def _set_attributes(
+    libc: ctypes.CDLL, attr: Any, defaults: Any, options: Mapping[str, Any], cgroup: int
+) -> None:
+    """The spawn attributes: cgroup, session or group, and signals Popen restores."""
+    flags = _SETCGROUP
+    if options.get("start_new_session", False):
+        flags |= _SETSID
+    elif options.get("process_group") == 0:
+        flags |= _SETPGROUP
+        _check(libc.posix_spawnattr_setpgroup(attr, 0))
+    if options.get("restore_signals", True):
+        # As Popen does: what Python ignores for itself, the program gets back.
+        flags |= _SETSIGDEF
+        _check(libc.sigemptyset(defaults))
+        for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ"):
+            if hasattr(signal, name):
+                _check(libc.sigaddset(defaults, getattr(signal, name)))
+        _check(libc.posix_spawnattr_setsigdefault(attr, defaults))
+    _check(libc.posix_spawnattr_setflags(attr, flags))
+    _check(libc.posix_spawnattr_setcgroup_np(attr, cgroup))
+
+
+def _set_actions(
+    libc: ctypes.CDLL, actions: Any, stdio: Sequence[int | None], options: Mapping[str, Any]
+) -> None:
+    """What the child does before its exec: stdio, closing the rest, entering ``cwd``."""
+    _add_stdio(libc, actions, stdio)
+    if options.get("close_fds", True):
+        _check(libc.posix_spawn_file_actions_addclosefrom_np(actions, 3))
+    cwd = options.get("cwd")
+    if cwd is not None:
+        _check(libc.posix_spawn_file_actions_addchdir_np(actions, os.fsencode(cwd)))
+
+
+def _candidates(program: Any, env: Mapping[Any, Any] | None, cwd: Any) -> list[bytes]:
+    """The paths Popen's child would try to exec, in order, less those that are not there.
+
+    The name as given if it has a slash (relative to ``cwd``, which the child enters
+    first: never made absolute here, as ``..`` after a symlink would then mean another
+    file); else joined to each PATH entry (``env``'s PATH, as Popen takes it).
+    """
+    name = os.fsencode(program)
+    if os.path.dirname(name):
+        return [name]
+    paths = [os.path.join(os.fsencode(entry), name) for entry in os.get_exec_path(env)]
+    # Spawning for a path that is not there costs a clone and a failed exec each: look
+    # first, as the kernel will resolve it (from cwd for a relative one).
+    base = None if cwd is None else os.fsencode(cwd)
+    present: list[bytes] = []
+    for path in paths:
+        try:
+            os.stat(path if base is None else os.path.join(base, path))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError:
+            pass  # (not ours to judge: the exec will say)
+        present.append(path)
+    return present
+
+
+def _spawn_error(error: int, program: Any, cwd: Any) -> OSError:
+    """The error Popen raises for a child that could not start: naming the directory if
+    entering it failed, the program if its exec did."""
+    if cwd is not None and not (os.path.isdir(cwd) and os.access(cwd, os.X_OK)):
+        culprit: Any = os.fsdecode(cwd)
+    elif error in _EXEC_ERRORS:
+        culprit = program
+    else:
+        culprit = None  # a descriptor to duplicate, say: no file to name
+    return OSError(error, os.strerror(error), culprit)
+
+
+#: What a failed exec of the program reports (Popen then names the program).
+_EXEC_ERRORS = frozenset(
+    {
+        errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.EPERM, errno.ENOEXEC, errno.ELOOP,
+        errno.ENAMETOOLONG, errno.ETXTBSY, errno.E2BIG, errno.EISDIR, errno.ELIBBAD,
+    }
+)  # fmt: skip
 
 
 def _add_stdio(libc: ctypes.CDLL, actions: Any, stdio: Sequence[int | None]) -> None:
