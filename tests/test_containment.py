@@ -287,6 +287,28 @@ async def test_a_child_of_ours_with_no_environment_slows_one_subreaper_teardown_
     assert tracked.survivors() == []
 
 
+async def test_an_empty_environment_stays_empty_but_for_the_marker(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # Red before (subreaper): env={} was taken for "no env given", and the tree got all of
+    # ours. Only what a containment needs may be added (the subreaper's marker).
+    result = await run_process_tree(
+        ["/usr/bin/env"], env={}, capture_stdout=True, containment=contained["containment"]
+    )
+    names = [line.split(b"=", 1)[0].decode() for line in result.stdout.splitlines()]
+    expected = ["TRIO_PROCTREE_TREE_"] if contained["containment"] == "subreaper" else []
+    assert [name[:19] for name in names] == expected  # (through /bin/sh: no PWD either)
+    # A PWD given is passed as given, as Popen does (sh would set it to the real one).
+    result = await run_process_tree(
+        ["/usr/bin/env"],
+        env={"PWD": "/elsewhere"},
+        capture_stdout=True,
+        containment=contained["containment"],
+    )
+    assert b"PWD=/elsewhere\n" in result.stdout
+    assert tracked.survivors() == []
+
+
 # --- the parent process SIGKILLed: the watchdog ------------------------------------------
 
 PARENT = textwrap.dedent(

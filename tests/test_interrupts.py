@@ -21,6 +21,9 @@ from trio_proctree.asyncio import open_process_tree
 from . import procs
 from .conftest import Tracked
 
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
+
 SLEEPS = ["sh", "-c", "sleep 60 & sleep 61 & wait"]
 IGNORES_TERM = ["sh", "-c", "trap '' TERM; echo ready; sleep 60"]
 
@@ -89,45 +92,13 @@ def test_a_cleanup_cancelled_before_its_first_step_runs_all_the_same(
     assert loop_errors == []
 
 
-@pytest.mark.skipif(sys.version_info < (3, 11), reason="Task.cancelling() is Python 3.11+")
-def test_a_cancel_during_cleanup_under_an_exception_is_delivered_after_it(
-    tracked: Tracked, contained: dict[str, Any]
-) -> None:
-    # Mutant: absorbing that cancellation (the task retried five times and ended normally).
-    async def main() -> None:
-        cleaning = asyncio.Event()
-        tries: list[int] = []
-
-        async def worker() -> None:
-            for attempt in range(5):
-                try:
-                    async with open_process_tree(
-                        IGNORES_TERM, grace=0.3, stdout=subprocess.PIPE, **contained
-                    ) as tree:
-                        assert tree.stdout is not None
-                        assert await tree.stdout.readline() == b"ready\n"
-                        cleaning.set()
-                        raise Flaky  # noqa: TRY301 - the block fails
-                except Flaky:
-                    tries.append(attempt)
-
-        task = asyncio.get_running_loop().create_task(worker())
-        await cleaning.wait()
-        await asyncio.sleep(0.05)  # into the cleanup's 0.3 s grace
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        assert tries == [0]  # the Flaky got through first, then the cancellation
-
-    asyncio.run(main())
-    assert tracked.survivors() == []
-
-
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="asyncio.timeout is Python 3.11+")
 def test_a_timeout_that_an_exception_passes_on_its_way_out_leaves_no_stray_cancel(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:
-    # Mutant: cancelling the task again after cleanup without asking whether it is owed.
+    # The cancellation is the timeout's: absorbed in the cleanup, it must not come back
+    # after the timeout has let the block's exception through (it did, when cancellations
+    # were delivered again later).
     async def main() -> str:
         loop = asyncio.get_running_loop()
         try:
@@ -238,4 +209,33 @@ def test_ctrl_c_during_the_grace_kills_the_tree_now_then_interrupts(
     assert report["signals"] == [signal.SIGTERM, signal.SIGCONT, signal.SIGKILL]
     assert report["returncode"] == -signal.SIGKILL
     assert report["seconds"] < 4  # the 5 s grace was cut short
+    assert tracked.survivors() == []
+
+
+def test_an_anyio_task_group_around_a_failing_block_keeps_every_exception(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # Red when a cancellation absorbed in the cleanup was delivered again later: it came
+    # back carrying the task group's own cancel-scope message at the group's exit, and
+    # the group took it for its own and swallowed both exceptions.
+    anyio = pytest.importorskip("anyio")
+
+    async def fail_soon() -> None:
+        await anyio.sleep(0.1)
+        raise ValueError("child failed")
+
+    async def main() -> None:
+        async with anyio.create_task_group() as group:
+            group.start_soon(fail_soon)
+            async with open_process_tree(
+                IGNORES_TERM, grace=0.3, stdout=subprocess.PIPE, **contained
+            ) as tree:
+                assert tree.stdout is not None
+                assert await tree.stdout.readline() == b"ready\n"
+                raise Flaky
+
+    with pytest.raises(BaseExceptionGroup) as raised:
+        anyio.run(main, backend="asyncio")
+    kinds = sorted(type(exc).__name__ for exc in raised.value.exceptions)
+    assert kinds == ["Flaky", "ValueError"]
     assert tracked.survivors() == []

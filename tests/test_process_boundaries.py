@@ -140,7 +140,7 @@ EXECS_ITSELF = textwrap.dedent(
     trio.run(run_process_tree, ["true"])
     if sys.argv[-1] != "again":
         os.execv(sys.executable, [sys.executable, "-c", sys.argv[1], sys.argv[1], "again"])
-    print("ran twice")
+    print("ran twice", os.getpid())
     """
 )
 
@@ -156,7 +156,16 @@ def test_a_process_that_execs_itself_starts_trees_again(tracked: Tracked) -> Non
         check=False,
     )
     assert child.returncode == 0, child.stderr.decode()
-    assert child.stdout == b"ran twice\n"
+    said, pid = child.stdout.decode().rsplit(" ", 1)
+    assert said == "ran twice"
+    # And it left no home behind (its former image's tree cgroups went too).
+    with open("/proc/self/mountinfo") as f:
+        mount = _cgroup.find_cgroup2_mount(f.read())
+    with open("/proc/self/cgroup") as f:
+        here = _cgroup.own_cgroup(f.read())
+    assert mount is not None and here is not None
+    homes = os.listdir(os.path.join(mount, here.lstrip("/")))
+    assert [home for home in homes if f"-{int(pid)}-" in home] == []
     assert tracked.survivors() == []
 
 

@@ -19,9 +19,10 @@ import contextlib
 import itertools
 import logging
 import os
+import shlex
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import attrs
@@ -42,6 +43,16 @@ _JOIN_AND_EXEC = (
     'echo $$ > "$0" || { echo "trio_proctree: cannot join cgroup ${0%/*}" >&2; exit 125; }; '
     'exec "$@"'
 )
+
+
+def _keep_pwd(env: Mapping[Any, Any] | None) -> str:
+    """What the /bin/sh wrapper must do so that the command gets PWD as given: sh sets
+    PWD for itself (to the real directory) and exports it, where Popen passes the
+    environment as it is."""
+    given = os.environ.get("PWD") if env is None else env.get("PWD", env.get(b"PWD"))
+    if given is None:
+        return "unset PWD; "
+    return f"export PWD={shlex.quote(os.fsdecode(given))}; "
 
 
 def _unescape_mount_path(field: str) -> str:
@@ -222,7 +233,12 @@ def _make_home(pid: int) -> CgroupHome:
     try:
         os.mkdir(path)
     except FileExistsError:
-        pass
+        # This process made it before it exec'd itself (same pid, same start time): the
+        # trees of its former image died with that image's watchdog; their empty
+        # cgroups go now (take_tree skips any name still there).
+        for tree in _subdirs(path):
+            with contextlib.suppress(OSError):
+                os.rmdir(tree)
     except OSError as exc:
         raise CgroupUnavailable(f"cannot create a cgroup under {parent}: {exc}") from exc
     if not os.path.exists(os.path.join(path, "cgroup.kill")):
@@ -347,7 +363,7 @@ class CgroupContainment(MemberTracking):
         if executable is not None:
             argv[0] = executable  # (sh's exec cannot set a different argv[0])
         procs = os.path.join(self.path, "cgroup.procs")
-        command = ["/bin/sh", "-c", _JOIN_AND_EXEC, procs, *argv]
+        command = ["/bin/sh", "-c", _keep_pwd(options.get("env")) + _JOIN_AND_EXEC, procs, *argv]
         plan = super().prepare(plan)
         return attrs.evolve(plan, command=command, options=options, into_cgroup=direct)
 

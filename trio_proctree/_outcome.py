@@ -25,7 +25,9 @@ class CleanupOutcome:
     #: Processes other than the leader that outlived it and were stopped by cleanup: still
     #: running when cleanup began after the leader had exited (``sh -c "sleep 60 & exit 0"``
     #: leaves one), or at a later step (a member that ignored the stop signal that ended
-    #: the leader, say). Members that stop with the leader on the same signal do not count.
+    #: the leader, say). Members that stop with the leader on the same signal from cleanup
+    #: do not count; after a signal the program sent itself (``send_signal``), those still
+    #: exiting when cleanup begins may.
     lingering_killed: int
     #: Members outside the tree's process group (``setsid`` daemons, double forks) that
     #: cleanup found and stopped; a process group alone cannot see them. When the leader

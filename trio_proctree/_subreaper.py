@@ -91,7 +91,9 @@ class SubreaperContainment(MemberTracking):
         self._marker_entry = f"{self.marker}=1".encode()
 
     def prepare(self, plan: SpawnPlan) -> SpawnPlan:
-        env: Mapping[Any, Any] = plan.options.get("env") or os.environ
+        env: Mapping[Any, Any] | None = plan.options.get("env")
+        if env is None:  # (not `or`: env={} is an empty environment, not ours)
+            env = os.environ
         if any(isinstance(key, bytes) for key in env):
             marked = {**env, self.marker.encode(): b"1"}
         else:

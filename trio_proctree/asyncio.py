@@ -102,28 +102,6 @@ async def _through_cancellation(
     return cancelled
 
 
-def _deliver_later(cancelled: asyncio.CancelledError) -> None:
-    """Cancel this task again at its next await, if the cancellation that ``exc`` got
-    ahead of is still owed then (Python 3.11+).
-
-    Owed: nobody took it back. An ``asyncio.timeout`` (or anyio scope) that ``exc``
-    passes through on its way out takes back its own as it exits, before the loop runs
-    the check below; a plain ``task.cancel()`` is never taken back, and without this it
-    would be lost (a task that retries in a loop would never stop). Python 3.10 cannot
-    tell the two apart (no ``Task.cancelling``): there it stays absorbed.
-    """
-    task = asyncio.current_task()
-    if sys.version_info < (3, 11) or task is None:  # pragma: no cover - Python 3.10
-        return
-
-    def still_owed() -> None:
-        if not task.done() and task.cancelling() > 0:
-            task.uncancel()  # cancel() below counts it again: the count stays as it was
-            task.cancel(*cancelled.args)
-
-    task.get_loop().call_soon(still_owed)
-
-
 def _settle(
     future: asyncio.Future[T], cancelled: asyncio.CancelledError | None, label: str, *, report: bool
 ) -> T | None:
@@ -335,9 +313,13 @@ class ProcessTree(TreeView):
             self._error_reported = True
             chain_cleanup_error(exc, error, self._core.label)
         # A cancellation that arrived meanwhile does not replace ``exc``: ``exc`` is what the
-        # caller must see. It is still owed to whoever asked for it.
-        if cancelled is not None:
-            _deliver_later(cancelled)
+        # caller must see. Unlike trio, asyncio delivers a cancellation once, so this one is
+        # absorbed (an asyncio.timeout around the block then lets ``exc`` through as is).
+        # Delivering it again later was tried, and is wrong whenever it belonged to a scope
+        # (asyncio.timeout, an anyio cancel scope) that ``exc`` passes on its way out: the
+        # scope's own exit then met it and took it for its own (an anyio task group then
+        # swallowed every exception in it).
+        del cancelled
 
     async def _connect(self, spawned: Spawned) -> None:
         loop = asyncio.get_running_loop()

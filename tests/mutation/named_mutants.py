@@ -173,8 +173,8 @@ MUTANTS = [
     (
         "subreaper: a process showing no environment stays undecided for good",
         "_subreaper.py",
-        "            if seen < self.UNDECIDED_LISTINGS:",
-        "            if True:",
+        "        if seen >= listings:\n            return False",
+        "        if False:\n            return False",
         "clears_its_environment",
     ),
     (
@@ -243,13 +243,6 @@ MUTANTS = [
         "before_its_first_step_runs",
     ),
     (
-        "close: a cancel absorbed under the block's exception is never delivered",
-        "asyncio.py",
-        "            _deliver_later(cancelled)",
-        "            pass",
-        "delivered_after_it",
-    ),
-    (
         "fds: a failed listing skips the group's signal",
         "_containment.py",
         "                listing_failed = exc",
@@ -269,6 +262,20 @@ MUTANTS = [
         "    if not _proven:\n        _prove(glibc, request.cgroup)",
         "    if False:\n        _prove(glibc, request.cgroup)",
         "die_at_birth",
+    ),
+    (
+        "subreaper: an env-less child of ours costs every teardown again",
+        "_subreaper.py",
+        "        seen = _no_environment_seen.get(key, 0)",
+        "        seen = 0",
+        "slows_one_subreaper_teardown_only",
+    ),
+    (
+        "subreaper: env={} taken for no env given",
+        "_subreaper.py",
+        "        if env is None:  # (not `or`",
+        "        if not env:  # (not `or`",
+        "empty_environment_stays_empty and subreaper",
     ),
     (
         "subreaper: orphans never reaped",
