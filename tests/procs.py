@@ -56,8 +56,16 @@ def starttime(pid: int) -> int:
     return stat_field(pid, 22)
 
 
-def with_token(pid: int, token: str) -> bool:
+def with_token(pid: int, token: str, *, patient: bool = False) -> bool:
+    """Whether the process carries ``token``. ``patient``: a process in the middle of
+    execve shows no environment for a moment, so look again a while (a process known to
+    have carried it: kernel threads show none for good, and would cost the wait each)."""
     environment = read_environ(pid)
+    for _ in range(200 if patient else 0):
+        if environment != b"" or not alive(pid):
+            break
+        time.sleep(0.0005)
+        environment = read_environ(pid)
     return environment is not None and f"{TOKEN_VAR}={token}".encode() in environment.split(b"\0")
 
 
@@ -101,7 +109,7 @@ def kill_survivors(token: str) -> list[int]:
             fd = os.pidfd_open(pid)
         except ProcessLookupError:
             continue
-        if with_token(pid, token):
+        if with_token(pid, token, patient=True):  # (it did a moment ago)
             with contextlib.suppress(ProcessLookupError):  # exited meanwhile
                 signal.pidfd_send_signal(fd, signal.SIGKILL)
             killed[pid] = fd
