@@ -10,9 +10,12 @@ import contextlib
 import os
 import select
 import signal
+import subprocess
 import sys
+import textwrap
 import time
 import uuid
+from collections.abc import Mapping, Sequence
 
 TOKEN_VAR = "TRIO_PROCTREE_TEST_TOKEN"
 
@@ -164,3 +167,33 @@ def populated(cgroup: str) -> bool:
     """Whether anything still runs in the cgroup at this directory."""
     with open(os.path.join(cgroup, "cgroup.events"), "rb") as f:
         return b"populated 1" in f.read()
+
+
+def run_python(
+    code: str, *args: str, env: Mapping[str, str] | None = None, before: Sequence[str] = ()
+) -> str:
+    """Run ``code`` in a Python like this one (see `python`), behind the command ``before``
+    if any; its output, once it has exited 0 (else its stderr fails the test)."""
+    child = subprocess.run(
+        [*before, *python(), "-c", code, *args],
+        capture_output=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert child.returncode == 0, child.stderr.decode()
+    return child.stdout.decode()
+
+
+#: For scripts run by `run_python` that report on processes before they exit: the same
+#: test as `alive` (a zombie is not alive), with nothing to import.
+ALIVE_IN_A_CHILD = textwrap.dedent(
+    """
+    def alive(pid):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
+        except OSError:
+            return False
+    """
+)

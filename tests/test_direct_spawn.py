@@ -176,15 +176,9 @@ def test_leaders_go_through_sh_where_children_made_in_their_cgroup_die_at_birth(
     try:
         with open(os.path.join(killed, "cgroup.kill"), "w") as f:
             f.write("1")
-        child = subprocess.run(
-            [*procs.python(), "-c", IN_A_KILLED_CGROUP, killed],
-            capture_output=True,
-            env=tracked.env,
-            timeout=60,
-            check=False,
-        )
-        assert child.returncode == 0, child.stderr.decode()
-        code, output, refused = child.stdout.decode().split()
+        code, output, refused = procs.run_python(
+            IN_A_KILLED_CGROUP, killed, env=tracked.env
+        ).split()
         assert (code, output) == ("0", "b'ran\\n'")
         assert refused in ("True", "False")
     finally:
@@ -292,13 +286,6 @@ FIRST_SPAWN_FAILS = textwrap.dedent(
 @needs_direct
 def test_a_failed_first_spawn_does_not_turn_direct_starts_off(tracked: Tracked) -> None:
     # Red before: any error of the proving spawn sent every later leader through /bin/sh.
-    child = subprocess.run(
-        [*procs.python(), "-c", FIRST_SPAWN_FAILS],
-        capture_output=True,
-        env=tracked.env,
-        timeout=60,
-        check=False,
-    )
-    assert child.returncode == 0, child.stderr.decode()
-    assert child.stdout.decode().split() == ["FileNotFoundError", "True"]
+    output = procs.run_python(FIRST_SPAWN_FAILS, env=tracked.env)
+    assert output.split() == ["FileNotFoundError", "True"]
     assert tracked.survivors() == []

@@ -206,11 +206,7 @@ AS_ON_WINDOWS = textwrap.dedent(
 
 def test_on_windows_the_package_imports_and_refuses_clearly() -> None:
     # Red before: importing it failed (grp, pwd, os.WEXITED, signal.SIGSTOP at import).
-    child = subprocess.run(
-        [*procs.python(), "-c", AS_ON_WINDOWS], capture_output=True, timeout=60, check=False
-    )
-    assert child.returncode == 0, child.stderr.decode()
-    lines = child.stdout.decode().splitlines()
+    lines = procs.run_python(AS_ON_WINDOWS).splitlines()
     assert len(lines) == 2
     assert all("does not support Windows" in line for line in lines)
 

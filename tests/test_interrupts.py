@@ -124,7 +124,7 @@ def test_a_timeout_that_an_exception_passes_on_its_way_out_leaves_no_stray_cance
 # Holds a tree whose members ignore SIGTERM, ends its block (cleanup: a 5 s grace), and is
 # interrupted once (one Ctrl-C) a moment into that grace. Reports before it exits, so
 # that the net at interpreter exit cannot hide a tree the cleanup left behind.
-INTERRUPTED_DURING_THE_GRACE = textwrap.dedent(
+INTERRUPTED_DURING_THE_GRACE = procs.ALIVE_IN_A_CHILD + textwrap.dedent(
     """
     import json, logging, os, signal, sys, threading, time, trio
     from trio_proctree import open_process_tree
@@ -170,13 +170,6 @@ INTERRUPTED_DURING_THE_GRACE = textwrap.dedent(
         interrupted = True
     outcome = trees[0].outcome
 
-    def alive(pid):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
-        except OSError:
-            return False
-
     print(json.dumps({
         "interrupted": interrupted,
         "seconds": time.monotonic() - began,
@@ -194,15 +187,11 @@ def test_ctrl_c_during_the_grace_kills_the_tree_now_then_interrupts(
 ) -> None:
     # Mutant: letting the KeyboardInterrupt out of the cleanup's wait (trio raises it in
     # the main task's checkpoint, shielded or not): the tree was left signalled, alive.
-    child = subprocess.run(
-        [*procs.python(), "-c", INTERRUPTED_DURING_THE_GRACE, contained["containment"]],
-        capture_output=True,
-        env=contained["env"],
-        timeout=60,
-        check=False,
+    report = json.loads(
+        procs.run_python(
+            INTERRUPTED_DURING_THE_GRACE, contained["containment"], env=contained["env"]
+        )
     )
-    assert child.returncode == 0, child.stderr.decode()
-    report = json.loads(child.stdout)
     assert report["interrupted"]
     assert len(report["pids"]) == 2  # the shell and its sleep
     assert report["alive"] == []

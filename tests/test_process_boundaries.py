@@ -65,15 +65,7 @@ def test_a_forked_child_that_exits_leaves_the_parents_trees_alone(
     # Red before: the child's exit hook killed the parent's trees (cgroup.kill, or SIGKILL
     # through the inherited pidfd).
     available(containment)
-    child = subprocess.run(
-        [*procs.python(), "-c", FORK_AND_EXIT, containment],
-        capture_output=True,
-        env=tracked.env,
-        timeout=60,
-        check=False,
-    )
-    assert child.returncode == 0, child.stderr.decode()
-    report = json.loads(child.stdout)
+    report = json.loads(procs.run_python(FORK_AND_EXIT, containment, env=tracked.env))
     assert report["returncode"] is None  # still running after the child's exit
     assert report["signals"] == [signal.SIGTERM, signal.SIGCONT]  # our own cleanup, later
     assert tracked.survivors() == []
@@ -148,15 +140,7 @@ EXECS_ITSELF = textwrap.dedent(
 def test_a_process_that_execs_itself_starts_trees_again(tracked: Tracked) -> None:
     # Red before: the tree-0 its former self made was still there, and mkdir failed.
     available("cgroup")
-    child = subprocess.run(
-        [*procs.python(), "-c", EXECS_ITSELF, EXECS_ITSELF],
-        capture_output=True,
-        env=tracked.env,
-        timeout=60,
-        check=False,
-    )
-    assert child.returncode == 0, child.stderr.decode()
-    said, pid = child.stdout.decode().rsplit(" ", 1)
+    said, pid = procs.run_python(EXECS_ITSELF, EXECS_ITSELF, env=tracked.env).rsplit(" ", 1)
     assert said == "ran twice"
     # And it left no home behind (its former image's tree cgroups went too).
     with open("/proc/self/mountinfo") as f:
@@ -274,7 +258,7 @@ def test_nested_subreaper_trees_die_with_the_outer_parent(tracked: Tracked) -> N
 # Runs out of file descriptors inside the block, then lets cleanup run: it cannot list
 # the tree any more, but the process group needs none to be signalled. The shell exits 0
 # on SIGTERM: its status says whether the stop signal got through.
-OUT_OF_FILE_DESCRIPTORS = textwrap.dedent(
+OUT_OF_FILE_DESCRIPTORS = procs.ALIVE_IN_A_CHILD + textwrap.dedent(
     """
     import json, os, resource, signal, sys, trio
     from trio_proctree import Escalation, open_process_tree
@@ -308,13 +292,6 @@ OUT_OF_FILE_DESCRIPTORS = textwrap.dedent(
     for fd in filler:
         os.close(fd)
 
-    def alive(pid):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
-        except OSError:
-            return False
-
     print(json.dumps({
         "pids": pids,
         "alive": [pid for pid in pids if alive(pid)],
@@ -333,15 +310,7 @@ def test_out_of_file_descriptors_the_group_is_still_killed(
     # Red before (subreaper): the listing that failed came before the killpg, so nothing
     # was signalled at all, yet the outcome listed every signal.
     available(containment)
-    child = subprocess.run(
-        [*procs.python(), "-c", OUT_OF_FILE_DESCRIPTORS, containment],
-        capture_output=True,
-        env=tracked.env,
-        timeout=60,
-        check=False,
-    )
-    assert child.returncode == 0, child.stderr.decode()
-    report = json.loads(child.stdout)
+    report = json.loads(procs.run_python(OUT_OF_FILE_DESCRIPTORS, containment, env=tracked.env))
     assert len(report["pids"]) == 2
     assert report["alive"] == []
     assert report["returncode"] == 0  # the stop signal got through: the shell's trap ran

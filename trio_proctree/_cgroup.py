@@ -385,10 +385,6 @@ class CgroupContainment(MemberTracking):
         # cgroup.kill reaches every member, escapees included, and no fork can race it.
         _kill(self.path)
 
-    def _leader_running(self) -> bool:
-        leader = self.leader
-        return leader.poll() is None and not leader.lost
-
     def _survey(self, *, track: bool, pins: bool) -> list[int]:
         """List the members, and return the escapees not known before (pinned by pidfd).
         With ``track``, every member listed is tracked by a pidfd, to be waited on.
@@ -444,7 +440,7 @@ class CgroupContainment(MemberTracking):
         # signalled through a pidfd (and counted as an escapee: the group is unknown).
         pins = self.leader.pins_group
         early: list[int] = []
-        if escalation and sig != signal.SIGCONT and self._leader_exited():
+        if escalation and sig != signal.SIGCONT and self.leader.exited:  # (pins just asked)
             # A step after the leader exited: what still runs outlived it, and lingers.
             # Counted before the signal, which some of it may die of at once. (Only here
             # is the listing taken first: while the leader runs, nothing lingers yet.)
@@ -466,7 +462,8 @@ class CgroupContainment(MemberTracking):
     def pending(self) -> Pending:
         if self._members:
             self._members.forget_exited()
-        if self._leader_running():
+        self.leader.poll()  # (asks the kernel; `exited` reads the answer)
+        if not self.leader.exited:
             return [self.leader.pidfd]
         if not self._members:
             if not _populated(self.path):

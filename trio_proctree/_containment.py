@@ -427,7 +427,8 @@ class MemberTracking:
                 # Out of file descriptors, say: the group still gets its signal below (a
                 # killpg needs none); the error is raised after it.
                 listing_failed = exc
-        if escalation and sig != signal.SIGCONT and self._leader_exited():
+        pins = self.leader.pins_group  # (asks the kernel; `exited` below reads the answer)
+        if escalation and sig != signal.SIGCONT and self.leader.exited:
             # A step of cleanup (SIGCONT completes the one before) taken after the leader
             # exited: what still runs outlived it, and lingers. Counted before the signal,
             # which some of it may die of at once.
@@ -435,7 +436,7 @@ class MemberTracking:
         # The group in one call; its members start acting on the signal at once... (Unless
         # the leader was reaped elsewhere: its group id may be anyone's by now. Then every
         # member the listing confirms is signalled through its pidfd, as an escapee.)
-        if self.leader.pins_group:
+        if pins:
             self._group.signal(sig)
         if listing_failed is not None:
             self._signal_escapees(self._escapees, [sig])  # those already known
@@ -450,21 +451,19 @@ class MemberTracking:
             # tracked member has exited.
             self._sent.append(sig)
 
-    def _leader_exited(self) -> bool:
-        return self.leader.lost or self.leader.poll() is not None
-
     def _mark_lingering(self) -> None:
         """Members other than the leader still running at a step after the leader exited."""
         self._members.forget_exited()
         self._lingering.update(pid for pid in self._members if pid != self.leader.pid)
 
     def kill(self) -> None:
-        if self._leader_exited():
+        pins = self.leader.pins_group
+        if self.leader.exited:
             self._mark_lingering()
         # The group first: a killpg needs no file descriptor, so it works even when this
         # process has run out of them, which the hard stop below may not (it opens files).
         # It also reaches a leader that has not joined its cgroup yet.
-        if self.leader.pins_group:
+        if pins:
             self._group.kill()
         self._sent.append(signal.SIGKILL)
         try:

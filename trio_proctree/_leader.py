@@ -73,6 +73,12 @@ class Leader:
             self._returncode = _decode(info)
 
     @property
+    def exited(self) -> bool:
+        """Whether the leader was seen to exit (or to be reaped, by us or someone else) the
+        last time the kernel was asked (`poll`, `pins_group`): no syscall of its own."""
+        return self.reaped or self.lost or self._returncode is not None
+
+    @property
     def pins_group(self) -> bool:
         """True while the unreaped leader keeps its pgid from being recycled.
 

@@ -152,7 +152,7 @@ MUTANTS = [
     (
         "lingering: a member outliving the leader into SIGKILL not counted",
         "_containment.py",
-        "        if self._leader_exited():\n            self._mark_lingering()\n",
+        "        if self.leader.exited:\n            self._mark_lingering()\n",
         "",
         "outlives_the_stopped and cgroup",
     ),
