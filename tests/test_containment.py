@@ -335,10 +335,13 @@ PARENT_TREE = "sleep 60 & echo $!; setsid -f sh -c 'echo $$; exec sleep 60'; wai
 
 
 @contextlib.contextmanager
-def parent_with_a_tree(tracked: Tracked, containment: str) -> Iterator[tuple[Any, list[int]]]:
-    """A Python process holding a tree open: (its Popen, [leader, member, escapee])."""
+def parent_with_a_tree(
+    tracked: Tracked, containment: str, shape: str = PARENT_TREE
+) -> Iterator[tuple[Any, list[int]]]:
+    """A Python process holding a tree open: (its Popen, [leader, and the two pids the
+    shape prints: by default a member and an escapee])."""
     parent = subprocess.Popen(
-        [sys.executable, "-c", PARENT, containment, PARENT_TREE],
+        [sys.executable, "-c", PARENT, containment, shape],
         stdout=subprocess.PIPE,
         env=tracked.env,
     )
@@ -370,6 +373,32 @@ async def test_parent_killed_with_sigkill_takes_its_trees_along(
         await until_gone(pids, within=1.0)
         assert [pid for pid in pids if procs.alive(pid)] == []
     # The watchdog (it carries our token too) exits once it has done its job.
+    await until_gone(tracked.survivors(), within=1.0)
+    assert tracked.survivors() == []
+
+
+async def test_parent_killed_with_sigkill_takes_members_without_environment_along(
+    tracked: Tracked,
+) -> None:
+    # The subreaper's backstop finds members by a variable in their environment; members
+    # that cleared it (env -i) are still in the tree's group, which the watchdog kills too.
+    available("subreaper")
+    shape = "env -i sleep 60 & echo $!; env -i sleep 61 & echo $!; wait"
+    with parent_with_a_tree(tracked, "subreaper", shape) as (parent, pids):
+        # Pinned by pidfd: if they outlive the test (the token went with their
+        # environment), they are killed below, and nothing else can be.
+        pinned = [os.pidfd_open(pid) for pid in pids]
+        try:
+            assert all(procs.alive(pid) for pid in pids)
+            parent.send_signal(signal.SIGKILL)
+            parent.wait()
+            await until_gone(pids, within=1.0)
+            assert [pid for pid in pids if procs.alive(pid)] == []
+        finally:
+            for fd in pinned:
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                os.close(fd)
     await until_gone(tracked.survivors(), within=1.0)
     assert tracked.survivors() == []
 

@@ -194,12 +194,17 @@ class ProcessGroupContainment:
         return plan  # plan_spawn already gives the leader a group of its own
 
     def attach(self, leader: Leader, *, register: bool = True) -> None:
+        """Take charge of the tree; ``register``: have the watchdog kill the group should
+        we die first (not where a cgroup's backstop already reaches every member)."""
         self._leader = leader
         self._pgid = leader.pid
-        stat = read_stat(leader.pid)
-        assert stat is not None, "an unreaped child always has a /proc entry"
-        self.backstop = [f"group {self._pgid} {stat.starttime}"]
         if register:
+            # Named with the leader's start time: the watchdog must not kill a later group
+            # that got the same id. (A /proc read, so only when needed: it costs ~0.1 ms
+            # right after a spawn, while the leader is busy starting.)
+            stat = read_stat(leader.pid)
+            assert stat is not None, "an unreaped child always has a /proc entry"
+            self.backstop = [f"group {self._pgid} {stat.starttime}"]
             watchdog.register(*self.backstop)
 
     @property
@@ -329,11 +334,9 @@ class MemberTracking:
 
     def attach(self, leader: Leader) -> None:
         self._leader = leader
-        self._group.attach(leader, register=False)
+        self._group.attach(leader, register=self.backstop_needs_group)
         if self.watches_leader:
             self._group.watch_leader(self._members)
-        if self.backstop_needs_group:
-            watchdog.register(*self._group.backstop)
 
     @property
     def backstop(self) -> list[str]:

@@ -17,6 +17,10 @@ _NOT_STOP_SIGNALS = frozenset(
     getattr(signal, name) for name in ("SIGSTOP", "SIGCONT") if hasattr(signal, name)
 )  # (neither exists on Windows, where importing the package must still work)
 
+#: Every signal number this platform accepts, as plain ints. Asked once: each call of
+#: `signal.valid_signals` turns every number into an enum member (~60 us per tree spawned).
+_VALID_SIGNALS = frozenset(int(sig) for sig in signal.valid_signals())
+
 
 def parse_signal(value: SignalLike, *, what: str = "signal") -> int:
     """Return ``value`` as a valid signal number (a `signal.Signals` member where one exists).
@@ -39,7 +43,7 @@ def parse_signal(value: SignalLike, *, what: str = "signal") -> int:
             raise ValueError(f"{what} {value!r} is not a signal name on this platform") from None
     if not isinstance(value, int):
         raise ValueError(f"{what} must be a signal number or name, not {value!r}")
-    if value not in signal.valid_signals():
+    if value not in _VALID_SIGNALS:
         raise ValueError(f"{what} {value!r} is not a valid signal on this platform")
     try:
         return signal.Signals(value)

@@ -192,6 +192,13 @@ MUTANTS = [
         "parent_killed",
     ),
     (
+        "watchdog: a subreaper tree's group not registered",
+        "_containment.py",
+        "        self._group.attach(leader, register=self.backstop_needs_group)",
+        "        self._group.attach(leader, register=False)",
+        "members_without_environment",
+    ),
+    (
         "pidfd: an exited process is an error",
         "_containment.py",
         "        signal.pidfd_send_signal(pidfd, sig)\n    except ProcessLookupError:\n        pass",
