@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import signal
 import subprocess
 from collections.abc import Callable
@@ -108,6 +109,20 @@ async def test_file_that_is_not_executable_raises_permission_error(
 async def test_directory_is_not_an_executable(nothing_leaks: None, tmp_path: Path) -> None:
     with pytest.raises(PermissionError):
         await _open([str(tmp_path)])()
+
+
+async def test_path_search_passes_over_what_is_not_executable(tmp_path: Path) -> None:
+    # As Popen's exec does: missing, a directory, a file without the x bit: the next entry.
+    (tmp_path / "missing").mkdir()
+    (tmp_path / "folder" / "prog").mkdir(parents=True)
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "prog").write_text("#!/bin/sh\necho plain\n")
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "prog").write_text("#!/bin/sh\necho runs\n")
+    (tmp_path / "runs" / "prog").chmod(0o755)
+    path = os.pathsep.join(str(tmp_path / name) for name in ("missing", "folder", "plain", "runs"))
+    result = await run_process_tree(["prog"], env={"PATH": path}, capture_stdout=True)
+    assert result.stdout == b"runs\n"
 
 
 async def test_relative_program_is_found_from_cwd(tmp_path: Path) -> None:

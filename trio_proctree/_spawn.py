@@ -14,6 +14,7 @@ import inspect
 import os
 import shlex
 import signal
+import stat
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -226,9 +227,10 @@ def _resolve_executable(program: Any, *, env: Mapping[Any, Any] | None, cwd: Any
         raise FileNotFoundError(errno.ENOENT, "working directory does not exist", directory)
     if os.sep in name:
         path = name if directory is None else os.path.join(directory, name)
-        if not os.path.exists(path):
+        found = _look_at(path)
+        if found is _MISSING:
             raise FileNotFoundError(errno.ENOENT, "no such executable", name)
-        if not _is_executable_file(path):
+        if found is _NOT_EXECUTABLE:
             raise PermissionError(errno.EACCES, "not an executable file", name)
         return path
     search = os.get_exec_path(env)
@@ -238,9 +240,10 @@ def _resolve_executable(program: Any, *, env: Mapping[Any, Any] | None, cwd: Any
         if directory is not None:
             folder = os.path.join(directory, folder)
         candidate = os.path.join(folder, name)
-        if _is_executable_file(candidate):
+        found = _look_at(candidate)
+        if found is _EXECUTABLE:
             return candidate
-        if denied is None and os.path.exists(candidate):
+        if denied is None and found is _NOT_EXECUTABLE:
             denied = candidate
     if denied is not None:
         raise PermissionError(errno.EACCES, "not an executable file", denied)
@@ -251,8 +254,23 @@ def _resolve_executable(program: Any, *, env: Mapping[Any, Any] | None, cwd: Any
     )
 
 
-def _is_executable_file(path: str) -> bool:
-    return os.path.isfile(path) and os.access(path, os.X_OK)
+_MISSING, _NOT_EXECUTABLE, _EXECUTABLE = "missing", "not executable", "executable"
+
+
+def _look_at(path: str) -> str:
+    """Whether ``path`` is missing, there but no executable file, or an executable file.
+
+    One stat for a PATH entry that does not have it (most of them, on every spawn), not
+    the two that ``isfile`` and then ``exists`` would make; as they do, any error in
+    looking counts as missing.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return _MISSING
+    if stat.S_ISREG(mode) and os.access(path, os.X_OK):
+        return _EXECUTABLE
+    return _NOT_EXECUTABLE
 
 
 def spawn(plan: SpawnPlan) -> Spawned:
