@@ -199,6 +199,48 @@ def test_a_parent_killed_between_fork_and_setup_takes_the_tree_along(
     assert not procs.alive(leader)
 
 
+# Through /bin/sh a leader joins its cgroup after its exec (a write that can wait tens of
+# ms for the kernel). Here its parent is SIGKILLed, and the watchdog acts, before the
+# leader even gets to exec: the pipe the watchdog reads is closed in the leader's copy of
+# the descriptors (else the watchdog would hear of the death only at that exec).
+DIES_BEFORE_THE_JOIN = textwrap.dedent(
+    """
+    import os, signal, sys, time, trio
+    from trio_proctree import open_process_tree
+
+    def die_before_the_join():
+        os.closerange(3, 65536)
+        os.kill(os.getppid(), signal.SIGKILL)
+        time.sleep(float(sys.argv[1]))  # the watchdog's turn
+
+    async def main():
+        async with open_process_tree(
+            ["sleep", "60"], containment="cgroup", preexec_fn=die_before_the_join
+        ):
+            pass
+
+    trio.run(main)
+    """
+)
+
+
+def test_a_parent_killed_before_its_leader_joined_the_cgroup_takes_the_tree_along(
+    tracked: Tracked,
+) -> None:
+    # Red before: the watchdog wrote cgroup.kill to a cgroup still empty; the leader
+    # joined it afterwards and ran its command, an orphan nothing would stop.
+    available("cgroup")
+    parent = subprocess.Popen(
+        [*procs.python(), "-c", DIES_BEFORE_THE_JOIN, "0.5"],
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+    )
+    with parent:
+        assert parent.wait(timeout=30) == -signal.SIGKILL
+    # The leader sleeps 0.5 s before its exec, then must not get to run `sleep 60`.
+    assert until_none_survive(tracked, within=2.0) == []
+
+
 # An outer tree whose leader is a Python program holding an inner tree (with an escapee);
 # the outer program relays the inner tree's pids, then waits.
 INNER = textwrap.dedent(

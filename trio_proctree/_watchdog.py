@@ -7,7 +7,8 @@ one watchdog (not one per tree): a ``python -I -S`` running `_WATCHDOG`, in a se
 its own so terminal signals do not reach it, reading our registrations from a pipe. When
 that pipe reaches EOF — we exited, however — it SIGKILLs what is still registered:
 
-- ``cgroup PATH``: the whole cgroup, through ``cgroup.kill``;
+- ``cgroup PATH``: the whole cgroup, through ``cgroup.kill``, which it then removes (a
+  leader still on its way in through ``/bin/sh`` then cannot join, and runs nothing);
 - ``group PGID STARTTIME``: the process group, only while its leader (that pid with that
   start time, alive or a zombie) still pins the group id, so a recycled group is never hit;
 - ``marker VAR=VALUE``: every process whose environment carries the marker, through
@@ -33,7 +34,7 @@ import threading
 logger = logging.getLogger("trio_proctree")
 
 _WATCHDOG = r"""
-import os, signal, sys
+import os, signal, sys, time
 
 def stat(pid):
     try:
@@ -44,11 +45,40 @@ def stat(pid):
     return data[data.rindex(b")") + 2:].split()
 
 def kill_cgroup(path):
+    # Then remove it: a leader that joins through /bin/sh may still be on its way in (it
+    # writes cgroup.procs after its exec, a write that can wait tens of ms), and a
+    # cgroup.kill done before it arrives would miss it. A cgroup removed, its join fails,
+    # and the wrapper exits without running the command. Until the removal, kill again
+    # whoever made it in; the members may take a moment to exit (they get no events
+    # here: this runs once, when the parent has died).
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            with open(os.path.join(path, "cgroup.kill"), "w") as f:
+                f.write("1")
+        except FileNotFoundError:
+            return
+        except OSError:
+            pass
+        if removed(path) or time.monotonic() > deadline:
+            return
+        time.sleep(0.005)
+
+def removed(path):
+    # Cgroups the members made inside it first, the deepest first.
+    for inner, folders, _ in os.walk(path, topdown=False):
+        for folder in folders:
+            try:
+                os.rmdir(os.path.join(inner, folder))
+            except OSError:
+                pass
     try:
-        with open(os.path.join(path, "cgroup.kill"), "w") as f:
-            f.write("1")
-    except OSError:
+        os.rmdir(path)
+    except FileNotFoundError:
         pass
+    except OSError:
+        return False
+    return True
 
 def kill_group(pgid, starttime):
     fields = stat(pgid)

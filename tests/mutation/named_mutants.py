@@ -199,6 +199,13 @@ MUTANTS = [
         "members_without_environment",
     ),
     (
+        "watchdog: a killed cgroup left in place for a late join",
+        "_watchdog.py",
+        "        if removed(path) or time.monotonic() > deadline:",
+        "        if True:",
+        "before_its_leader_joined",
+    ),
+    (
         "pidfd: an exited process is an error",
         "_containment.py",
         "        signal.pidfd_send_signal(pidfd, sig)\n    except ProcessLookupError:\n        pass",
