@@ -41,7 +41,10 @@ async def running(stdout: trio.abc.ReceiveStream | None) -> None:
     assert stdout is not None
     said = b""
     while not said.endswith(b"running\n"):
-        said += await stdout.receive_some()
+        chunk = await stdout.receive_some()
+        if not chunk:
+            raise RuntimeError(f"the tree ended before it said it runs: {said!r}")
+        said += chunk
     await trio.sleep(0.02)
 
 

@@ -333,7 +333,8 @@ class CgroupContainment(MemberTracking):
     name = "cgroup"
     #: The leader is waited on by itself, not tracked with the members.
     watches_leader = False
-    #: cgroup.kill reaches every member, in the group or not.
+    #: cgroup.kill reaches every member, in the group or not, and the watchdog removes the
+    #: cgroup after it, so that a leader still joining through /bin/sh cannot get in.
     backstop_needs_group = False
 
     #: Listings per signal: after the escapees a listing found are signalled, the cgroup is

@@ -195,7 +195,8 @@ class ProcessGroupContainment:
 
     def attach(self, leader: Leader, *, register: bool = True) -> None:
         """Take charge of the tree; ``register``: have the watchdog kill the group should
-        we die first (not where a cgroup's backstop already reaches every member)."""
+        we die first (not where the containment's own backstop does: a cgroup's is
+        registered before the fork, and reaches even a leader still on its way in)."""
         self._leader = leader
         self._pgid = leader.pid
         if register:
