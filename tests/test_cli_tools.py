@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 import uuid
 from pathlib import Path
@@ -243,6 +244,42 @@ def test_orphans_help_explains_itself(tracked: Tracked) -> None:
     assert result.returncode == 0
     for words in ("--match", "--json", "--reaper", "Exit status 1"):
         assert words in result.stdout
+
+
+# The tool, made to hand the terminal over 0.3 s after the command started.
+LATE_HANDOVER = textwrap.dedent(
+    """
+    import contextlib, sys, time
+    from trio_proctree import _cli, _cmd_run
+
+    handed_to = _cmd_run._terminal_handed_to
+
+    @contextlib.contextmanager
+    def late(tree):
+        time.sleep(0.3)
+        with handed_to(tree):
+            yield
+
+    _cmd_run._terminal_handed_to = late
+    sys.exit(_cli.main(sys.argv[1:]))
+    """
+)
+
+
+@pytest.mark.skipif(shutil.which("script") is None, reason="needs script(1) for a terminal")
+def test_run_hands_the_terminal_to_a_command_that_read_it_too_soon(tracked: Tracked) -> None:
+    # A command that reads the terminal before it is handed over is stopped (SIGTTIN, as
+    # a background reader); the hand-over must wake it. Red before: it stayed stopped.
+    read_tty = "read x < /dev/tty; echo got $x"
+    inner = shlex.join([*procs.python(), "-c", LATE_HANDOVER, "run", "--", "sh", "-c", read_tty])
+    result = subprocess.run(
+        ["script", "-qec", inner, "/dev/null"],
+        input="typed\n", capture_output=True, text=True, env=tracked.env, timeout=20,
+        check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result
+    assert "got typed" in result.stdout
+    assert tracked.survivors() == []
 
 
 @pytest.mark.skipif(shutil.which("script") is None, reason="needs script(1) for a terminal")

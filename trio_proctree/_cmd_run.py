@@ -22,7 +22,7 @@ import attrs
 import trio
 
 from ._choose import ContainmentUnavailable
-from ._trio import open_process_tree
+from ._trio import ProcessTree, open_process_tree
 
 TIMED_OUT = 124
 TOOL_FAILED = 125
@@ -79,7 +79,7 @@ async def _run(options: RunOptions) -> int:
             # commands keep ours, in a group of their own that gets the terminal.
             start_new_session=not interactive,
         ) as tree:
-            with _terminal_handed_to(tree.pid if interactive else None):
+            with _terminal_handed_to(tree if interactive else None):
                 async with trio.open_nursery() as nursery:
 
                     async def stop_on_request() -> None:
@@ -108,15 +108,18 @@ def _owns_terminal() -> bool:
 
 
 @contextlib.contextmanager
-def _terminal_handed_to(pgid: int | None) -> Generator[None]:
-    """Make ``pgid`` the terminal's foreground group (so the command can read from it and
-    gets Ctrl-C), and take the terminal back afterwards."""
-    if pgid is None:
+def _terminal_handed_to(tree: ProcessTree | None) -> Generator[None]:
+    """Make the tree's group the terminal's foreground group (so the command can read from
+    it and gets Ctrl-C), and take the terminal back afterwards."""
+    if tree is None:
         yield
         return
     previous = signal.signal(signal.SIGTTOU, signal.SIG_IGN)  # a background tcsetpgrp stops us
     try:
-        os.tcsetpgrp(0, pgid)
+        os.tcsetpgrp(0, tree.pid)
+        # The command runs from its spawn on, before this: one that read the terminal
+        # meanwhile got SIGTTIN, as a background reader, and stopped. It may read now.
+        tree.send_signal(signal.SIGCONT)
         yield
     finally:
         with contextlib.suppress(OSError):
