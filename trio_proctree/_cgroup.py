@@ -29,6 +29,7 @@ import attrs
 
 from . import _spawn_into_cgroup as direct_spawn
 from ._containment import NEED_SCAN, MemberTracking, Pending
+from ._leader import Leader
 from ._procfs import ProcStat, read_file, read_stat
 from ._spawn import SpawnPlan
 from ._spawn_into_cgroup import IntoCgroup
@@ -119,9 +120,9 @@ class CgroupHome:
 
     Emptied tree cgroups are kept for the next tree: an empty cgroup is as good as a new
     one for a leader that joins it, and reusing it saves a mkdir when a tree starts and an
-    rmdir when it ends. Where leaders start directly in their cgroup none is reused (see
-    `give_back`): each is removed when the next tree starts, in the spawn's worker thread,
-    not on the path that ends a tree.
+    rmdir when it ends (~57 us). Where leaders start directly in their cgroup, one that
+    ``cgroup.kill`` was written to is not reused (see `give_back`): it is removed when the
+    next tree starts, in the spawn's worker thread, not on the path that ends a tree.
     """
 
     path: str
@@ -135,10 +136,11 @@ class CgroupHome:
     #: How many emptied tree cgroups are kept for reuse.
     KEEP = 64
 
-    def take_tree(self) -> str:
+    def take_tree(self) -> tuple[str, bool]:
+        """An empty tree cgroup: (its path, whether it served a tree before)."""
         with self._lock:
-            if self._free:  # (none are kept while leaders start directly: see give_back)
-                return self._free.pop()
+            if self._free:
+                return self._free.pop(), True
             retired, self._retired = self._retired, []
         for tree in retired:
             with contextlib.suppress(OSError):  # (a member made a cgroup in it: left)
@@ -152,17 +154,19 @@ class CgroupHome:
                 # Made by this process before it exec'd itself (same pid, same start
                 # time, so the same home): its trees died with the old image's watchdog.
                 continue
-            return path
+            return path, False
 
-    def give_back(self, tree: str) -> None:
+    def give_back(self, tree: str, *, killed: bool) -> None:
         """Keep an empty tree cgroup for reuse (or remove it, when enough are kept).
 
-        Not where leaders start directly in their cgroup: Linux kills a child created in a
-        cgroup that ``cgroup.kill`` was ever written to (see `_spawn_into_cgroup._prove`),
-        and a tree's own members may have written it.
+        ``killed``: ``cgroup.kill`` was written to it (or may have been: a leader started
+        in it directly was killed at birth). Linux kills a child created directly in such
+        a cgroup (see `_spawn_into_cgroup._prove`), so where leaders start that way it is
+        not reused. (A member may write ``cgroup.kill`` too, unknown to us: a leader that
+        dies of it at birth is caught, and started through /bin/sh, which can still join.)
         """
         with self._lock:
-            if not direct_spawn.available():
+            if not (killed and direct_spawn.available()):
                 if len(self._free) < self.KEEP:
                     self._free.append(tree)
                     return
@@ -344,8 +348,11 @@ class CgroupContainment(MemberTracking):
     def __init__(self, home: CgroupHome) -> None:
         super().__init__()
         self._home = home
-        self.path = home.take_tree()
+        self.path, self._reused = home.take_tree()
         self._relative = f"{home.relative}/{os.path.basename(self.path)}"
+        #: Whether cgroup.kill was written (by us), or a direct start in it was refused.
+        self._killed = False
+        self._direct = False
 
     def prepare(self, plan: SpawnPlan) -> SpawnPlan:
         options = dict(plan.options)
@@ -360,7 +367,8 @@ class CgroupContainment(MemberTracking):
         # the command through /bin/sh stays as the way there if it cannot after all.
         direct = None
         if direct_spawn.can_start(options):
-            direct = IntoCgroup(self.path, plan.program, list(argv))
+            direct = IntoCgroup(self.path, plan.program, list(argv), reused=self._reused)
+            self._direct = True
         if executable is not None:
             argv[0] = executable  # (sh's exec cannot set a different argv[0])
         procs = os.path.join(self.path, "cgroup.procs")
@@ -371,6 +379,13 @@ class CgroupContainment(MemberTracking):
     @property
     def backstop(self) -> list[str]:
         return [f"cgroup {self.path}"]
+
+    def attach(self, leader: Leader) -> None:
+        super().attach(leader)
+        if self._direct and leader.popen is not None:
+            # Asked to start directly, started through /bin/sh: perhaps because a member
+            # of the cgroup's last tree wrote cgroup.kill (the direct start died at birth).
+            self._killed = True
 
     def _list_members(self) -> list[int]:
         return _procs(self.path)
@@ -384,6 +399,7 @@ class CgroupContainment(MemberTracking):
 
     def _hard_kill(self) -> None:
         # cgroup.kill reaches every member, escapees included, and no fork can race it.
+        self._killed = True
         _kill(self.path)
 
     def _survey(self, *, track: bool, pins: bool) -> list[int]:
@@ -485,9 +501,15 @@ class CgroupContainment(MemberTracking):
 
     def release(self, *, emptied: bool = True) -> None:
         super().release(emptied=emptied)
-        # Emptied is known from pending() (or nothing ever started); nothing re-enters an
-        # empty cgroup by itself. One not known to be empty stays, for the watchdog.
-        if self._leader is not None and not (emptied and self._emptied):
+        if self._leader is None:
+            # The spawn failed: nothing runs in it. Not kept for reuse: the failure may have
+            # been the cgroup's own (removed under us, say).
+            with contextlib.suppress(OSError):  # (else left for the sweep)
+                os.rmdir(self.path)
+            return
+        # Emptied is known from pending(); nothing re-enters an empty cgroup by itself. One
+        # not known to be empty stays, for the watchdog.
+        if not (emptied and self._emptied):
             logger.warning("cgroup %s may not be empty; leaving it for the sweep", self.path)
             return
         # Members may have made cgroups inside ours: remove the deepest first.
@@ -498,7 +520,7 @@ class CgroupContainment(MemberTracking):
         if inner and _subdirs(self.path):
             logger.warning("cgroup %s still has cgroups inside; leaving it", self.path)
         else:
-            self._home.give_back(self.path)
+            self._home.give_back(self.path, killed=self._killed)
 
 
 def _all_dirs(path: str) -> list[str]:

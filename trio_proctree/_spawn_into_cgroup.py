@@ -14,6 +14,7 @@ through ``/bin/sh`` instead. `ctypes` is enough: no Python code runs in the chil
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import functools
@@ -26,6 +27,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
+
+from ._procfs import read_file
 
 logger = logging.getLogger("trio_proctree")
 
@@ -59,11 +62,12 @@ _SUPPORTED: Mapping[str, tuple[Any, ...] | None] = {
 @attrs.frozen
 class IntoCgroup:
     """A leader to start inside ``cgroup`` (a directory), running ``program`` (found as
-    Popen finds it) with ``argv``."""
+    Popen finds it) with ``argv``. ``reused``: the cgroup served a tree before."""
 
     cgroup: str
     program: Any
     argv: Sequence[Any]
+    reused: bool = False
 
 
 class _Glibc:
@@ -140,6 +144,12 @@ class Refused(Exception):
     the caller starts this one another way, as `can_start` will say for the next."""
 
 
+class KilledAtBirth(Refused):
+    """This leader was killed before it could exec: its cgroup was killed at some point
+    (``cgroup.kill``, by a member of the tree it served before). Nothing of the program
+    ran, and the child is reaped; start it another way (/bin/sh can still join)."""
+
+
 # Buffers larger than glibc's structures on any architecture (336 and 80 bytes on x86-64),
 # 8-byte aligned; the init functions fill in what they need.
 _Opaque = ctypes.c_uint64 * 64
@@ -159,21 +169,52 @@ def start(request: IntoCgroup, options: Mapping[str, Any], stdio: Sequence[int |
     glibc = _glibc()
     assert glibc is not None, "can_start() said yes"
     if not _proven:
-        _prove(glibc, request.cgroup)
-    return _posix_spawn(glibc, request, options, stdio)
+        _prove(glibc, os.path.dirname(request.cgroup))
+    pid = _posix_spawn(glibc, request, options, stdio)
+    if request.reused and _died_before_exec(pid):
+        raise KilledAtBirth
+    return pid
 
 
-def _prove(glibc: _Glibc, cgroup: str) -> None:
-    """Start one throwaway child in ``cgroup`` (a new, empty one) the way leaders will be,
-    once per process: if it is killed at birth, leaders go through ``/bin/sh`` instead.
+#: Task flags (/proc/PID/stat, field 9): forked and not yet exec'd; exiting.
+_PF_FORKNOEXEC = 0x40
+_PF_EXITING = 0x4
+
+
+def _died_before_exec(pid: int) -> bool:
+    """Whether the child just started is dying without having exec'd (then: reaped).
+
+    A cgroup reused after a member wrote its ``cgroup.kill`` kills the next leader created
+    in it at birth; nothing tells such a cgroup apart beforehand. ``posix_spawn`` reports
+    success for a child killed before its exec, so the child's flags say it: by the time
+    ``posix_spawn`` returns, a healthy child has (nearly) exec'd, and a child that has
+    not is exiting, never to run a line of the program. Read only for reused cgroups.
+    """
+    try:
+        data = read_file(f"/proc/{pid}/stat")
+    except OSError:  # pragma: no cover - an unreaped child of ours has a /proc entry
+        return False
+    flags = int(data[data.rindex(b")") + 2 :].split()[6])
+    if flags & _PF_FORKNOEXEC and flags & _PF_EXITING:
+        os.waitpid(pid, 0)  # it is exiting: this returns at once
+        logger.debug("pid %d was killed before its exec (its cgroup had been killed)", pid)
+        return True
+    return False
+
+
+def _prove(glibc: _Glibc, home: str) -> None:
+    """Start one throwaway child in a new cgroup in ``home`` the way leaders will be, once
+    per process: if it is killed at birth, leaders go through ``/bin/sh`` instead.
 
     Linux kernels with the ``kill_seq`` fix for ``cgroup.kill`` (6.14, and stable kernels
     it was backported to) compare a new child's target cgroup with its *parent's* cgroup:
     a child created in a cgroup whose ``cgroup.kill`` count differs from ours gets SIGKILL
-    before it runs (measured on Linux 6.18). Our trees' cgroups are new and never killed
-    before a leader starts in them (`CgroupHome` does not reuse them here), so this only
-    happens if our own cgroup was killed before this process entered it. Unknowable from
-    user space, hence the throwaway child.
+    before it runs (measured on Linux 6.18). `CgroupHome` does not reuse a cgroup it
+    killed, and a leader killed at birth in one a member killed is started again through
+    /bin/sh (`_died_before_exec`); in a new cgroup it only happens if our own cgroup was
+    killed before this process entered it. Unknowable from user space, hence the
+    throwaway child, in a cgroup made for it (not a reused one, which a member may have
+    killed: that would say nothing about ours).
     """
     global _proven, _refused  # noqa: PLW0603 - one answer for the whole process
     with _proving:
@@ -181,14 +222,21 @@ def _prove(glibc: _Glibc, cgroup: str) -> None:
             if _refused:
                 raise Refused
             return
-        throwaway = IntoCgroup(cgroup, "/bin/sh", ["sh", "-c", "exit 0"])
-        pid = _posix_spawn(glibc, throwaway, {}, [])  # its errors are this spawn's
+        proving = os.path.join(home, "proving")
+        with contextlib.suppress(FileExistsError):  # (left by this process's former image)
+            os.mkdir(proving)
         try:
-            _, status = os.waitpid(pid, 0)
-        except ChildProcessError:
-            # Reaped by someone else (a waitpid(-1) in the program): no answer yet. This
-            # leader goes through /bin/sh; the next spawn asks again.
-            raise Refused from None
+            throwaway = IntoCgroup(proving, "/bin/sh", ["sh", "-c", "exit 0"])
+            pid = _posix_spawn(glibc, throwaway, {}, [])  # its errors are this spawn's
+            try:
+                _, status = os.waitpid(pid, 0)
+            except ChildProcessError:
+                # Reaped by someone else (a waitpid(-1) in the program): no answer yet.
+                # This leader goes through /bin/sh; the next spawn asks again.
+                raise Refused from None
+        finally:
+            with contextlib.suppress(OSError):
+                os.rmdir(proving)
         outcome = os.waitstatus_to_exitcode(status)
         if outcome == 0:
             _proven = True

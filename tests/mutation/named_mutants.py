@@ -206,6 +206,13 @@ MUTANTS = [
         "before_its_leader_joined",
     ),
     (
+        "cli: the terminal handed over without waking a stopped reader",
+        "_cmd_run.py",
+        "        tree.send_signal(signal.SIGCONT)\n",
+        "",
+        "read_it_too_soon",
+    ),
+    (
         "pidfd: an exited process is an error",
         "_containment.py",
         "        signal.pidfd_send_signal(pidfd, sig)\n    except ProcessLookupError:\n        pass",
@@ -266,15 +273,29 @@ MUTANTS = [
     (
         "direct start: a killed tree's cgroup reused [glibc]",
         "_cgroup.py",
-        "            if not direct_spawn.available():\n                if len(self._free)",
-        "            if True:\n                if len(self._free)",
+        "            if not (killed and direct_spawn.available()):",
+        "            if True:",
         "starts_after_the_one_before_was_killed",
+    ),
+    (
+        "direct start: no emptied cgroup reused [glibc]",
+        "_cgroup.py",
+        "            if not (killed and direct_spawn.available()):",
+        "            if not direct_spawn.available():",
+        "emptied_without_a_kill",
+    ),
+    (
+        "direct start: a leader killed at birth taken for started [glibc]",
+        "_spawn_into_cgroup.py",
+        "    if request.reused and _died_before_exec(pid):",
+        "    if False:",
+        "killed_itself",
     ),
     (
         "direct start: never proven with a throwaway child [glibc]",
         "_spawn_into_cgroup.py",
-        "    if not _proven:\n        _prove(glibc, request.cgroup)",
-        "    if False:\n        _prove(glibc, request.cgroup)",
+        "    if not _proven:\n        _prove(glibc, os.path.dirname(request.cgroup))",
+        "    if False:\n        _prove(glibc, os.path.dirname(request.cgroup))",
         "die_at_birth",
     ),
     (
