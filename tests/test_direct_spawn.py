@@ -235,6 +235,49 @@ def test_leaders_go_through_sh_where_children_made_in_their_cgroup_die_at_birth(
     assert tracked.survivors() == []
 
 
+# Moves itself into the cgroup given, then starts two trees; prints how each started.
+IN_A_CAPPED_CGROUP = textwrap.dedent(
+    """
+    import sys, trio
+    from trio_proctree import open_process_tree
+    with open(sys.argv[1] + "/cgroup.procs", "w") as f:
+        f.write("0")
+
+    async def main():
+        for _ in range(2):
+            async with open_process_tree(["true"], containment="cgroup") as tree:
+                print(tree._core.leader.popen is None, await tree.wait())
+
+    trio.run(main)
+    """
+)
+
+
+@needs_direct
+def test_direct_starts_work_with_room_for_one_tree_cgroup(tracked: Tracked) -> None:
+    # cgroup.max.descendants = 2: our home and one tree's cgroup. The first direct start
+    # proves itself in that new tree cgroup. Red before: in a cgroup made for the proof,
+    # one too many, and every tree failed to start (EAGAIN).
+    with open("/proc/self/mountinfo") as f:
+        mount = find_cgroup2_mount(f.read())
+    assert mount is not None
+    here = os.path.join(mount, (cgroup_of(os.getpid()) or "/").lstrip("/"))
+    capped = os.path.join(here, f"capped-{tracked.token}")
+    os.mkdir(capped)
+    try:
+        with open(os.path.join(capped, "cgroup.max.descendants"), "w") as f:
+            f.write("2")
+        output = procs.run_python(IN_A_CAPPED_CGROUP, capped, env=tracked.env)
+        assert output.splitlines() == ["True 0", "True 0"]  # both direct, the second reused
+    finally:
+        deadline = time.monotonic() + 5
+        while procs.populated(capped) and time.monotonic() < deadline:
+            time.sleep(0.01)  # a stranger's exit: no event to wait on
+        for inner in sorted((d for d, _, _ in os.walk(capped)), key=len, reverse=True):
+            os.rmdir(inner)
+    assert tracked.survivors() == []
+
+
 def script(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)

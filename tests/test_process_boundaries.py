@@ -153,6 +153,41 @@ def test_a_process_that_execs_itself_starts_trees_again(tracked: Tracked) -> Non
     assert tracked.survivors() == []
 
 
+# Holds a tree open across an exec of itself, then runs one; prints both trees' cgroups.
+EXECS_ITSELF_HOLDING_A_TREE = textwrap.dedent(
+    """
+    import os, subprocess, sys, trio
+    from trio_proctree import open_process_tree
+
+    async def first():
+        tree = await open_process_tree(["sleep", "60"], containment="cgroup").__aenter__()
+        print(tree._core.containment.path, flush=True)
+        os.execv(sys.executable, [sys.executable, "-c", sys.argv[1], sys.argv[1], "again"])
+
+    async def second():
+        async with open_process_tree(["true"], containment="cgroup") as tree:
+            print(tree._core.containment.path, flush=True)
+
+    trio.run(second if sys.argv[-1] == "again" else first)
+    """
+)
+
+
+def test_a_process_that_execs_itself_never_reuses_its_former_cgroup_names(
+    tracked: Tracked,
+) -> None:
+    # The former image's watchdog kills and removes that image's cgroups, and may take its
+    # time (members can be slow to die): a new tree under a name it still works on would be
+    # killed with them. Red before: the new image's first tree was tree-0 again.
+    available("cgroup")
+    former, later = procs.run_python(
+        EXECS_ITSELF_HOLDING_A_TREE, EXECS_ITSELF_HOLDING_A_TREE, env=tracked.env
+    ).split()
+    assert os.path.dirname(former) == os.path.dirname(later)  # the same home
+    assert os.path.basename(former) != os.path.basename(later)
+    assert until_none_survive(tracked, within=2.0) == []
+
+
 # SIGKILLs itself the moment its leader has started, before the tree is set up.
 DIES_RIGHT_AFTER_THE_FORK = textwrap.dedent(
     """

@@ -2,8 +2,9 @@
 
 A process group misses descendants that call ``setsid()``; a cgroup keeps them all. Each
 process that uses trio_proctree gets one directory inside its own cgroup,
-``trio_proctree-<pid namespace>-<pid>-<starttime>``, and each tree a ``tree-<n>`` cgroup
-inside that.
+``trio_proctree-<pid namespace>-<pid>-<starttime>``, and each tree a
+``tree-<image>-<n>`` cgroup inside that (``<image>``: new each time the process starts
+or execs itself).
 
 The leader is placed in its cgroup before the user's program runs, without ``preexec_fn``
 (unsafe in a threaded program, and trio spawns from worker threads): with glibc 2.41 or
@@ -131,6 +132,10 @@ class CgroupHome:
     _free: list[str] = attrs.field(factory=list[str])
     _retired: list[str] = attrs.field(factory=list[str])
     _counter: Iterator[int] = attrs.field(factory=itertools.count)
+    #: In every tree's name: a process that exec'd itself has the same home, and the
+    #: watchdog of its former image may still be killing and removing that image's trees
+    #: (members can take a while to die); a new tree must not have one of their names.
+    _image: str = attrs.field(factory=lambda: os.urandom(4).hex())
     _lock: threading.Lock = attrs.field(factory=threading.Lock)
 
     #: How many emptied tree cgroups are kept for reuse.
@@ -147,12 +152,10 @@ class CgroupHome:
                 os.rmdir(tree)
         while True:
             with self._lock:
-                path = os.path.join(self.path, f"tree-{next(self._counter)}")
+                path = os.path.join(self.path, f"tree-{self._image}-{next(self._counter)}")
             try:
                 os.mkdir(path)
-            except FileExistsError:
-                # Made by this process before it exec'd itself (same pid, same start
-                # time, so the same home): its trees died with the old image's watchdog.
+            except FileExistsError:  # pragma: no cover - a name made by someone else
                 continue
             return path, False
 

@@ -169,7 +169,7 @@ def start(request: IntoCgroup, options: Mapping[str, Any], stdio: Sequence[int |
     glibc = _glibc()
     assert glibc is not None, "can_start() said yes"
     if not _proven:
-        _prove(glibc, os.path.dirname(request.cgroup))
+        _prove(glibc, request)
     pid = _posix_spawn(glibc, request, options, stdio)
     if request.reused and _died_before_exec(pid):
         raise KilledAtBirth
@@ -196,15 +196,16 @@ def _died_before_exec(pid: int) -> bool:
         return False
     flags = int(data[data.rindex(b")") + 2 :].split()[6])
     if flags & _PF_FORKNOEXEC and flags & _PF_EXITING:
-        os.waitpid(pid, 0)  # it is exiting: this returns at once
+        with contextlib.suppress(ChildProcessError):  # (reaped by the program meanwhile)
+            os.waitpid(pid, 0)  # it is exiting: this returns at once
         logger.debug("pid %d was killed before its exec (its cgroup had been killed)", pid)
         return True
     return False
 
 
-def _prove(glibc: _Glibc, home: str) -> None:
-    """Start one throwaway child in a new cgroup in ``home`` the way leaders will be, once
-    per process: if it is killed at birth, leaders go through ``/bin/sh`` instead.
+def _prove(glibc: _Glibc, request: IntoCgroup) -> None:
+    """Start one throwaway child in a new cgroup the way leaders will be, once per
+    process: if it is killed at birth, leaders go through ``/bin/sh`` instead.
 
     Linux kernels with the ``kill_seq`` fix for ``cgroup.kill`` (6.14, and stable kernels
     it was backported to) compare a new child's target cgroup with its *parent's* cgroup:
@@ -213,8 +214,8 @@ def _prove(glibc: _Glibc, home: str) -> None:
     killed, and a leader killed at birth in one a member killed is started again through
     /bin/sh (`_died_before_exec`); in a new cgroup it only happens if our own cgroup was
     killed before this process entered it. Unknowable from user space, hence the
-    throwaway child, in a cgroup made for it (not a reused one, which a member may have
-    killed: that would say nothing about ours).
+    throwaway child, in the leader's own cgroup if it is new, else in one made for it
+    (not in a reused one, which a member may have killed: that says nothing about ours).
     """
     global _proven, _refused  # noqa: PLW0603 - one answer for the whole process
     with _proving:
@@ -222,9 +223,17 @@ def _prove(glibc: _Glibc, home: str) -> None:
             if _refused:
                 raise Refused
             return
-        proving = os.path.join(home, "proving")
-        with contextlib.suppress(FileExistsError):  # (left by this process's former image)
-            os.mkdir(proving)
+        proving = request.cgroup
+        if request.reused:
+            proving = os.path.join(os.path.dirname(request.cgroup), "proving")
+            try:
+                os.mkdir(proving)
+            except FileExistsError:  # (left by this process's former image)
+                pass
+            except OSError:
+                # Out of cgroups (cgroup.max.descendants), say: this leader goes through
+                # /bin/sh, and a later one with a new cgroup proves direct starts.
+                raise Refused from None
         try:
             throwaway = IntoCgroup(proving, "/bin/sh", ["sh", "-c", "exit 0"])
             pid = _posix_spawn(glibc, throwaway, {}, [])  # its errors are this spawn's
@@ -235,8 +244,9 @@ def _prove(glibc: _Glibc, home: str) -> None:
                 # This leader goes through /bin/sh; the next spawn asks again.
                 raise Refused from None
         finally:
-            with contextlib.suppress(OSError):
-                os.rmdir(proving)
+            if proving != request.cgroup:
+                with contextlib.suppress(OSError):
+                    os.rmdir(proving)
         outcome = os.waitstatus_to_exitcode(status)
         if outcome == 0:
             _proven = True

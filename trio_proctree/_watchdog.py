@@ -45,24 +45,27 @@ def stat(pid):
     return data[data.rindex(b")") + 2:].split()
 
 def kill_cgroup(path):
-    # Then remove it: a leader that joins through /bin/sh may still be on its way in (it
-    # writes cgroup.procs after its exec, a write that can wait tens of ms), and a
-    # cgroup.kill done before it arrives would miss it. A cgroup removed, its join fails,
-    # and the wrapper exits without running the command. Until the removal, kill again
-    # whoever made it in; the members may take a moment to exit (they get no events
-    # here: this runs once, when the parent has died).
-    deadline = time.monotonic() + 5
-    while True:
-        try:
-            with open(os.path.join(path, "cgroup.kill"), "w") as f:
-                f.write("1")
-        except FileNotFoundError:
-            return
-        except OSError:
-            pass
-        if removed(path) or time.monotonic() > deadline:
-            return
+    try:
+        with open(os.path.join(path, "cgroup.kill"), "w") as f:
+            f.write("1")
+    except OSError:
+        pass
+
+def remove_cgroups(paths):
+    # A leader that joins through /bin/sh may still be on its way in (it writes
+    # cgroup.procs after its exec, a write that can wait tens of ms), and the cgroup.kill
+    # above missed it. So each cgroup goes: a removed cgroup cannot be joined, and the
+    # wrapper exits without running the command. Until then, whoever made it in is killed
+    # again. Members may take a while to die, and there is no event to wait on here: this
+    # runs once, after the parent died, in a child of ours, so that we exit at once.
+    deadline = time.monotonic() + 10
+    while paths and time.monotonic() < deadline:
         time.sleep(0.005)
+        for path in list(paths):
+            if removed(path):
+                paths.remove(path)
+            else:
+                kill_cgroup(path)
 
 def removed(path):
     # Cgroups the members made inside it first, the deepest first.
@@ -137,12 +140,21 @@ for entry in sorted(live):
     if kind == b"group":
         pgid, starttime = rest.split()
         kill_group(int(pgid), starttime)
+cgroups = []
 for entry in sorted(live):
     kind, _, rest = entry.partition(b" ")
     if kind == b"cgroup":
-        kill_cgroup(os.fsdecode(rest))
+        cgroups.append(os.fsdecode(rest))
+        kill_cgroup(cgroups[-1])
     elif kind == b"marker":
         kill_marked(rest)
+if cgroups:
+    try:
+        remover = os.fork()
+    except OSError:
+        remover = 0
+    if remover == 0:
+        remove_cgroups(cgroups)
 """
 
 

@@ -201,8 +201,8 @@ MUTANTS = [
     (
         "watchdog: a killed cgroup left in place for a late join",
         "_watchdog.py",
-        "        if removed(path) or time.monotonic() > deadline:",
-        "        if True:",
+        "        remove_cgroups(cgroups)\n",
+        "        pass\n",
         "before_its_leader_joined",
     ),
     (
@@ -211,6 +211,13 @@ MUTANTS = [
         "        tree.send_signal(signal.SIGCONT)\n",
         "",
         "read_it_too_soon",
+    ),
+    (
+        "cgroup: a later image of the process reuses its former tree names",
+        "_cgroup.py",
+        'f"tree-{self._image}-{next(self._counter)}"',
+        'f"tree-{next(self._counter)}"',
+        "never_reuses_its_former",
     ),
     (
         "pidfd: an exited process is an error",
@@ -294,8 +301,8 @@ MUTANTS = [
     (
         "direct start: never proven with a throwaway child [glibc]",
         "_spawn_into_cgroup.py",
-        "    if not _proven:\n        _prove(glibc, os.path.dirname(request.cgroup))",
-        "    if False:\n        _prove(glibc, os.path.dirname(request.cgroup))",
+        "    if not _proven:\n        _prove(glibc, request)",
+        "    if False:\n        _prove(glibc, request)",
         "die_at_birth",
     ),
     (
