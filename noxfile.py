@@ -107,8 +107,10 @@ def _debian_glibc(session: nox.Session) -> tuple[Path, Path]:
         (cache / "lists" / "partial").mkdir(parents=True, exist_ok=True)
         sources = cache / "sources.list"
         sources.write_text(f"deb [signed-by={DEBIAN_KEYRING}] {GLIBC_SOURCE}\n")
+        # APT::Sandbox::User=root: as root, apt verifies signatures as the _apt user, in a
+        # temporary file in /tmp, which fails where /tmp is not world-writable (seen).
         apt = [
-            "apt-get", "-q",
+            "apt-get", "-q", "-o", "APT::Sandbox::User=root",
             "-o", f"Dir::Etc::SourceList={sources}", "-o", "Dir::Etc::SourceParts=-",
             "-o", f"Dir::State::Lists={cache / 'lists'}", "-o", f"Dir::Cache={cache / 'apt'}",
         ]  # fmt: skip
