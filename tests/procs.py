@@ -91,14 +91,29 @@ def read_environ(pid: int) -> bytes | None:
 
 
 def survivors(token: str) -> list[int]:
-    """Live processes carrying ``token`` in their environment."""
+    """Live processes carrying ``token`` in their environment.
+
+    A process in the middle of execve shows no environment for a moment: one that shows
+    none is looked at again a while (kernel threads, which never show one, are not).
+    """
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit() and int(entry) != os.getpid():
             pid = int(entry)
-            if with_token(pid, token) and alive(pid):
+            patient = read_environ(pid) == b"" and not kernel_thread(pid)
+            if with_token(pid, token, patient=patient) and alive(pid):
                 found.append(pid)
     return sorted(found)
+
+
+_PF_KTHREAD = 0x00200000
+
+
+def kernel_thread(pid: int) -> bool:
+    try:
+        return bool(stat_field(pid, 9) & _PF_KTHREAD)
+    except (FileNotFoundError, ProcessLookupError):
+        return False
 
 
 def kill_survivors(token: str) -> list[int]:
