@@ -356,8 +356,7 @@ def parent_with_a_tree(
 
 
 async def until_none_survive(tracked: Tracked, within: float) -> None:
-    """Until nothing carries the test's token (looked up anew each time: the watchdog's
-    child that removes killed cgroups appears only after the watchdog has acted)."""
+    """Until nothing carries the test's token, looked up anew each time."""
     with trio.move_on_after(within):
         while tracked.survivors():
             await trio.sleep(0.01)  # strangers' deaths: no event to wait on

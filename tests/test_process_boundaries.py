@@ -235,18 +235,30 @@ def test_a_parent_killed_between_fork_and_setup_takes_the_tree_along(
 
 
 # Through /bin/sh a leader joins its cgroup after its exec (a write that can wait tens of
-# ms for the kernel). Here its parent is SIGKILLed, and the watchdog acts, before the
-# leader even gets to exec: the pipe the watchdog reads is closed in the leader's copy of
-# the descriptors (else the watchdog would hear of the death only at that exec).
+# ms for the kernel). Here its parent is SIGKILLed, and the watchdog has done all it does
+# (it has exited), before the leader even gets to exec. (The pipe the watchdog reads is
+# closed in the leader's copy of the descriptors: else the watchdog would hear of the
+# death only at that exec.)
 DIES_BEFORE_THE_JOIN = textwrap.dedent(
     """
     import os, signal, sys, time, trio
-    from trio_proctree import open_process_tree
+    from trio_proctree import _watchdog, open_process_tree
+
+    _watchdog.ensure_started()
+    WATCHDOG = _watchdog.running()[0].pid
 
     def die_before_the_join():
         os.closerange(3, 65536)
         os.kill(os.getppid(), signal.SIGKILL)
-        time.sleep(float(sys.argv[1]))  # the watchdog's turn
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # a stranger's exit: no event to wait on
+            try:
+                with open(f"/proc/{WATCHDOG}/stat", "rb") as f:
+                    if f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X"):
+                        break
+            except OSError:
+                break
+            time.sleep(0.01)
 
     async def main():
         async with open_process_tree(
@@ -266,14 +278,15 @@ def test_a_parent_killed_before_its_leader_joined_the_cgroup_takes_the_tree_alon
     # joined it afterwards and ran its command, an orphan nothing would stop.
     available("cgroup")
     parent = subprocess.Popen(
-        [*procs.python(), "-c", DIES_BEFORE_THE_JOIN, "0.5"],
+        [*procs.python(), "-c", DIES_BEFORE_THE_JOIN],
         stdout=subprocess.PIPE,
         env=tracked.env,
     )
     with parent:
         assert parent.wait(timeout=30) == -signal.SIGKILL
-    # The leader sleeps 0.5 s before its exec, then must not get to run `sleep 60`.
-    assert until_none_survive(tracked, within=2.0) == []
+    # The leader waits for the watchdog to finish before its exec, then must not get to
+    # run `sleep 60`.
+    assert until_none_survive(tracked, within=5.0) == []
 
 
 # An outer tree whose leader is a Python program holding an inner tree (with an escapee);

@@ -57,8 +57,9 @@ def remove_cgroups(paths):
     # above missed it. So each cgroup goes: a removed cgroup cannot be joined, and the
     # wrapper exits without running the command. Until then, whoever made it in is killed
     # again. Members may take a while to die, and there is no event to wait on here: this
-    # runs once, after the parent died, in a child of ours, so that we exit at once.
-    deadline = time.monotonic() + 10
+    # runs once, after the parent has gone, and usually takes a few ms (bounded: at a
+    # normal exit the interpreter waits for us).
+    deadline = time.monotonic() + 2
     while paths and time.monotonic() < deadline:
         time.sleep(0.005)
         for path in list(paths):
@@ -148,13 +149,7 @@ for entry in sorted(live):
         kill_cgroup(cgroups[-1])
     elif kind == b"marker":
         kill_marked(rest)
-if cgroups:
-    try:
-        remover = os.fork()
-    except OSError:
-        remover = 0
-    if remover == 0:
-        remove_cgroups(cgroups)
+remove_cgroups(cgroups)
 """
 
 

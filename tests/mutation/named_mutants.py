@@ -201,8 +201,8 @@ MUTANTS = [
     (
         "watchdog: a killed cgroup left in place for a late join",
         "_watchdog.py",
-        "        remove_cgroups(cgroups)\n",
-        "        pass\n",
+        'remove_cgroups(cgroups)\n"""',
+        'pass\n"""',
         "before_its_leader_joined",
     ),
     (
