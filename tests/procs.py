@@ -44,6 +44,24 @@ def alive(pid: int) -> bool:
     return now is not None
 
 
+def untouched_child(pid: int) -> bool:
+    """Whether our child ``pid`` runs with no fatal signal on its way to it.
+
+    A SIGKILL sent an instant ago may not have landed yet: its target can still show as
+    running, and a test that only looks passes by luck. But Linux drops every signal sent
+    to a process that a fatal one already reached, so a SIGSTOP sent now stops only a
+    process that none reached. Wait (``waitid``: an event) for it to stop or to exit, and
+    let it go on.
+    """
+    os.kill(pid, signal.SIGSTOP)
+    event = os.waitid(os.P_PID, pid, os.WSTOPPED | os.WEXITED | os.WNOWAIT)
+    assert event is not None
+    if event.si_code != os.CLD_STOPPED:
+        return False
+    os.kill(pid, signal.SIGCONT)
+    return True
+
+
 def stat_field(pid: int, index: int) -> int:
     """Field ``index`` (1-based, as in proc(5)) of /proc/PID/stat, for fields after comm."""
     with open(f"/proc/{pid}/stat", "rb") as f:
