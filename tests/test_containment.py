@@ -410,6 +410,53 @@ async def test_parent_killed_with_sigkill_takes_members_without_environment_alon
     assert tracked.survivors() == []
 
 
+# An escapee that shows no environment at all until its parent is gone, then execs with
+# the tree's marker (and the test's token): as a member caught in the middle of execve
+# looks, for a moment, when the watchdog comes to it. (PWD is unset: the shell would
+# export it to the env(1) in between, which would then show an environment without the
+# marker, unlike any process in the middle of execve.)
+BLANK_UNTIL_AFTER_THE_DEATH = (
+    "m=$(env | grep '^TRIO_PROCTREE_TREE_'); "
+    'setsid env -i /bin/sh -c \'unset PWD; read x < "$0"; /bin/sleep 0.02; '
+    'exec /usr/bin/env "$1" "$2" /bin/sleep 60\' '
+    f'{{fifo}} "$m" "{procs.TOKEN_VAR}=${procs.TOKEN_VAR}" & echo $!; '
+    "sleep 60 & echo $!; wait"
+)
+
+
+async def test_parent_killed_with_sigkill_takes_an_escapee_caught_mid_exec_along(
+    tracked: Tracked, tmp_path: Path
+) -> None:
+    # Red before: the watchdog took a process showing no environment for a stranger, and
+    # the escapee ran on once its exec gave it the marker.
+    available("subreaper")
+    fifo = tmp_path / "after-the-death"
+    os.mkfifo(fifo)
+    shape = BLANK_UNTIL_AFTER_THE_DEATH.format(fifo=shlex.quote(str(fifo)))
+    with parent_with_a_tree(tracked, "subreaper", shape) as (parent, pids):
+        blank = pids[1]
+        # Pinned by pidfd: it carries no token until its exec; it is killed below if it
+        # outlives the test, and nothing else can be.
+        pinned = os.pidfd_open(blank)
+        try:
+            with trio.fail_after(5):
+                # No event says its execs are done: wait for the shell, with no environment.
+                while not (procs.command_name(blank) == "sh" and procs.read_environ(blank) == b""):
+                    await trio.sleep(0.001)
+            parent.send_signal(signal.SIGKILL)
+            parent.wait()
+            with open(fifo, "w") as f:  # (the escapee opened its end: no wait here)
+                f.write("go\n")
+            await until_gone(pids, within=1.0)
+            assert [pid for pid in pids if procs.alive(pid)] == []
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(pinned, signal.SIGKILL)
+            os.close(pinned)
+    await until_none_survive(tracked, within=1.0)
+    assert tracked.survivors() == []
+
+
 async def test_parent_killed_with_sigkill_group_alone_loses_the_escapee(
     tracked: Tracked,
 ) -> None:
@@ -512,14 +559,16 @@ def test_own_cgroup_is_read_from_the_unified_line() -> None:
     assert own_cgroup("4:memory:/x\n") is None
 
 
+@pytest.mark.parametrize("image", ["", "-0a1b2c3d"], ids=["older-name", "with-image-token"])
 def test_stale_cgroup_of_a_dead_owner_is_swept_and_its_processes_killed(
-    tracked: Tracked,
+    tracked: Tracked, image: str
 ) -> None:
     available("cgroup")
     home = _cgroup.cgroup_home()
     parent = os.path.dirname(home.path)
     # A home whose owner is gone: pid 1 with a start time it never had.
-    stale = os.path.join(parent, f"trio_proctree-{_cgroup._pid_namespace()}-1-999999999")
+    name = f"trio_proctree-{_cgroup._pid_namespace()}-1-999999999{image}"
+    stale = os.path.join(parent, name)
     tree = os.path.join(stale, "tree-0")
     os.makedirs(tree)
     leftover = subprocess.Popen(

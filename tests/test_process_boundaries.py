@@ -142,15 +142,26 @@ def test_a_process_that_execs_itself_starts_trees_again(tracked: Tracked) -> Non
     available("cgroup")
     said, pid = procs.run_python(EXECS_ITSELF, EXECS_ITSELF, env=tracked.env).rsplit(" ", 1)
     assert said == "ran twice"
-    # And it left no home behind (its former image's tree cgroups went too).
+    # And it left no home behind: its own at exit, its former image's through that
+    # image's watchdog (which heard of the exec, and may still be at work).
+    assert until_no_home_of(int(pid), within=2.0) == []
+    assert tracked.survivors() == []
+
+
+def until_no_home_of(pid: int, within: float) -> list[str]:
+    """The cgroup homes of ``pid`` (beside ours) still there after waiting up to ``within``."""
     with open("/proc/self/mountinfo") as f:
         mount = _cgroup.find_cgroup2_mount(f.read())
     with open("/proc/self/cgroup") as f:
         here = _cgroup.own_cgroup(f.read())
     assert mount is not None and here is not None
-    homes = os.listdir(os.path.join(mount, here.lstrip("/")))
-    assert [home for home in homes if f"-{int(pid)}-" in home] == []
-    assert tracked.survivors() == []
+    parent = os.path.join(mount, here.lstrip("/"))
+    deadline = time.monotonic() + within
+    while True:
+        homes = [home for home in os.listdir(parent) if f"-{pid}-" in home]
+        if not homes or time.monotonic() > deadline:
+            return homes
+        time.sleep(0.01)  # another process's watchdog at work: no event to wait on
 
 
 # Holds a tree open across an exec of itself, then runs one; prints both trees' cgroups.
@@ -176,16 +187,18 @@ EXECS_ITSELF_HOLDING_A_TREE = textwrap.dedent(
 def test_a_process_that_execs_itself_never_reuses_its_former_cgroup_names(
     tracked: Tracked,
 ) -> None:
-    # The former image's watchdog kills and removes that image's cgroups, and may take its
-    # time (members can be slow to die): a new tree under a name it still works on would be
-    # killed with them. Red before: the new image's first tree was tree-0 again.
+    # The former image's watchdog kills and removes that image's cgroups and then its
+    # home, and may take its time (members can be slow to die): a new tree under a name it
+    # still works on would be killed with them. Red before: the new image's first tree was
+    # tree-0 again, in the same home.
     available("cgroup")
     former, later = procs.run_python(
         EXECS_ITSELF_HOLDING_A_TREE, EXECS_ITSELF_HOLDING_A_TREE, env=tracked.env
     ).split()
-    assert os.path.dirname(former) == os.path.dirname(later)  # the same home
-    assert os.path.basename(former) != os.path.basename(later)
+    assert os.path.dirname(former) != os.path.dirname(later)  # a home of its own
     assert until_none_survive(tracked, within=2.0) == []
+    home = os.path.basename(os.path.dirname(former))
+    assert until_no_home_of(int(home.split("-")[2]), within=2.0) == []
 
 
 # SIGKILLs itself the moment its leader has started, before the tree is set up.
@@ -287,6 +300,47 @@ def test_a_parent_killed_before_its_leader_joined_the_cgroup_takes_the_tree_alon
     # The leader waits for the watchdog to finish before its exec, then must not get to
     # run `sleep 60`.
     assert until_none_survive(tracked, within=5.0) == []
+
+
+# Holds a cgroup tree; says the tree's cgroup and its watchdog's pid, then waits.
+HOLDS_A_CGROUP_TREE = textwrap.dedent(
+    """
+    import trio
+    from trio_proctree import _watchdog, open_process_tree
+
+    async def main():
+        async with open_process_tree(["sleep", "60"], containment="cgroup") as tree:
+            print(tree._core.containment.path, _watchdog.running()[0].pid, flush=True)
+            await trio.sleep_forever()
+
+    trio.run(main)
+    """
+)
+
+
+def test_a_parent_killed_with_sigkill_leaves_no_cgroup_behind(tracked: Tracked) -> None:
+    # Red before: the watchdog killed and removed the tree's cgroup, but the process's
+    # home stayed, an empty cgroup, until another process happened to sweep it.
+    available("cgroup")
+    parent = subprocess.Popen(
+        [*procs.python(), "-c", HOLDS_A_CGROUP_TREE], stdout=subprocess.PIPE, env=tracked.env
+    )
+    with parent:
+        assert parent.stdout is not None
+        tree, watchdog_pid = parent.stdout.readline().decode().split()
+        watchdog = os.pidfd_open(int(watchdog_pid))  # alive while its parent is
+        try:
+            parent.kill()  # our own child, by pid
+            assert parent.wait(timeout=30) == -signal.SIGKILL
+            # A pidfd turns readable when its process exits: the watchdog has done its job.
+            assert select.select([watchdog], [], [], 10)[0] == [watchdog]
+        finally:
+            os.close(watchdog)
+    home = os.path.dirname(tree)
+    assert os.path.basename(home).startswith("trio_proctree-")
+    assert not os.path.exists(tree)
+    assert not os.path.exists(home)
+    assert until_none_survive(tracked, within=1.0) == []
 
 
 # An outer tree whose leader is a Python program holding an inner tree (with an escapee);

@@ -2,9 +2,12 @@
 
 A process group misses descendants that call ``setsid()``; a cgroup keeps them all. Each
 process that uses trio_proctree gets one directory inside its own cgroup,
-``trio_proctree-<pid namespace>-<pid>-<starttime>``, and each tree a
-``tree-<image>-<n>`` cgroup inside that (``<image>``: new each time the process starts
-or execs itself).
+``trio_proctree-<pid namespace>-<pid>-<starttime>-<image>``, and each tree a
+``tree-<n>`` cgroup inside that. ``<image>`` is new each time the process starts or
+execs itself: the watchdog of a former image, still killing and removing that image's
+trees (members can take a while to die) and then its home, never meets the new one's.
+The watchdog removes the home should the process die without removing it; the homes of
+owners that died anyway are swept.
 
 The leader is placed in its cgroup before the user's program runs, without ``preexec_fn``
 (unsafe in a threaded program, and trio spawns from worker threads): with glibc 2.41 or
@@ -29,6 +32,7 @@ from typing import Any
 import attrs
 
 from . import _spawn_into_cgroup as direct_spawn
+from . import _watchdog as watchdog
 from ._containment import NEED_SCAN, MemberTracking, Pending
 from ._leader import Leader
 from ._procfs import ProcStat, read_file, read_stat
@@ -132,10 +136,6 @@ class CgroupHome:
     _free: list[str] = attrs.field(factory=list[str])
     _retired: list[str] = attrs.field(factory=list[str])
     _counter: Iterator[int] = attrs.field(factory=itertools.count)
-    #: In every tree's name: a process that exec'd itself has the same home, and the
-    #: watchdog of its former image may still be killing and removing that image's trees
-    #: (members can take a while to die); a new tree must not have one of their names.
-    _image: str = attrs.field(factory=lambda: os.urandom(4).hex())
     _lock: threading.Lock = attrs.field(factory=threading.Lock)
 
     #: How many emptied tree cgroups are kept for reuse.
@@ -152,7 +152,7 @@ class CgroupHome:
                 os.rmdir(tree)
         while True:
             with self._lock:
-                path = os.path.join(self.path, f"tree-{self._image}-{next(self._counter)}")
+                path = os.path.join(self.path, f"tree-{next(self._counter)}")
             try:
                 os.mkdir(path)
             except FileExistsError:  # pragma: no cover - a name made by someone else
@@ -234,23 +234,24 @@ def _make_home(pid: int) -> CgroupHome:
         raise CgroupUnavailable(f"the cgroup {parent} is not writable (not delegated to us)")
     stat = read_stat(pid)
     assert stat is not None
-    name = f"{_HOME_PREFIX}{_pid_namespace()}-{pid}-{stat.starttime}"
-    path = os.path.join(parent, name)
     _sweep_stale_homes(parent)
-    try:
-        os.mkdir(path)
-    except FileExistsError:
-        # This process made it before it exec'd itself (same pid, same start time): the
-        # trees of its former image died with that image's watchdog; their empty
-        # cgroups go now (take_tree skips any name still there).
-        for tree in _subdirs(path):
-            with contextlib.suppress(OSError):
-                os.rmdir(tree)
-    except OSError as exc:
-        raise CgroupUnavailable(f"cannot create a cgroup under {parent}: {exc}") from exc
+    while True:
+        image = os.urandom(4).hex()
+        name = f"{_HOME_PREFIX}{_pid_namespace()}-{pid}-{stat.starttime}-{image}"
+        path = os.path.join(parent, name)
+        try:
+            os.mkdir(path)
+        except FileExistsError:  # pragma: no cover - a token drawn twice
+            continue
+        except OSError as exc:
+            raise CgroupUnavailable(f"cannot create a cgroup under {parent}: {exc}") from exc
+        break
     if not os.path.exists(os.path.join(path, "cgroup.kill")):
         os.rmdir(path)
         raise CgroupUnavailable("cgroup.kill is missing (needs Linux 5.14 or newer)")
+    # Should this process die without removing it (SIGKILL), the watchdog removes it after
+    # the trees it kills; registered once, before any tree of it starts.
+    watchdog.register(f"home {path}")
     relative = "/" + os.path.join(own.strip("/"), name)
     return CgroupHome(path, relative.replace("//", "/"))
 
@@ -276,8 +277,11 @@ def _sweep_stale_homes(parent: str) -> None:
     for name in entries:
         if not name.startswith(_HOME_PREFIX):
             continue
+        fields = name[len(_HOME_PREFIX) :].split("-")
+        if len(fields) not in (3, 4):  # (3: named before homes had an image token)
+            continue
         try:
-            ns_text, pid_text, start_text = name[len(_HOME_PREFIX) :].split("-")
+            ns_text, pid_text, start_text = fields[:3]
             owner, start = int(pid_text), int(start_text)
             if int(ns_text) != namespace:
                 continue

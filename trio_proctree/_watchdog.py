@@ -12,7 +12,11 @@ that pipe reaches EOF — we exited, however — it SIGKILLs what is still regis
 - ``group PGID STARTTIME``: the process group, only while its leader (that pid with that
   start time, alive or a zombie) still pins the group id, so a recycled group is never hit;
 - ``marker VAR=VALUE``: every process whose environment carries the marker, through
-  pidfds (the subreaper containment's escapees).
+  pidfds (the subreaper containment's escapees). A process caught in the middle of
+  ``execve`` shows no environment for a moment: such processes are looked at again,
+  for up to 0.5 s, until they show one;
+- ``home PATH``: our directory of tree cgroups, removed last, with the emptied cgroups
+  kept in it for reuse (a home with a tree still running in it stays, for the sweep).
 
 Trees are registered when they start, in one write. Unregistrations are kept back and
 go with the next registration (or at exit): a write wakes the watchdog, which costs tens
@@ -92,38 +96,71 @@ def kill_group(pgid, starttime):
         except OSError:
             pass
 
-def marked(pid, entry):
+def environment(pid):
     try:
         with open("/proc/%d/environ" % pid, "rb") as f:
-            return entry in f.read().split(b"\0")
+            return f.read()
+    except OSError:
+        return None
+
+def marked(pid, entry):
+    env = environment(pid)
+    return env is not None and entry in env.split(b"\0")
+
+def blank(pid):
+    # No environment at all, and neither a kernel thread nor dying (PF_KTHREAD,
+    # PF_EXITING): perhaps a member in the middle of execve, whose new image shows none
+    # for a moment. Taken for a stranger, it would run on once the exec is done.
+    fields = stat(pid)
+    return (
+        fields is not None
+        and fields[0] not in (b"Z", b"X")
+        and not int(fields[6]) & 0x00200004
+        and environment(pid) == b""
+    )
+
+def kill_if_marked(pid, entry, killed):
+    fields = stat(pid)
+    if fields is None or (pid, fields[19]) in killed:
+        return False
+    try:
+        fd = os.pidfd_open(pid)
     except OSError:
         return False
+    try:
+        if marked(pid, entry):  # still the same process: the pidfd pins it
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+            killed.add((pid, fields[19]))
+            return True
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return False
 
 def kill_marked(entry):
     # Scan until a pass finds nobody new (a member may fork until its SIGKILL lands); a
     # process already sent SIGKILL is not counted again (it may sit in D state a while).
+    # Processes that show no environment are looked at again, every ms for up to 0.5 s
+    # in all: one that shows the marker is killed, and everything scanned again (for
+    # what it forked meanwhile). A process started with an empty environment shows none
+    # for good, and costs that wait once: nothing here waits on it otherwise.
     killed = set()
+    deadline = time.monotonic() + 0.5
     while True:
         hit = False
+        blanks = []
         for name in os.listdir("/proc"):
-            if not name.isdigit() or not marked(int(name), entry):
+            if not name.isdigit():
                 continue
-            fields = stat(int(name))
-            if fields is None or (name, fields[19]) in killed:
-                continue
-            try:
-                fd = os.pidfd_open(int(name))
-            except OSError:
-                continue
-            try:
-                if marked(int(name), entry):  # still the same process: the pidfd pins it
-                    signal.pidfd_send_signal(fd, signal.SIGKILL)
-                    killed.add((name, fields[19]))
-                    hit = True
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
+            if marked(int(name), entry):
+                hit = kill_if_marked(int(name), entry, killed) or hit
+            elif blank(int(name)):
+                blanks.append(int(name))
+        while not hit and blanks and time.monotonic() < deadline:
+            time.sleep(0.001)
+            hit = any(kill_if_marked(pid, entry, killed) for pid in blanks)
+            blanks = [pid for pid in blanks if blank(pid)]
         if not hit:
             return
 
@@ -141,7 +178,7 @@ for entry in sorted(live):
     if kind == b"group":
         pgid, starttime = rest.split()
         kill_group(int(pgid), starttime)
-cgroups = []
+cgroups, homes = [], []
 for entry in sorted(live):
     kind, _, rest = entry.partition(b" ")
     if kind == b"cgroup":
@@ -149,7 +186,11 @@ for entry in sorted(live):
         kill_cgroup(cgroups[-1])
     elif kind == b"marker":
         kill_marked(rest)
+    elif kind == b"home":
+        homes.append(os.fsdecode(rest))
 remove_cgroups(cgroups)
+for home in homes:
+    removed(home)
 """
 
 
@@ -220,8 +261,9 @@ _DEFER_AT_MOST = 256
 
 
 def register(*entries: str) -> None:
-    """Have ``entries`` (``cgroup PATH``, ``group PGID START``, ``marker VAR=VALUE``)
-    killed should this process die before `unregister`; written at once."""
+    """Have ``entries`` (``cgroup PATH``, ``group PGID START``, ``marker VAR=VALUE``,
+    ``home PATH``) killed or removed should this process die before `unregister`;
+    written at once."""
     try:
         watchdog = _watchdog()
         with _lock:

@@ -201,9 +201,23 @@ MUTANTS = [
     (
         "watchdog: a killed cgroup left in place for a late join",
         "_watchdog.py",
-        'remove_cgroups(cgroups)\n"""',
+        'remove_cgroups(cgroups)\nfor home in homes:\n    removed(home)\n"""',
         'pass\n"""',
         "before_its_leader_joined",
+    ),
+    (
+        "watchdog: the home of a killed process left behind",
+        "_watchdog.py",
+        'remove_cgroups(cgroups)\nfor home in homes:\n    removed(home)\n"""',
+        'remove_cgroups(cgroups)\n"""',
+        "leaves_no_cgroup_behind",
+    ),
+    (
+        "watchdog: a member caught mid-exec taken for a stranger",
+        "_watchdog.py",
+        "            elif blank(int(name)):\n",
+        "            elif False:\n",
+        "caught_mid_exec",
     ),
     (
         "cli: the terminal handed over without waking a stopped reader",
@@ -213,10 +227,22 @@ MUTANTS = [
         "read_it_too_soon",
     ),
     (
-        "cgroup: a later image of the process reuses its former tree names",
+        "cgroup: a later image of the process reuses its former home",
         "_cgroup.py",
-        'f"tree-{self._image}-{next(self._counter)}"',
-        'f"tree-{next(self._counter)}"',
+        "        image = os.urandom(4).hex()\n"
+        '        name = f"{_HOME_PREFIX}{_pid_namespace()}-{pid}-{stat.starttime}-{image}"\n'
+        "        path = os.path.join(parent, name)\n"
+        "        try:\n"
+        "            os.mkdir(path)\n"
+        "        except FileExistsError:  # pragma: no cover - a token drawn twice\n"
+        "            continue\n",
+        '        image = "same"\n'
+        '        name = f"{_HOME_PREFIX}{_pid_namespace()}-{pid}-{stat.starttime}-{image}"\n'
+        "        path = os.path.join(parent, name)\n"
+        "        try:\n"
+        "            os.mkdir(path)\n"
+        "        except FileExistsError:  # the home of a former image, reused\n"
+        "            break\n",
         "never_reuses_its_former",
     ),
     (
