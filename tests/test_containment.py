@@ -559,15 +559,22 @@ def test_own_cgroup_is_read_from_the_unified_line() -> None:
     assert own_cgroup("4:memory:/x\n") is None
 
 
-@pytest.mark.parametrize("image", ["", "-0a1b2c3d"], ids=["older-name", "with-image-token"])
+@pytest.mark.parametrize(
+    ("owner", "image"),
+    [("dead", ""), ("dead", "-0a1b2c3d"), ("former image", "-0a1b2c3d")],
+    ids=["older-name", "with-image-token", "of-a-former-image-of-this-process"],
+)
 def test_stale_cgroup_of_a_dead_owner_is_swept_and_its_processes_killed(
-    tracked: Tracked, image: str
+    tracked: Tracked, owner: str, image: str
 ) -> None:
     available("cgroup")
     home = _cgroup.cgroup_home()
     parent = os.path.dirname(home.path)
-    # A home whose owner is gone: pid 1 with a start time it never had.
-    name = f"trio_proctree-{_cgroup._pid_namespace()}-1-999999999{image}"
+    # A home whose owner is gone: pid 1 with a start time it never had. Or one this very
+    # process made before it exec'd itself (same pid and start time, another image), whose
+    # watchdog did not get to remove it.
+    pid, start = (1, 999999999) if owner == "dead" else (os.getpid(), procs.starttime(os.getpid()))
+    name = f"trio_proctree-{_cgroup._pid_namespace()}-{pid}-{start}{image}"
     stale = os.path.join(parent, name)
     tree = os.path.join(stale, "tree-0")
     os.makedirs(tree)

@@ -122,7 +122,7 @@ def test_a_home_made_in_another_pid_namespace_is_never_swept(tracked: Tracked) -
     assert tracked.survivors() == []
 
 
-# Runs a tree, exec's itself, and runs another: same pid, same start time, same home.
+# Runs a tree, exec's itself, and runs another: same pid, same start time, a new home.
 # (Started as ``python -c CODE CODE``: the second CODE is how it finds itself again.)
 EXECS_ITSELF = textwrap.dedent(
     """
@@ -158,7 +158,11 @@ def until_no_home_of(pid: int, within: float) -> list[str]:
     parent = os.path.join(mount, here.lstrip("/"))
     deadline = time.monotonic() + within
     while True:
-        homes = [home for home in os.listdir(parent) if f"-{pid}-" in home]
+        homes = [
+            home
+            for home in os.listdir(parent)
+            if home.startswith("trio_proctree-") and home.split("-")[2] == str(pid)
+        ]
         if not homes or time.monotonic() > deadline:
             return homes
         time.sleep(0.01)  # another process's watchdog at work: no event to wait on

@@ -265,9 +265,10 @@ def _sweep_stale_homes(parent: str) -> None:
     """Remove the homes of processes that died without cleaning up (crashed, SIGKILLed).
 
     What still runs in them outlived its owner: the parent-death backstop should have
-    killed it, and this does, before removing the directories. Only homes made in our
-    pid namespace are looked at: the owner of another's may well be alive, under a pid
-    that means nothing (or someone else) here.
+    killed it, and this does, before removing the directories. A home of this very
+    process but not its current one was made by an image it exec'd away from, and is
+    stale too. Only homes made in our pid namespace are looked at: the owner of
+    another's may well be alive, under a pid that means nothing (or someone else) here.
     """
     try:
         entries = os.listdir(parent)
@@ -287,10 +288,14 @@ def _sweep_stale_homes(parent: str) -> None:
                 continue
         except ValueError:
             continue  # not a home of ours (nor of this version)
+        home = os.path.join(parent, name)
         stat = read_stat(owner)
         if stat is not None and stat.starttime == start:
-            continue  # its owner still runs
-        home = os.path.join(parent, name)
+            current = _homes.get(owner)
+            if owner != os.getpid() or (current is not None and current.path == home):
+                continue  # its owner still runs
+            # This process made it before it exec'd itself: that image's trees died with
+            # its watchdog, which removes the home too, unless it was stopped first.
         for tree in _subdirs(home):
             try:
                 if _populated(tree):

@@ -14,7 +14,7 @@ that pipe reaches EOF — we exited, however — it SIGKILLs what is still regis
 - ``marker VAR=VALUE``: every process whose environment carries the marker, through
   pidfds (the subreaper containment's escapees). A process caught in the middle of
   ``execve`` shows no environment for a moment: such processes are looked at again,
-  for up to 0.5 s, until they show one;
+  for up to 0.5 s in all, until they show one;
 - ``home PATH``: our directory of tree cgroups, removed last, with the emptied cgroups
   kept in it for reuse (a home with a tree still running in it stays, for the sweep).
 
@@ -107,17 +107,23 @@ def marked(pid, entry):
     env = environment(pid)
     return env is not None and entry in env.split(b"\0")
 
-def blank(pid):
-    # No environment at all, and neither a kernel thread nor dying (PF_KTHREAD,
+MARKED, BLANK = "marked", "blank"
+
+def look(pid, entry):
+    # MARKED, BLANK or None, from one read of the environment: read twice, a member that
+    # finishes its exec in between would show none, then the marker, and be missed.
+    # BLANK: no environment at all, and neither a kernel thread nor dying (PF_KTHREAD,
     # PF_EXITING): perhaps a member in the middle of execve, whose new image shows none
     # for a moment. Taken for a stranger, it would run on once the exec is done.
+    env = environment(pid)
+    if env is None:
+        return None
+    if env:
+        return MARKED if entry in env.split(b"\0") else None
     fields = stat(pid)
-    return (
-        fields is not None
-        and fields[0] not in (b"Z", b"X")
-        and not int(fields[6]) & 0x00200004
-        and environment(pid) == b""
-    )
+    if fields is None or fields[0] in (b"Z", b"X") or int(fields[6]) & 0x00200004:
+        return None
+    return BLANK
 
 def kill_if_marked(pid, entry, killed):
     fields = stat(pid)
@@ -138,29 +144,35 @@ def kill_if_marked(pid, entry, killed):
         os.close(fd)
     return False
 
-def kill_marked(entry):
+def kill_marked(entry, deadline):
     # Scan until a pass finds nobody new (a member may fork until its SIGKILL lands); a
     # process already sent SIGKILL is not counted again (it may sit in D state a while).
-    # Processes that show no environment are looked at again, every ms for up to 0.5 s
-    # in all: one that shows the marker is killed, and everything scanned again (for
+    # Processes that show no environment are looked at again, every ms until the
+    # deadline: one that shows the marker is killed, and everything scanned again (for
     # what it forked meanwhile). A process started with an empty environment shows none
-    # for good, and costs that wait once: nothing here waits on it otherwise.
+    # for good, and costs that wait: once, as the deadline is shared by all markers.
     killed = set()
-    deadline = time.monotonic() + 0.5
     while True:
         hit = False
         blanks = []
         for name in os.listdir("/proc"):
             if not name.isdigit():
                 continue
-            if marked(int(name), entry):
+            seen = look(int(name), entry)
+            if seen == MARKED:
                 hit = kill_if_marked(int(name), entry, killed) or hit
-            elif blank(int(name)):
+            elif seen == BLANK:
                 blanks.append(int(name))
         while not hit and blanks and time.monotonic() < deadline:
             time.sleep(0.001)
-            hit = any(kill_if_marked(pid, entry, killed) for pid in blanks)
-            blanks = [pid for pid in blanks if blank(pid)]
+            still = []
+            for pid in blanks:
+                seen = look(pid, entry)
+                if seen == MARKED:
+                    hit = kill_if_marked(pid, entry, killed) or hit
+                elif seen == BLANK:
+                    still.append(pid)
+            blanks = still
         if not hit:
             return
 
@@ -178,17 +190,25 @@ for entry in sorted(live):
     if kind == b"group":
         pgid, starttime = rest.split()
         kill_group(int(pgid), starttime)
-cgroups, homes = [], []
+cgroups, markers, homes = [], [], []
 for entry in sorted(live):
     kind, _, rest = entry.partition(b" ")
     if kind == b"cgroup":
         cgroups.append(os.fsdecode(rest))
         kill_cgroup(cgroups[-1])
     elif kind == b"marker":
-        kill_marked(rest)
+        markers.append(rest)
     elif kind == b"home":
         homes.append(os.fsdecode(rest))
+# Every marked process first, without waiting on any that show no environment; then the
+# killed cgroups go (a leader still joining one must not get in and run meanwhile); then
+# the wait, once for all markers, on those that showed none.
+for marker in markers:
+    kill_marked(marker, deadline=0)
 remove_cgroups(cgroups)
+deadline = time.monotonic() + 0.5
+for marker in markers:
+    kill_marked(marker, deadline)
 for home in homes:
     removed(home)
 """

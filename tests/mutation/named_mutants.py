@@ -199,24 +199,28 @@ MUTANTS = [
         "members_without_environment",
     ),
     (
+        # (The home's removal goes too: it would remove the empty tree cgroup on its own.)
         "watchdog: a killed cgroup left in place for a late join",
         "_watchdog.py",
-        'remove_cgroups(cgroups)\nfor home in homes:\n    removed(home)\n"""',
-        'pass\n"""',
+        "remove_cgroups(cgroups)\ndeadline = time.monotonic() + 0.5\n"
+        "for marker in markers:\n    kill_marked(marker, deadline)\n"
+        'for home in homes:\n    removed(home)\n"""',
+        "deadline = time.monotonic() + 0.5\n"
+        'for marker in markers:\n    kill_marked(marker, deadline)\n"""',
         "before_its_leader_joined",
     ),
     (
         "watchdog: the home of a killed process left behind",
         "_watchdog.py",
-        'remove_cgroups(cgroups)\nfor home in homes:\n    removed(home)\n"""',
-        'remove_cgroups(cgroups)\n"""',
+        'for home in homes:\n    removed(home)\n"""',
+        '"""',
         "leaves_no_cgroup_behind",
     ),
     (
         "watchdog: a member caught mid-exec taken for a stranger",
         "_watchdog.py",
-        "            elif blank(int(name)):\n",
-        "            elif False:\n",
+        "            elif seen == BLANK:\n                blanks.append(int(name))\n",
+        "            elif False:\n                pass\n",
         "caught_mid_exec",
     ),
     (
@@ -274,6 +278,13 @@ MUTANTS = [
         "            if int(ns_text) != namespace:",
         "            if False:",
         "another_pid_namespace",
+    ),
+    (
+        "sweep: a former image's home left for good",
+        "_cgroup.py",
+        "            if owner != os.getpid() or (current is not None and current.path == home):\n",
+        "            if True:\n",
+        "stale_cgroup_of_a_dead_owner",
     ),
     (
         "interrupt: Ctrl-C abandons the cleanup",
