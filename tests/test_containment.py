@@ -182,6 +182,27 @@ async def test_an_escapee_started_during_the_stop_gets_the_stop_signal_too(
     assert tracked.survivors() == []
 
 
+async def until_its_parent_is_gone(pid: int) -> None:
+    """Until ``pid`` no longer has the parent it has now (unless that is us).
+
+    ``setsid -f`` forks, and its parent half exits: usually before the child has said its
+    pid, but not always (seen once in ~30 runs). A pidfd turns readable when its process
+    exits, after its children were re-parented.
+    """
+    parent = procs.stat_field(pid, 4)
+    if parent == os.getpid():
+        return
+    try:
+        pidfd = os.pidfd_open(parent)
+    except ProcessLookupError:
+        return  # gone already
+    try:
+        with trio.fail_after(5):
+            await trio.lowlevel.wait_readable(pidfd)
+    finally:
+        os.close(pidfd)
+
+
 async def test_signalling_an_escapee_that_just_exited_is_not_an_error(
     tracked: Tracked, strong: str
 ) -> None:
@@ -194,6 +215,7 @@ async def test_signalling_an_escapee_that_just_exited_is_not_an_error(
         assert tree.stdout is not None
         [escapee] = await read_pids(tree.stdout, 1)
         tree.send_signal(signal.SIGCONT)  # the tree now knows (and tracks) its escapee
+        await until_its_parent_is_gone(escapee)
         assert procs.stat_field(escapee, 4) == os.getpid()  # adopted by us
         os.kill(escapee, signal.SIGKILL)  # our own test process, by pid
         os.waitpid(escapee, 0)  # noqa: ASYNC222 - SIGKILLed: returns at once
