@@ -144,6 +144,18 @@ def kill_if_marked(pid, entry, killed):
         os.close(fd)
     return False
 
+def sift(pids, entry, killed):
+    # Kill those of pids that carry the marker: (whether any did, those showing no
+    # environment).
+    hit, blanks = False, []
+    for pid in pids:
+        seen = look(pid, entry)
+        if seen == MARKED:
+            hit = kill_if_marked(pid, entry, killed) or hit
+        elif seen == BLANK:
+            blanks.append(pid)
+    return hit, blanks
+
 def kill_marked(entry, deadline):
     # Scan until a pass finds nobody new (a member may fork until its SIGKILL lands); a
     # process already sent SIGKILL is not counted again (it may sit in D state a while).
@@ -153,26 +165,11 @@ def kill_marked(entry, deadline):
     # for good, and costs that wait: once, as the deadline is shared by all markers.
     killed = set()
     while True:
-        hit = False
-        blanks = []
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            seen = look(int(name), entry)
-            if seen == MARKED:
-                hit = kill_if_marked(int(name), entry, killed) or hit
-            elif seen == BLANK:
-                blanks.append(int(name))
+        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+        hit, blanks = sift(pids, entry, killed)
         while not hit and blanks and time.monotonic() < deadline:
             time.sleep(0.001)
-            still = []
-            for pid in blanks:
-                seen = look(pid, entry)
-                if seen == MARKED:
-                    hit = kill_if_marked(pid, entry, killed) or hit
-                elif seen == BLANK:
-                    still.append(pid)
-            blanks = still
+            hit, blanks = sift(blanks, entry, killed)
         if not hit:
             return
 

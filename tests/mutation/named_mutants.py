@@ -219,8 +219,8 @@ MUTANTS = [
     (
         "watchdog: a member caught mid-exec taken for a stranger",
         "_watchdog.py",
-        "            elif seen == BLANK:\n                blanks.append(int(name))\n",
-        "            elif False:\n                pass\n",
+        "    return BLANK\n",
+        "    return None\n",
         "caught_mid_exec",
     ),
     (
