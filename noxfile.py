@@ -157,6 +157,7 @@ def bench(session: nox.Session) -> None:
     session.install("-e", ".")
     session.run("python", "bench/bench_teardown.py", *session.posargs)
     session.run("python", "bench/bench_scale.py", *session.posargs)
+    session.run("python", "bench/bench_zombies.py", *session.posargs)
 
 
 @nox.session(python="3.11", default=False)

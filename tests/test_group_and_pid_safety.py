@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import trio
 
-from trio_proctree import CleanupError, open_process_tree
+from trio_proctree import CleanupError, open_process_tree, run_process_tree
+from trio_proctree._orphans import become_subreaper
 
 from . import procs
 from .conftest import Tracked, read_pids
@@ -276,6 +277,44 @@ async def test_a_tree_whose_leader_was_reaped_elsewhere_is_still_stopped_gracefu
     assert tree.outcome is not None
     assert not tree.outcome.grace_expired
     assert tree.outcome.signals[0] == signal.SIGTERM
+    assert tracked.survivors() == []
+
+
+def adopt_an_orphan(env: dict[str, str]) -> tuple[int, int]:
+    """A process of no tree that re-parents to us (a subreaper) as its parent exits:
+    (its pid, the write end of a pipe; closing it makes the orphan exit)."""
+    hold, release = os.pipe()
+    try:
+        # (A background job's stdin is /dev/null unless redirected: the pipe goes via fd 3.)
+        parent = subprocess.run(
+            ["sh", "-c", "exec 3<&0; (read x <&3) >/dev/null 2>&1 & echo $!"],
+            stdin=hold,
+            env=env,
+            capture_output=True,
+            check=True,
+        )
+    finally:
+        os.close(hold)
+    return int(parent.stdout), release
+
+
+async def test_other_codes_exited_children_are_left_for_it_to_reap(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # Cleanup reaps only its trees' processes. Another part of the program may yet wait
+    # for its own exited child, and an orphan we adopted from it is its to reap too.
+    become_subreaper()  # (process-wide, as the first subreaper tree makes it)
+    own = subprocess.Popen(["sh", "-c", "exit 7"], env=tracked.env)  # noqa: ASYNC220
+    adopted, release = adopt_an_orphan(tracked.env)
+    os.close(release)
+    try:
+        for pid in (own.pid, adopted):  # both exit at once, and stay zombies
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # noqa: ASYNC222
+        await run_process_tree(["sh", "-c", "sleep 60 & exit 0"], grace=0.2, **contained)
+        assert procs.state(adopted) == "Z"
+    finally:
+        os.waitpid(adopted, 0)  # noqa: ASYNC222 - a zombie: at once
+    assert own.wait() == 7  # not 0, as Popen reports a child someone else reaped
     assert tracked.survivors() == []
 
 

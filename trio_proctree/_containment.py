@@ -281,11 +281,13 @@ class ProcessGroupContainment:
             return True
         return False
 
-    def release(self, *, emptied: bool = True) -> None:
+    def release(self, *, emptied: bool = True, reap: bool = True) -> None:
+        """``reap``: reap the group's dead orphans (not when the caller reaps a wider set:
+        each reaping reads every child of this process)."""
         self._watched.close_all()
         if self._leader is None:
             return  # the spawn failed: nothing was started, nothing is registered
-        if self._leader.pins_group:
+        if reap and self._leader.pins_group:
             reap_orphans(self._pgid, lambda stat: stat.pgid == self._pgid)
         if emptied:
             watchdog.unregister(*self.backstop)
@@ -493,7 +495,8 @@ class MemberTracking:
 
     def release(self, *, emptied: bool = True) -> None:
         self._members.close_all()
-        self._group.release(emptied=emptied)
+        # The group's orphans are among those reaped below (`_ours`).
+        self._group.release(emptied=emptied, reap=False)
         if self._leader is None:
             # The spawn failed: nothing was started; only the backstop was registered.
             watchdog.unregister(*self.backstop)

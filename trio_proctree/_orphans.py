@@ -83,6 +83,18 @@ def children(pid: int) -> list[int]:
     return found
 
 
+def exited_child(pid: int) -> bool:
+    """Whether ``pid``, listed as a child of ours, has exited (a zombie, or reaped already).
+
+    One ``waitid`` (``WNOWAIT``: nothing is reaped), instead of a /proc read: zombies that
+    other code leaves unreaped pile up under a subreaper, and each listing meets them all.
+    """
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True  # reaped since the listing: no child of ours any more
+
+
 def descendants(roots: Iterable[int]) -> Iterator[ProcStat]:
     """The stat of each of ``roots`` and of every process below them (gone ones skipped)."""
     pending = list(roots)
@@ -103,7 +115,7 @@ def reap_orphans(leader_pid: int, ours: Callable[[ProcStat], bool]) -> None:
     if not is_subreaper():
         return
     for child in children(os.getpid()):
-        if child == leader_pid:
+        if child == leader_pid or not exited_child(child):
             continue
         stat = read_stat(child)
         if stat is not None and not stat.alive and ours(stat):

@@ -29,7 +29,7 @@ from typing import Any
 import attrs
 
 from ._containment import MemberTracking, signal_pidfd
-from ._orphans import become_subreaper, children, descendants
+from ._orphans import become_subreaper, children, descendants, exited_child
 from ._procfs import ProcStat, read_file, read_stat
 from ._spawn import SpawnPlan
 
@@ -130,6 +130,10 @@ class SubreaperContainment(MemberTracking):
         self._undecided = False
         roots: list[int] = []
         for child in children(os.getpid()):
+            # A dead child has no subtree left (its children re-parented to us as it
+            # exited, and are listed here themselves): it is not read at all.
+            if exited_child(child):
+                continue
             stat = read_stat(child)
             if stat is not None and (child == leader or self._from_this_tree(stat)):
                 roots.append(child)

@@ -363,6 +363,13 @@ MUTANTS = [
         "            try:\n                pass",
         "zombies",
     ),
+    (
+        "subreaper: other code's exited children reaped",
+        "_orphans.py",
+        "        if stat is not None and not stat.alive and ours(stat):",
+        "        if stat is not None and not stat.alive:",
+        "left_for_it_to_reap",
+    ),
 ]
 
 
