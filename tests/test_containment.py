@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -345,7 +346,7 @@ PARENT = textwrap.dedent(
             data = b""
             while data.count(b"\\n") < 2:
                 data += await tree.stdout.receive_some()
-            sys.stdout.write(f"{tree.pid}\\n{data.decode()}ready\\n")
+            sys.stdout.write(f"{tree.pid}\\n{data.decode()}ready {tree.containment}\\n")
             sys.stdout.flush()
             await trio.sleep_forever()
 
@@ -358,21 +359,25 @@ PARENT_TREE = "sleep 60 & echo $!; setsid -f sh -c 'echo $$; exec sleep 60'; wai
 
 @contextlib.contextmanager
 def parent_with_a_tree(
-    tracked: Tracked, containment: str, shape: str = PARENT_TREE
-) -> Iterator[tuple[Any, list[int]]]:
+    tracked: Tracked,
+    containment: str,
+    shape: str = PARENT_TREE,
+    *,
+    python: tuple[list[str], dict[str, str]] | None = None,
+) -> Iterator[tuple[Any, list[int], str]]:
     """A Python process holding a tree open: (its Popen, [leader, and the two pids the
-    shape prints: by default a member and an escapee])."""
+    shape prints: by default a member and an escapee], the containment it got).
+    ``python``: another interpreter command and environment (`as_nobody`)."""
+    command, env = python or ([sys.executable], tracked.env)
     parent = subprocess.Popen(
-        [sys.executable, "-c", PARENT, containment, shape],
-        stdout=subprocess.PIPE,
-        env=tracked.env,
+        [*command, "-c", PARENT, containment, shape], stdout=subprocess.PIPE, env=env
     )
     with parent:
         try:
             assert parent.stdout is not None
             lines = [parent.stdout.readline() for _ in range(4)]
-            assert lines[-1] == b"ready\n", lines
-            yield parent, [int(line) for line in lines[:3]]
+            assert lines[-1].startswith(b"ready "), lines
+            yield parent, [int(line) for line in lines[:3]], lines[-1].split()[1].decode()
         finally:
             parent.kill()
 
@@ -395,7 +400,7 @@ async def test_parent_killed_with_sigkill_takes_its_trees_along(
     tracked: Tracked, containment: str
 ) -> None:
     available(containment)
-    with parent_with_a_tree(tracked, containment) as (parent, pids):
+    with parent_with_a_tree(tracked, containment) as (parent, pids, _):
         assert all(procs.alive(pid) for pid in pids)
         parent.send_signal(signal.SIGKILL)  # no atexit, no cleanup: only the watchdog
         parent.wait()
@@ -413,7 +418,7 @@ async def test_parent_killed_with_sigkill_takes_members_without_environment_alon
     # that cleared it (env -i) are still in the tree's group, which the watchdog kills too.
     available("subreaper")
     shape = "env -i sleep 60 & echo $!; env -i sleep 61 & echo $!; wait"
-    with parent_with_a_tree(tracked, "subreaper", shape) as (parent, pids):
+    with parent_with_a_tree(tracked, "subreaper", shape) as (parent, pids, _):
         # Pinned by pidfd: if they outlive the test (the token went with their
         # environment), they are killed below, and nothing else can be.
         pinned = [os.pidfd_open(pid) for pid in pids]
@@ -455,7 +460,7 @@ async def test_parent_killed_with_sigkill_takes_an_escapee_caught_mid_exec_along
     fifo = tmp_path / "after-the-death"
     os.mkfifo(fifo)
     shape = BLANK_UNTIL_AFTER_THE_DEATH.format(fifo=shlex.quote(str(fifo)))
-    with parent_with_a_tree(tracked, "subreaper", shape) as (parent, pids):
+    with parent_with_a_tree(tracked, "subreaper", shape) as (parent, pids, _):
         blank = pids[1]
         # Pinned by pidfd: it carries no token until its exec; it is killed below if it
         # outlives the test, and nothing else can be.
@@ -482,7 +487,7 @@ async def test_parent_killed_with_sigkill_takes_an_escapee_caught_mid_exec_along
 async def test_parent_killed_with_sigkill_group_alone_loses_the_escapee(
     tracked: Tracked,
 ) -> None:
-    with parent_with_a_tree(tracked, "group") as (parent, pids):
+    with parent_with_a_tree(tracked, "group") as (parent, pids, _):
         leader, member, escapee = pids
         parent.send_signal(signal.SIGKILL)
         parent.wait()
@@ -492,6 +497,94 @@ async def test_parent_killed_with_sigkill_group_alone_loses_the_escapee(
         assert procs.alive(escapee)  # the documented limit of a process group
     await until_gone([pid for pid in tracked.survivors() if pid != escapee], within=1.0)
     assert procs.kill_survivors(tracked.token) == [escapee]
+
+
+# --- an unprivileged user ----------------------------------------------------------------
+
+NOBODY = 65534
+#: The system's interpreter: pyenv's lives under /root, which other users cannot enter.
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+@contextlib.contextmanager
+def as_nobody(tracked: Tracked, *, delegated: bool) -> Iterator[tuple[list[str], dict[str, str]]]:
+    """An interpreter command and environment that run Python as user nobody, importing
+    this checkout's trio_proctree and the test run's trio; with ``delegated``, in a cgroup
+    of its own that belongs to nobody (as systemd delegates one to a user's services)."""
+    if os.geteuid() != 0 or not (os.path.exists(SYSTEM_PYTHON) and shutil.which("setpriv")):
+        pytest.skip("needs root and setpriv, to become nobody, and a system Python")
+    here = [
+        os.path.dirname(os.path.dirname(module.__file__ or "")) for module in (trio_proctree, trio)
+    ]
+    env = {**tracked.env, "PYTHONPATH": os.pathsep.join(here), "PYTHONDONTWRITEBYTECODE": "1"}
+    become = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", SYSTEM_PYTHON]
+    probe = subprocess.run(
+        [*become, "-c", "import trio_proctree"], check=False, env=env, capture_output=True
+    )
+    if probe.returncode != 0:  # pragma: no cover - a checkout nobody cannot read, say
+        pytest.skip(f"nobody cannot import trio_proctree here: {probe.stderr.decode()[-200:]}")
+    if not delegated:
+        yield become, env
+        return
+    available("cgroup")
+    mount = find_cgroup2_mount(Path("/proc/self/mountinfo").read_text())
+    ours = own_cgroup(Path("/proc/self/cgroup").read_text())
+    assert mount is not None and ours is not None
+    cgroup = os.path.join(mount + ours, f"nobody-{tracked.token}")
+    os.mkdir(cgroup)
+    try:
+        for path in (cgroup, *(f"{cgroup}/{name}" for name in DELEGATED_FILES)):
+            os.chown(path, NOBODY, NOBODY)
+        # Joined as root, then becomes nobody: the user's own cgroup, as under systemd.
+        yield ["sh", "-c", 'echo $$ > "$0" && exec "$@"', f"{cgroup}/cgroup.procs", *become], env
+    finally:
+        remove_cgroup(cgroup)
+
+
+def remove_cgroup(cgroup: str) -> None:
+    """Remove a cgroup this test made, and any made inside it. Everything in it was started
+    by the test: should some of it outlive a failed test, it is killed (the test's own
+    failure stands; the ``tracked`` fixture reports what outlived it)."""
+    deadline = time.monotonic() + 5
+    while os.path.exists(cgroup) and time.monotonic() < deadline:
+        for folder in sorted(_cgroup._all_dirs(cgroup), key=len, reverse=True):
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+        if os.path.exists(cgroup) and procs.populated(cgroup):  # pragma: no cover
+            with contextlib.suppress(OSError):
+                Path(cgroup, "cgroup.kill").write_text("1")
+        time.sleep(0.01)
+
+
+#: The files of a cgroup that systemd hands to the user it delegates the cgroup to.
+DELEGATED_FILES = ("cgroup.procs", "cgroup.threads", "cgroup.subtree_control")
+
+
+@pytest.mark.parametrize("end", ["interrupted", "sigkilled"])
+@pytest.mark.parametrize(
+    ("delegated", "expected"),
+    [
+        pytest.param(False, "subreaper", id="no-cgroup-delegated"),
+        pytest.param(True, "cgroup", id="cgroup-delegated"),
+    ],
+)
+async def test_an_unprivileged_user_gets_the_strongest_containment_and_no_escapee_survives(
+    tracked: Tracked, delegated: bool, expected: str, end: str
+) -> None:
+    # Most programs run as an ordinary user: "auto" must find the cgroup delegated to it,
+    # or fall back to the subreaper, and both the cleanup (Ctrl-C here) and the watchdog
+    # (the program SIGKILLed) must reach a setsid escapee without privileges.
+    with as_nobody(tracked, delegated=delegated) as python:
+        with parent_with_a_tree(tracked, "auto", python=python) as (parent, pids, got):
+            assert got == expected
+            assert all(procs.alive(pid) for pid in pids)
+            assert {os.stat(f"/proc/{pid}").st_uid for pid in pids} == {NOBODY}
+            parent.send_signal(signal.SIGINT if end == "interrupted" else signal.SIGKILL)
+            parent.wait()
+            await until_gone(pids, within=1.0)
+            assert [pid for pid in pids if procs.alive(pid)] == []
+        await until_none_survive(tracked, within=1.0)
+    assert tracked.survivors() == []
 
 
 ZOMBIE_COUNT = textwrap.dedent(
