@@ -100,12 +100,24 @@ def command_name(pid: int) -> str | None:
 
 
 def read_environ(pid: int) -> bytes | None:
-    """The process's raw environment block, or None once it is gone (or not ours to read)."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return f.read()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
+    """The process's raw environment block, or None once it is gone (or not ours to read).
+
+    A process whose main thread has exited shows none at /proc/PID/environ; a live
+    thread's task entry shows it (so such a survivor is still found by its token).
+    """
+    paths = [f"/proc/{pid}/environ"]
+    with contextlib.suppress(OSError):
+        paths += [f"/proc/{pid}/task/{tid}/environ" for tid in os.listdir(f"/proc/{pid}/task")]
+    found = None
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                found = f.read()
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        if found:
+            break
+    return found
 
 
 def survivors(token: str) -> list[int]:

@@ -755,6 +755,99 @@ async def test_member_whose_main_thread_exited_is_still_stopped(
     assert tracked.survivors() == []
 
 
+# The same, in an escapee (a session of its own): once its main thread has exited,
+# /proc/PID/environ reads empty, and only a live thread shows the subreaper's marker.
+def main_thread_gone_escapee(*, ignores_sigterm: bool = False) -> list[str]:
+    return [
+        sys.executable,
+        "-c",
+        textwrap.dedent(
+            f"""
+            import ctypes, os, signal, threading, time
+            os.setsid()
+            if {ignores_sigterm}:
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            threading.Thread(target=time.sleep, args=(60,)).start()
+            print(os.getpid(), flush=True)
+            ctypes.CDLL(None).pthread_exit(None)
+            """
+        ),
+    ]
+
+
+@contextlib.contextmanager
+def pinned(pid: int) -> Iterator[None]:
+    """Kill ``pid`` at the end if it is still running: the ``tracked`` fixture cannot see a
+    process whose main thread exited (its environment reads empty)."""
+    fd = os.pidfd_open(pid)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+        os.close(fd)
+
+
+async def until_main_thread_gone(pid: int) -> None:
+    with trio.fail_after(5):
+        while procs.state(pid) != "Z":  # the main thread's exit is asynchronous
+            await trio.sleep(0.001)
+    assert procs.alive(pid)  # a "zombie" with a live thread
+
+
+@pytest.mark.parametrize("ignores_sigterm", [False, True])
+async def test_an_adopted_escapee_whose_main_thread_exited_is_still_stopped(
+    tracked: Tracked, strong: str, ignores_sigterm: bool
+) -> None:
+    # Red before (subreaper): re-parented to us once the leader exited, it was told from a
+    # stranger by its environment, which its exited main thread showed empty. And (cgroup)
+    # cgroup.kill does not kill it: Linux sends its SIGKILL to the exited main thread
+    # alone, where nothing takes it; only a signal to the process (pidfd, kill) does.
+    escapee = main_thread_gone_escapee(ignores_sigterm=ignores_sigterm)
+    command = ["sh", "-c", f"{shlex.join(escapee)} & read x"]
+    with contextlib.ExitStack() as pins:
+        async with open_process_tree(
+            command,
+            grace=0.5,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=tracked.env,
+            containment=strong,
+        ) as tree:
+            assert tree.stdin is not None
+            assert tree.stdout is not None
+            [escapee] = await read_pids(tree.stdout, 1)
+            pins.enter_context(pinned(escapee))
+            await until_main_thread_gone(escapee)
+            await tree.stdin.send_all(b"\n")
+            await tree.wait()  # the leader is gone: the escapee is re-parented
+            assert procs.stat_field(escapee, 4) != tree.pid
+        assert not procs.alive(escapee)
+    assert tree.outcome is not None
+    assert tree.outcome.grace_expired is ignores_sigterm
+    assert tracked.survivors() == []
+
+
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper"])
+async def test_parent_killed_with_sigkill_takes_an_escapee_whose_main_thread_exited_along(
+    tracked: Tracked, containment: str
+) -> None:
+    # Red before (subreaper): the watchdog knows the escapee only by its environment, which
+    # its exited main thread showed empty; the /proc state said "zombie".
+    available(containment)
+    shape = f"{shlex.join(main_thread_gone_escapee())} & sleep 60 & echo $!; wait"
+    with parent_with_a_tree(tracked, containment, shape) as (parent, pids, _):
+        escapee = next(pid for pid in pids[1:] if procs.command_name(pid) != "sleep")
+        with pinned(escapee):
+            await until_main_thread_gone(escapee)
+            parent.send_signal(signal.SIGKILL)
+            parent.wait()
+            await until_gone(pids, within=1.0)
+            assert [pid for pid in pids if procs.alive(pid)] == []
+    await until_none_survive(tracked, within=1.0)
+    assert tracked.survivors() == []
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="running as another user needs root")
 async def test_a_leader_running_as_another_user_is_not_put_in_our_cgroup(
     tracked: Tracked,

@@ -33,7 +33,7 @@ import attrs
 
 from . import _spawn_into_cgroup as direct_spawn
 from . import _watchdog as watchdog
-from ._containment import NEED_SCAN, MemberTracking, Pending
+from ._containment import NEED_SCAN, MemberTracking, Pending, signal_pidfd
 from ._leader import Leader
 from ._procfs import ProcStat, read_file, read_stat
 from ._spawn import SpawnPlan
@@ -410,9 +410,20 @@ class CgroupContainment(MemberTracking):
         return super()._ours(stat) or in_cgroup(stat.pid, self._relative)
 
     def _hard_kill(self) -> None:
-        # cgroup.kill reaches every member, escapees included, and no fork can race it.
+        # cgroup.kill reaches every member, escapees included, and no fork can race it...
         self._killed = True
         _kill(self.path)
+        # ...but for a process whose main thread has exited while others run on: Linux
+        # sends cgroup.kill's SIGKILL to that exited thread alone, where nothing takes it,
+        # and the tree would outlive its hard stop. A signal to the process reaches it, so
+        # every member also gets one through its pidfd. (Best effort: where no pidfd can be
+        # opened, out of file descriptors say, the wait for the tree to empty tells.)
+        try:
+            self._survey(track=True, pins=self.leader.pins_group)
+        except OSError as exc:
+            logger.debug("%s: members not listed after cgroup.kill: %s", self.path, exc)
+        for fd in self._members.values():
+            signal_pidfd(fd, signal.SIGKILL)
 
     def _survey(self, *, track: bool, pins: bool) -> list[int]:
         """List the members, and return the escapees not known before (pinned by pidfd).

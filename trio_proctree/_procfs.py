@@ -66,6 +66,35 @@ def read_file(path: str, *, dir_fd: int | None = None) -> bytes:
         os.close(fd)
 
 
+def read_environ(pid: int) -> bytes:
+    """The process's environment block; empty when it shows none. Raises as `read_file`.
+
+    A process whose main thread has exited while its other threads run on shows none at
+    /proc/PID/environ (it reads as gone); the task entry of a live thread shows it.
+    """
+    try:
+        environment = read_file(f"/proc/{pid}/environ")
+    except ProcessLookupError:
+        if (other := _environ_of_other_threads(pid)) is None:
+            raise  # gone altogether
+        return other
+    return environment or _environ_of_other_threads(pid) or environment
+
+
+def _environ_of_other_threads(pid: int) -> bytes | None:
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    for tid in threads:
+        if tid != str(pid):
+            try:
+                return read_file(f"/proc/{pid}/task/{tid}/environ")
+            except (FileNotFoundError, ProcessLookupError):
+                continue  # that thread has exited too
+    return None
+
+
 def read_stat(pid: int) -> ProcStat | None:
     """The process's stat, or None once it has been reaped (or never existed)."""
     try:

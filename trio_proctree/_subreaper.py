@@ -30,7 +30,7 @@ import attrs
 
 from ._containment import MemberTracking, signal_pidfd
 from ._orphans import become_subreaper, children, descendants, exited_child
-from ._procfs import ProcStat, read_file, read_stat
+from ._procfs import ProcStat, read_environ, read_stat
 from ._spawn import SpawnPlan
 
 logger = logging.getLogger("trio_proctree")
@@ -47,7 +47,7 @@ _tree_numbers = itertools.count()
 def _environment_has(pid: int, entry: bytes) -> bool | None:
     """Whether the process's environment holds ``entry``; None when it shows none at all."""
     try:
-        environment = read_file(f"/proc/{pid}/environ")
+        environment = read_environ(pid)
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return False
     return entry in environment.split(b"\0") if environment else None

@@ -54,6 +54,34 @@ def kill_cgroup(path):
             f.write("1")
     except OSError:
         pass
+    # cgroup.kill misses a process whose main thread has exited while others run on
+    # (Linux sends that SIGKILL to the exited thread alone): every listed member also gets
+    # one through a pidfd, opened before a second listing confirms that its pid is still
+    # a member's (a pid recycled in between names a process in the cgroup, or a dead one).
+    pidfds = {}
+    for pid in cgroup_pids(path):
+        try:
+            pidfds[pid] = os.pidfd_open(pid)
+        except OSError:
+            pass
+    members = set(cgroup_pids(path))
+    for pid, fd in pidfds.items():
+        try:
+            if pid in members:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+        except OSError:
+            pass
+        os.close(fd)
+
+def cgroup_pids(path):
+    pids = []
+    for inner, _, _ in os.walk(path):
+        try:
+            with open(os.path.join(inner, "cgroup.procs"), "rb") as f:
+                pids.extend(int(pid) for pid in f.read().split())
+        except OSError:
+            pass
+    return pids
 
 def remove_cgroups(paths):
     # A leader that joins through /bin/sh may still be on its way in (it writes
@@ -96,12 +124,28 @@ def kill_group(pgid, starttime):
         except OSError:
             pass
 
-def environment(pid):
+def read_environ(path):
     try:
-        with open("/proc/%d/environ" % pid, "rb") as f:
+        with open(path, "rb") as f:
             return f.read()
     except OSError:
         return None
+
+def environment(pid):
+    # A process whose main thread has exited while others run on shows no environment at
+    # /proc/PID/environ (it reads as gone, its state as zombie); a live thread's shows it.
+    env = read_environ("/proc/%d/environ" % pid)
+    if not env:  # (None: that thread has exited, or the process has)
+        try:
+            threads = os.listdir("/proc/%d/task" % pid)
+        except OSError:
+            threads = []
+        for tid in threads:
+            if tid != str(pid):
+                other = read_environ("/proc/%d/task/%s/environ" % (pid, tid))
+                if other:
+                    return other
+    return env
 
 def marked(pid, entry):
     env = environment(pid)

@@ -370,6 +370,34 @@ MUTANTS = [
         "        if stat is not None and not stat.alive:",
         "left_for_it_to_reap",
     ),
+    (
+        "cgroup: hard stop by cgroup.kill alone (misses a main thread's exit)",
+        "_cgroup.py",
+        "        for fd in self._members.values():\n            signal_pidfd(fd, signal.SIGKILL)\n",
+        "",
+        "main_thread_exited_is_still_stopped and cgroup-True",
+    ),
+    (
+        "subreaper: environment read from the main thread only",
+        "_procfs.py",
+        "        if (other := _environ_of_other_threads(pid)) is None:",
+        "        if True:",
+        "main_thread_exited_is_still_stopped and subreaper",
+    ),
+    (
+        "watchdog: cgroup.kill alone (misses a main thread's exit)",
+        "_watchdog.py",
+        "            if pid in members:",
+        "            if False:",
+        "main_thread_exited_along and cgroup",
+    ),
+    (
+        "watchdog: environment read from the main thread only",
+        "_watchdog.py",
+        "    if not env:  # (None: that thread has exited, or the process has)",
+        "    if False:",
+        "main_thread_exited_along and subreaper",
+    ),
 ]
 
 
