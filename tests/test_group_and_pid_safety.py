@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -280,12 +281,13 @@ async def test_a_tree_whose_leader_was_reaped_elsewhere_is_still_stopped_gracefu
     assert tracked.survivors() == []
 
 
-def adopt_an_orphan(env: dict[str, str]) -> tuple[int, int]:
-    """A process of no tree that re-parents to us (a subreaper) as its parent exits:
-    (its pid, the write end of a pipe; closing it makes the orphan exit)."""
+def adopt_an_orphan(env: dict[str, str]) -> int:
+    """A process of no tree that re-parents to us (a subreaper) as its parent exits, and
+    then exits itself: its pid."""
     hold, release = os.pipe()
     try:
-        # (A background job's stdin is /dev/null unless redirected: the pipe goes via fd 3.)
+        # It waits for EOF, to exit only once it is ours. (A background job's stdin is
+        # /dev/null unless redirected: the pipe goes via fd 3.)
         parent = subprocess.run(
             ["sh", "-c", "exec 3<&0; (read x <&3) >/dev/null 2>&1 & echo $!"],
             stdin=hold,
@@ -295,7 +297,8 @@ def adopt_an_orphan(env: dict[str, str]) -> tuple[int, int]:
         )
     finally:
         os.close(hold)
-    return int(parent.stdout), release
+        os.close(release)  # (its parent has exited: it is ours now)
+    return int(parent.stdout)
 
 
 async def test_other_codes_exited_children_are_left_for_it_to_reap(
@@ -305,16 +308,19 @@ async def test_other_codes_exited_children_are_left_for_it_to_reap(
     # for its own exited child, and an orphan we adopted from it is its to reap too.
     become_subreaper()  # (process-wide, as the first subreaper tree makes it)
     own = subprocess.Popen(["sh", "-c", "exit 7"], env=tracked.env)  # noqa: ASYNC220
-    adopted, release = adopt_an_orphan(tracked.env)
-    os.close(release)
     try:
-        for pid in (own.pid, adopted):  # both exit at once, and stay zombies
-            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # noqa: ASYNC222
-        await run_process_tree(["sh", "-c", "sleep 60 & exit 0"], grace=0.2, **contained)
-        assert procs.state(adopted) == "Z"
+        adopted = adopt_an_orphan(tracked.env)
+        try:
+            for pid in (own.pid, adopted):  # both exit at once, and stay zombies
+                os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # noqa: ASYNC222
+            await run_process_tree(["sh", "-c", "sleep 60 & exit 0"], grace=0.2, **contained)
+            assert procs.state(adopted) == "Z"
+        finally:
+            with contextlib.suppress(ChildProcessError):  # (gone only if cleanup reaped it)
+                os.waitpid(adopted, 0)  # noqa: ASYNC222 - a zombie: at once
     finally:
-        os.waitpid(adopted, 0)  # noqa: ASYNC222 - a zombie: at once
-    assert own.wait() == 7  # not 0, as Popen reports a child someone else reaped
+        returncode = own.wait()  # (it exited at once)
+    assert returncode == 7  # not 0, as Popen reports a child someone else reaped
     assert tracked.survivors() == []
 
 

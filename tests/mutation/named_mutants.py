@@ -398,6 +398,13 @@ MUTANTS = [
         "    if False:",
         "main_thread_exited_along and subreaper",
     ),
+    (
+        "subreaper: a child whose main thread exited taken for dead",
+        "_orphans.py",
+        "        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None",
+        "        return (stat := read_stat(pid)) is None or stat.state in 'ZX'",
+        "main_thread_exited_is_still_stopped and subreaper",
+    ),
 ]
 
 
