@@ -111,6 +111,21 @@ def _procs(cgroup: str) -> list[int]:
     return pids
 
 
+def _main_thread_gone(cgroup: str) -> list[int]:
+    """Processes in the cgroup (or in those inside it) whose main thread has exited while
+    their other threads run on: ``cgroup.procs`` lists them, ``cgroup.threads`` does not
+    list that thread (nor any exited one)."""
+    try:
+        processes = read_file(os.path.join(cgroup, "cgroup.procs")).split()
+        threads = set(read_file(os.path.join(cgroup, "cgroup.threads")).split())
+    except FileNotFoundError:
+        return []  # removed meanwhile
+    found = [int(pid) for pid in processes if pid not in threads]
+    for inner in _subdirs(cgroup):
+        found.extend(_main_thread_gone(inner))
+    return found
+
+
 def _kill(cgroup: str) -> None:
     fd = os.open(os.path.join(cgroup, "cgroup.kill"), os.O_WRONLY | os.O_CLOEXEC)
     try:
@@ -413,17 +428,20 @@ class CgroupContainment(MemberTracking):
         # cgroup.kill reaches every member, escapees included, and no fork can race it...
         self._killed = True
         _kill(self.path)
-        # ...but for a process whose main thread has exited while others run on: Linux
-        # sends cgroup.kill's SIGKILL to that exited thread alone, where nothing takes it,
-        # and the tree would outlive its hard stop. A signal to the process reaches it, so
-        # every member also gets one through its pidfd. (Best effort: where no pidfd can be
-        # opened, out of file descriptors say, the wait for the tree to empty tells.)
+        # ...but a process whose main thread has exited while others run on: Linux sends
+        # cgroup.kill's SIGKILL to that exited thread alone, where nothing takes it, and
+        # the tree would outlive its hard stop. A signal to the process reaches it: each
+        # such member gets one through its pidfd. (Best effort: out of file descriptors,
+        # say, the wait for the tree to empty tells.)
         try:
-            self._survey(track=True, pins=self.leader.pins_group)
+            for pid in _main_thread_gone(self.path):
+                fd = self._members.get(pid)
+                if fd is None and (fd := self._open_member(pid)) is not None:
+                    self._members[pid] = fd
+                if fd is not None:
+                    signal_pidfd(fd, signal.SIGKILL)
         except OSError as exc:
-            logger.debug("%s: members not listed after cgroup.kill: %s", self.path, exc)
-        for fd in self._members.values():
-            signal_pidfd(fd, signal.SIGKILL)
+            logger.debug("%s: not looked at after cgroup.kill: %s", self.path, exc)
 
     def _survey(self, *, track: bool, pins: bool) -> list[int]:
         """List the members, and return the escapees not known before (pinned by pidfd).

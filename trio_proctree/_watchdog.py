@@ -55,33 +55,37 @@ def kill_cgroup(path):
     except OSError:
         pass
     # cgroup.kill misses a process whose main thread has exited while others run on
-    # (Linux sends that SIGKILL to the exited thread alone): every listed member also gets
-    # one through a pidfd, opened before a second listing confirms that its pid is still
-    # a member's (a pid recycled in between names a process in the cgroup, or a dead one).
+    # (Linux sends that SIGKILL to the exited thread alone): each such member gets one
+    # through a pidfd, opened before a second look confirms that its pid is still such a
+    # member's (a pid recycled in between names a process in the cgroup, or a dead one).
     pidfds = {}
-    for pid in cgroup_pids(path):
+    for pid in main_thread_gone(path):
         try:
             pidfds[pid] = os.pidfd_open(pid)
         except OSError:
             pass
-    members = set(cgroup_pids(path))
+    still = set(main_thread_gone(path))
     for pid, fd in pidfds.items():
         try:
-            if pid in members:
+            if pid in still:
                 signal.pidfd_send_signal(fd, signal.SIGKILL)
         except OSError:
             pass
         os.close(fd)
 
-def cgroup_pids(path):
-    pids = []
+def main_thread_gone(path):
+    # Listed in cgroup.procs, with no thread of that id in cgroup.threads.
+    found = []
     for inner, _, _ in os.walk(path):
         try:
             with open(os.path.join(inner, "cgroup.procs"), "rb") as f:
-                pids.extend(int(pid) for pid in f.read().split())
+                processes = f.read().split()
+            with open(os.path.join(inner, "cgroup.threads"), "rb") as f:
+                threads = set(f.read().split())
         except OSError:
-            pass
-    return pids
+            continue
+        found.extend(int(pid) for pid in processes if pid not in threads)
+    return found
 
 def remove_cgroups(paths):
     # A leader that joins through /bin/sh may still be on its way in (it writes

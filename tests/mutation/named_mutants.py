@@ -373,8 +373,8 @@ MUTANTS = [
     (
         "cgroup: hard stop by cgroup.kill alone (misses a main thread's exit)",
         "_cgroup.py",
-        "        for fd in self._members.values():\n            signal_pidfd(fd, signal.SIGKILL)\n",
-        "",
+        "            for pid in _main_thread_gone(self.path):",
+        "            for pid in []:",
         "main_thread_exited_is_still_stopped and cgroup-True",
     ),
     (
@@ -387,7 +387,7 @@ MUTANTS = [
     (
         "watchdog: cgroup.kill alone (misses a main thread's exit)",
         "_watchdog.py",
-        "            if pid in members:",
+        "            if pid in still:",
         "            if False:",
         "main_thread_exited_along and cgroup",
     ),
