@@ -336,8 +336,12 @@ async def test_an_empty_environment_stays_empty_but_for_the_marker(
 
 PARENT = textwrap.dedent(
     """
-    import subprocess, sys, trio
+    import signal, subprocess, sys, trio
     from trio_proctree import open_process_tree
+
+    # Ctrl-C (SIGINT) must reach it even if started with SIGINT ignored, as a background
+    # job of a shell is (CI runners start the suite that way).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     async def main(containment, shape):
         async with open_process_tree(
