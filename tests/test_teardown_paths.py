@@ -76,6 +76,31 @@ async def test_cancellation_stops_the_whole_tree(
     assert tracked.survivors() == []
 
 
+async def test_cleanup_takes_turns_with_a_task_waiting_for_the_leader(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # A common shape: one task awaits tree.wait() while the block ends. trio lets one
+    # task at a time wait on a file descriptor; cleanup must wait its turn, not fail.
+    statuses: list[int] = []
+    async with (
+        trio.open_nursery() as nursery,
+        open_process_tree(TWO_SLEEPS, grace=0.5, stdout=subprocess.PIPE, **contained) as tree,
+    ):
+        assert tree.stdout is not None
+        members = await read_pids(tree.stdout, 2)
+
+        async def waiter() -> None:
+            statuses.append(await tree.wait())
+
+        nursery.start_soon(waiter)
+        await trio.testing.wait_all_tasks_blocked()
+    assert statuses == [-signal.SIGTERM]
+    assert not any(procs.alive(pid) for pid in [tree.pid, *members])
+    assert tracked.survivors() == []
+    assert tree.outcome is not None
+    assert not tree.outcome.grace_expired
+
+
 async def test_lingering_descendants_are_stopped_after_the_leader_exited(
     tracked: Tracked,
     contained: dict[str, Any],

@@ -505,7 +505,7 @@ class CgroupContainment(MemberTracking):
             early = self._survey(track=True, pins=pins)
             self._mark_lingering()
         if pins:
-            self._group.signal(sig)
+            self._group.signal_pinned(sig)
         # Then the escapees, one pidfd each. An escalation also pins the members to wait on.
         new = early + (self._survey(track=escalation, pins=pins) if survey else [])
         self._signal_escapees([pid for pid in self._escapees if pid not in new], [sig])
@@ -518,14 +518,17 @@ class CgroupContainment(MemberTracking):
             self._signal_escapees(new, catch_up)
 
     def pending(self) -> Pending:
-        if self._members:
-            self._members.forget_exited()
         self.leader.poll()  # (asks the kernel; `exited` reads the answer)
         if not self.leader.exited:
             return [self.leader.pidfd]
+        # One read says whether anything is left, the members tracked so far included: a
+        # process leaves the count before its pidfd turns readable. Most teardowns end
+        # here, at the first wake-up after the leader's exit.
+        if not _populated(self.path):
+            return self._now_empty()
+        if self._members:
+            self._members.forget_exited()
         if not self._members:
-            if not _populated(self.path):
-                return self._now_empty()
             # Something outlived the leader: track it by pidfd (and give escapees found
             # only now the escalation so far).
             new = self._survey(track=True, pins=self.leader.pins_group)

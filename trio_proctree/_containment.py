@@ -228,6 +228,11 @@ class ProcessGroupContainment:
             raise ContainmentLost(
                 f"cannot signal process group {self._pgid} safely: its leader has been reaped"
             )
+        self.signal_pinned(sig)
+
+    def signal_pinned(self, sig: int) -> None:
+        """``killpg``, the caller having just seen the unreaped leader pin the group id
+        (`Leader.pins_group`): asking the kernel again would only delay the signal."""
         try:
             os.killpg(self._pgid, sig)
         except ProcessLookupError:
@@ -443,7 +448,7 @@ class MemberTracking:
         # the leader was reaped elsewhere: its group id may be anyone's by now. Then every
         # member the listing confirms is signalled through its pidfd, as an escapee.)
         if pins:
-            self._group.signal(sig)
+            self._group.signal_pinned(sig)
         if listing_failed is not None:
             self._signal_escapees(self._escapees, [sig])  # those already known
             raise listing_failed

@@ -145,8 +145,8 @@ MUTANTS = [
     (
         "cgroup: called empty without reading cgroup.events",
         "_cgroup.py",
-        "            if not _populated(self.path):\n                return self._now_empty()",
-        "            return self._now_empty()",
+        "        if not _populated(self.path):\n            return self._now_empty()",
+        "        return self._now_empty()",
         "lingering and cgroup",
     ),
     (
@@ -180,9 +180,19 @@ MUTANTS = [
     (
         "lost leader: its members get no stop signal",
         "_cgroup.py",
-        "        if pins:\n            self._group.signal(sig)",
+        "        if pins:\n            self._group.signal_pinned(sig)",
         "        self._group.signal(sig)",
         "reaped_elsewhere and cgroup",
+    ),
+    (
+        "trio: cleanup waits on the leader's pidfd without taking turns with wait()",
+        "_trio.py",
+        "            try:\n                lock.acquire_nowait()\n            except trio.WouldBlock:\n"
+        "                await lock.acquire()  # a task is in wait(): it returns once the leader exits\n"
+        "            try:\n                await trio.lowlevel.wait_readable(fd)\n"
+        "            finally:\n                lock.release()\n",
+        "            await trio.lowlevel.wait_readable(fd)\n",
+        "takes_turns_with_a_task_waiting",
     ),
     (
         "watchdog: trees never registered",
