@@ -157,6 +157,44 @@ async def test_stopped_escapee_gets_sigcont_and_stops_gracefully(
     assert tracked.survivors() == []
 
 
+async def test_an_escapee_gets_the_stop_signal_while_the_leader_ignores_it(
+    tracked: Tracked, strong: str
+) -> None:
+    # Cleanup may look for escapees only once the leader exits; a leader that ignores the
+    # stop signal must not hold the escapees' signal back until the SIGKILL at the end of
+    # the grace. The escapee says when its handler runs, on the tree's stdout.
+    escapee = "trap 'echo handled; exit 0' TERM; echo $$; read x"
+    grace = 1.0
+    async with open_process_tree(
+        # (The leader ignores SIGTERM only after starting the escapee: a shell cannot trap
+        # a signal that was ignored when it started.)
+        ["sh", "-c", f'setsid -f sh -c "{escapee}"; trap "" TERM; echo $$; read x'],
+        grace=grace,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+        containment=strong,
+    ) as tree:
+        assert tree.stdout is not None
+        stdout = tree.stdout
+        pids = await read_pids(stdout, 2)  # the escapee's and the leader's, in either order
+        assert tree.pid in pids
+        said = b""
+        async with trio.open_nursery() as nursery:
+            started = trio.current_time()
+            nursery.start_soon(tree.aclose)
+            with contextlib.suppress(trio.ClosedResourceError):  # closed by cleanup's end
+                while b"handled" not in said and (chunk := await stdout.receive_some()):
+                    said += chunk
+            handled_after = trio.current_time() - started
+    assert b"handled" in said
+    assert handled_after < grace / 2  # not at the grace's end (a listing bound: 5 ms)
+    assert tree.outcome is not None
+    assert tree.outcome.grace_expired  # the leader did ignore it
+    assert tree.outcome.escapees_killed >= 1
+    assert tracked.survivors() == []
+
+
 async def test_an_escapee_started_during_the_stop_gets_the_stop_signal_too(
     tracked: Tracked, strong: str, tmp_path: Path
 ) -> None:

@@ -349,11 +349,11 @@ class CgroupContainment(MemberTracking):
     """The tree is its cgroup, which also holds every descendant that left the group.
 
     The stop signal goes to the group with ``killpg`` first (one call, atomic against
-    forks in the group); one listing of the cgroup, taken while the group acts on the
-    signal, then finds the escapees, which get it through pidfds, and pins every member
-    by pidfd to wait on. Cleanup waits for the leader and those members; then one read of
-    ``cgroup.events`` says whether anything else is left (forked during the signal, say),
-    and only then is the cgroup listed again.
+    forks in the group). Cleanup then waits for the leader; once it has exited (or
+    `SURVEY_DELAY` after the signal, if it has not), one read of ``cgroup.events`` says
+    whether anything else is left, and only then is the cgroup listed: the escapees get
+    the escalation so far through pidfds, and every member is pinned by pidfd to wait on.
+    A user's `signal` lists at once.
 
     Why not wait on ``cgroup.events`` itself: the kernel sends at most one change
     notification per cgroup every 10 ms, so a tree that emptied soon after it started (or
@@ -371,6 +371,8 @@ class CgroupContainment(MemberTracking):
     #: Listings per signal: after the escapees a listing found are signalled, the cgroup is
     #: listed again for what they forked meanwhile, until a listing finds none new.
     SURVEY_ROUNDS = 8
+    #: Seconds the first stop signal's listing waits for the leader to exit (see `signal`).
+    SURVEY_DELAY = 0.005
 
     def __init__(self, home: CgroupHome) -> None:
         super().__init__()
@@ -380,6 +382,10 @@ class CgroupContainment(MemberTracking):
         #: Whether cgroup.kill was written (by us), or a direct start in it was refused.
         self._killed = False
         self._direct = False
+        #: The escalation's listing is still to come (`signal`), and whether the driver
+        #: has been told to come back for it (`ask_again_within`).
+        self._survey_due = False
+        self._survey_asked = False
 
     def prepare(self, plan: SpawnPlan) -> SpawnPlan:
         options = dict(plan.options)
@@ -427,6 +433,7 @@ class CgroupContainment(MemberTracking):
     def _hard_kill(self) -> None:
         # cgroup.kill reaches every member, escapees included, and no fork can race it...
         self._killed = True
+        self._survey_due, self.ask_again_within = False, None  # (no listing needed for it)
         _kill(self.path)
         # ...but a process whose main thread has exited while others run on: Linux sends
         # cgroup.kill's SIGKILL to that exited thread alone, where nothing takes it, and
@@ -487,11 +494,18 @@ class CgroupContainment(MemberTracking):
         # the stop signal needs no new listing), on every signal a user sends.
         survey = not (escalation and self._surveyed)
         self._surveyed |= escalation
+        if survey and escalation and not self.leader.exited:
+            # The escalation's listing waits for the leader's exit, SURVEY_DELAY at most
+            # (`pending`): on a machine with few cores, listing while the group exits holds
+            # a core its members need, and a cgroup found empty needs no listing at all.
+            # Escapees (the only members the group's signal misses) get the stop signal
+            # that much later; a grace is seconds.
+            survey, self._survey_due = False, True
         if escalation:
             self._sent.append(sig)
         # Escapees found now get the escalation so far (this signal included).
         catch_up = self._sent if escalation else [sig]
-        # The group first, in one call: its members act on the signal at once, and the
+        # The group first, in one call: its members act on the signal at once, and a
         # listing below overlaps their exit (listed first, the signal would wait for it).
         # Unless the leader was reaped elsewhere: then its group id may be anyone's, and
         # the cgroup alone says who is a member; the listing finds them all, and each is
@@ -520,12 +534,20 @@ class CgroupContainment(MemberTracking):
     def pending(self) -> Pending:
         self.leader.poll()  # (asks the kernel; `exited` reads the answer)
         if not self.leader.exited:
+            if self._survey_due:
+                if self._survey_asked:
+                    self._survey_now()  # the leader outlived SURVEY_DELAY
+                else:
+                    self._survey_asked = True
+                    self.ask_again_within = self.SURVEY_DELAY
             return [self.leader.pidfd]
         # One read says whether anything is left, the members tracked so far included: a
         # process leaves the count before its pidfd turns readable. Most teardowns end
         # here, at the first wake-up after the leader's exit.
         if not _populated(self.path):
             return self._now_empty()
+        if self._survey_due:
+            self._survey_now()
         if self._members:
             self._members.forget_exited()
         if not self._members:
@@ -538,6 +560,21 @@ class CgroupContainment(MemberTracking):
                 # (a process leaves the listing first). Ask again after the driver yields.
                 return NEED_SCAN
         return list(self._members.values())
+
+    def _survey_now(self) -> None:
+        """The escalation's deferred listing: every member pinned by pidfd, and the escapees
+        among them given the escalation so far; listed again for what they forked before
+        their signal came, until a listing finds none new."""
+        self._survey_due = False
+        self.ask_again_within = None
+        pins = self.leader.pins_group
+        new = self._survey(track=True, pins=pins)
+        self._signal_escapees(new, self._sent)
+        for _ in range(self.SURVEY_ROUNDS - 1 if new else 0):
+            new = self._survey(track=False, pins=pins)
+            if not new:
+                break
+            self._signal_escapees(new, self._sent)
 
     def _now_empty(self) -> list[int]:
         self._emptied = True

@@ -71,6 +71,10 @@ class Containment(Protocol):
         `NEED_SCAN` to be asked again after the driver has yielded once."""
         ...
 
+    #: If not None, the driver asks `pending` again after at most this many seconds, even
+    #: if no pidfd turned readable (the containment has a look to take by then).
+    ask_again_within: float | None
+
     @property
     def lingering(self) -> int:
         """How many processes other than the leader were still running after it exited."""
@@ -176,6 +180,7 @@ class ProcessGroupContainment:
     """
 
     name = "group"
+    ask_again_within: float | None = None
 
     def __init__(self) -> None:
         self._leader: Leader | None = None
@@ -311,6 +316,7 @@ class MemberTracking:
     """
 
     name: str
+    ask_again_within: float | None = None
 
     def __init__(self) -> None:
         # The group covers the leader even before the members can be listed.

@@ -193,7 +193,8 @@ class TreeCore:
                 return False
             if isinstance(pending, list):
                 # Event-driven: a pidfd turns readable when its process exits.
-                await io.wait_readable(pending[0], remaining)
+                within = self.containment.ask_again_within
+                await io.wait_readable(pending[0], min(remaining, within or remaining))
             else:
                 await io.sleep(min(remaining, pending))
         return True

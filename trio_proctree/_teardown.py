@@ -101,12 +101,13 @@ class Teardown:
             if (yield AwaitEmpty(policy.close_stdin)):
                 return Finished(emptied=True)
         for step in policy.graceful_steps:
-            logger.debug(
-                "%s: sending %s to the tree, waiting up to %gs",
-                self.label,
-                signal_name(step.signal),
-                step.wait,
-            )
+            if logger.isEnabledFor(logging.DEBUG):  # (naming the signal costs, on this path)
+                logger.debug(
+                    "%s: sending %s to the tree, waiting up to %gs",
+                    self.label,
+                    signal_name(step.signal),
+                    step.wait,
+                )
             self.signals.append(step.signal)
             yield SendSignal(step.signal)
             # A stopped process never acts on the stop signal: wake it so it can.

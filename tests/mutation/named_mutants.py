@@ -195,6 +195,20 @@ MUTANTS = [
         "takes_turns_with_a_task_waiting",
     ),
     (
+        "cgroup: the deferred listing waits for the leader's exit without a bound",
+        "_core.py",
+        "                await io.wait_readable(pending[0], min(remaining, within or remaining))",
+        "                await io.wait_readable(pending[0], remaining)",
+        "leader_ignores_it and (cgroup or auto)",
+    ),
+    (
+        "cgroup: no listing while the leader still runs",
+        "_cgroup.py",
+        "                    self._survey_now()  # the leader outlived SURVEY_DELAY",
+        "                    pass",
+        "leader_ignores_it and (cgroup or auto)",
+    ),
+    (
         "watchdog: trees never registered",
         "_watchdog.py",
         "            _deferred.clear()\n            watchdog.send(lines)\n",
