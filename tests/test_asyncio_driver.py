@@ -138,6 +138,43 @@ def test_tree_ignoring_sigterm_is_killed_after_the_grace_with_a_warning(
     assert tracked.survivors() == []
 
 
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper"])
+def test_an_escapee_gets_the_stop_signal_while_the_leader_ignores_it(
+    run: Callable[..., Any], tracked: Tracked, containment: str
+) -> None:
+    # As in the trio test: the escapees' stop signal is not held back until the SIGKILL
+    # at the grace's end by a leader that ignores it.
+    escapee = "trap 'echo handled; exit 0' TERM; echo \\$\\$; read x"
+    grace = 1.0
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        async with open_process_tree(
+            ["sh", "-c", f'setsid -f sh -c "{escapee}"; trap "" TERM; echo $$; read x'],
+            grace=grace,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=tracked.env,
+            containment=containment,
+        ) as tree:
+            assert tree.stdout is not None
+            pids = await read_pids(tree.stdout, 2)  # the escapee's and the leader's
+            assert tree.pid in pids and len(set(pids)) == 2
+            started = loop.time()
+            closing = asyncio.ensure_future(tree.aclose())
+            said = await tree.stdout.readline()  # b"" if cleanup closed it first
+            handled_after = loop.time() - started
+            await closing
+        assert said == b"handled\n"
+        assert handled_after < grace / 2
+        assert tree.outcome is not None
+        assert tree.outcome.grace_expired
+        assert tree.outcome.escapees_killed >= 1
+
+    run(main)
+    assert tracked.survivors() == []
+
+
 def test_cancellation_while_spawning_still_stops_the_tree(
     run: Callable[..., Any],
     tracked: Tracked,

@@ -136,7 +136,7 @@ async def test_stopped_escapee_gets_sigcont_and_stops_gracefully(
     # The escapee handles SIGTERM by writing a file; stopped, it could not run the handler.
     done = tmp_path / "handled"
     # It waits in `read` (on a stdin nobody writes), not in a fork: see the escalation test.
-    escapee = f"trap 'echo handled > {done}; exit 0' TERM; echo $$; read x"
+    escapee = f"trap 'echo handled > {done}; exit 0' TERM; echo \\$\\$; read x"
     async with open_process_tree(
         ["sh", "-c", f'setsid -f sh -c "{escapee}"; sleep 60'],
         grace=5.0,
@@ -147,6 +147,7 @@ async def test_stopped_escapee_gets_sigcont_and_stops_gracefully(
     ) as tree:
         assert tree.stdout is not None
         [member] = await read_pids(tree.stdout, 1)
+        assert os.getsid(member) == member != tree.pid  # the escapee, not the leader
         os.kill(member, signal.SIGSTOP)  # our own test process, by pid
         with trio.fail_after(5):
             while procs.state(member) != "T":  # no event tells us a non-child stopped
@@ -157,13 +158,35 @@ async def test_stopped_escapee_gets_sigcont_and_stops_gracefully(
     assert tracked.survivors() == []
 
 
+async def test_send_signal_reaches_an_escapee(tracked: Tracked, strong: str) -> None:
+    escapee = "trap 'echo got USR1' USR1; echo \\$\\$; while :; do read x; done"
+    async with open_process_tree(
+        ["sh", "-c", f'setsid -f sh -c "{escapee}"; exec sleep 60'],
+        grace=0.5,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+        containment=strong,
+    ) as tree:
+        assert tree.stdout is not None
+        [member] = await read_pids(tree.stdout, 1)
+        assert os.getsid(member) == member != tree.pid  # outside the group
+        tree.send_signal(signal.SIGUSR1)
+        said = b""
+        with trio.fail_after(5):
+            while b"got USR1" not in said:
+                said += await tree.stdout.receive_some()
+    assert not procs.alive(member)
+    assert tracked.survivors() == []
+
+
 async def test_an_escapee_gets_the_stop_signal_while_the_leader_ignores_it(
     tracked: Tracked, strong: str
 ) -> None:
     # Cleanup may look for escapees only once the leader exits; a leader that ignores the
     # stop signal must not hold the escapees' signal back until the SIGKILL at the end of
     # the grace. The escapee says when its handler runs, on the tree's stdout.
-    escapee = "trap 'echo handled; exit 0' TERM; echo $$; read x"
+    escapee = "trap 'echo handled; exit 0' TERM; echo \\$\\$; read x"
     grace = 1.0
     async with open_process_tree(
         # (The leader ignores SIGTERM only after starting the escapee: a shell cannot trap
@@ -178,7 +201,7 @@ async def test_an_escapee_gets_the_stop_signal_while_the_leader_ignores_it(
         assert tree.stdout is not None
         stdout = tree.stdout
         pids = await read_pids(stdout, 2)  # the escapee's and the leader's, in either order
-        assert tree.pid in pids
+        assert tree.pid in pids and len(set(pids)) == 2
         said = b""
         async with trio.open_nursery() as nursery:
             started = trio.current_time()

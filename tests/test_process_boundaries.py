@@ -4,6 +4,7 @@ fork of a leader and the watchdog hearing of it."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -13,10 +14,12 @@ import signal
 import subprocess
 import textwrap
 import time
+from collections.abc import Iterator
 
 import pytest
 
 from trio_proctree import _cgroup
+from trio_proctree._procfs import read_file
 
 from . import procs
 from .conftest import Tracked
@@ -322,12 +325,37 @@ HOLDS_A_CGROUP_TREE = textwrap.dedent(
 )
 
 
+@contextlib.contextmanager
+def private_cgroup() -> Iterator[str]:
+    """A cgroup of the test's own beside this process's, removed at the end: a process in
+    it keeps its home there, where no other process's sweep looks."""
+    mount = _cgroup.find_cgroup2_mount(read_file("/proc/self/mountinfo").decode())
+    own = _cgroup.own_cgroup(read_file("/proc/self/cgroup").decode())
+    assert mount is not None and own is not None
+    path = os.path.join(mount, own.lstrip("/"), f"test-private-{procs.new_token()}")
+    os.mkdir(path)
+    try:
+        yield path
+    finally:
+        os.rmdir(path)  # fails, rightly, if anything was left in it
+
+
 def test_a_parent_killed_with_sigkill_leaves_no_cgroup_behind(tracked: Tracked) -> None:
     # Red before: the watchdog killed and removed the tree's cgroup, but the process's
-    # home stayed, an empty cgroup, until another process happened to sweep it.
+    # home stayed, an empty cgroup, until another process happened to sweep it. The
+    # parent runs in a cgroup of its own, so that no other test's process (an xdist
+    # worker's child Python, say) can sweep its home first and hide a home left behind.
     available("cgroup")
+    with private_cgroup() as cgroup:
+        _run_a_parent_killed_with_sigkill(tracked, cgroup)
+
+
+def _run_a_parent_killed_with_sigkill(tracked: Tracked, cgroup: str) -> None:
+    join = 'echo $$ > "$0/cgroup.procs" && exec "$@"'
     parent = subprocess.Popen(
-        [*procs.python(), "-c", HOLDS_A_CGROUP_TREE], stdout=subprocess.PIPE, env=tracked.env
+        ["/bin/sh", "-c", join, cgroup, *procs.python(), "-c", HOLDS_A_CGROUP_TREE],
+        stdout=subprocess.PIPE,
+        env=tracked.env,
     )
     with parent:
         assert parent.stdout is not None
@@ -342,6 +370,7 @@ def test_a_parent_killed_with_sigkill_leaves_no_cgroup_behind(tracked: Tracked) 
             os.close(watchdog)
     home = os.path.dirname(tree)
     assert os.path.basename(home).startswith("trio_proctree-")
+    assert os.path.dirname(home) == cgroup  # where nobody else sweeps
     assert not os.path.exists(tree)
     assert not os.path.exists(home)
     assert until_none_survive(tracked, within=1.0) == []

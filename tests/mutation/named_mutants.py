@@ -116,10 +116,18 @@ MUTANTS = [
     (
         "cgroup: escapees not sent the stop signal",
         "_cgroup.py",
+        "        new = self._survey(track=True, pins=pins)\n"
+        "        self._signal_escapees(new, self._sent)\n",
+        "        new = self._survey(track=True, pins=pins)\n",
+        "test_stopped_escapee_gets_sigcont",
+    ),
+    (
+        "cgroup: escapees not sent a signal the program sends",
+        "_cgroup.py",
         "        self._signal_escapees([pid for pid in self._escapees if pid not in new], [sig])\n"
         "        self._signal_escapees(new, catch_up)\n",
         "        pass\n",
-        "test_stopped_escapee_gets_sigcont",
+        "send_signal_reaches_an_escapee and (cgroup or auto)",
     ),
     (
         "subreaper: escapees not sent the stop signal",
