@@ -19,6 +19,7 @@ from trio_proctree.asyncio import open_process_tree, run_process_tree
 from . import procs
 from .conftest import Tracked
 from .test_bad_input import BAD_REQUESTS
+from .test_containment import LEADER_IGNORES_TERM_ESCAPEE_HANDLES_IT
 
 TWO_SLEEPS = ["sh", "-c", "sleep 60 & echo $!; sleep 61 & echo $!; wait"]
 
@@ -144,13 +145,12 @@ def test_an_escapee_gets_the_stop_signal_while_the_leader_ignores_it(
 ) -> None:
     # As in the trio test: the escapees' stop signal is not held back until the SIGKILL
     # at the grace's end by a leader that ignores it.
-    escapee = "trap 'echo handled; exit 0' TERM; echo \\$\\$; read x"
     grace = 1.0
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
         async with open_process_tree(
-            ["sh", "-c", f'setsid -f sh -c "{escapee}"; trap "" TERM; echo $$; read x'],
+            LEADER_IGNORES_TERM_ESCAPEE_HANDLES_IT,
             grace=grace,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

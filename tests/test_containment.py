@@ -60,6 +60,16 @@ FORK_BOMB = [
     f"f {FORK_BOMB_DEPTH}",
 ]
 
+# A leader that ignores SIGTERM and an escapee that says "handled" when it gets one; both
+# say their pids. (The leader ignores SIGTERM only after starting the escapee: a shell
+# cannot trap a signal that was ignored when it started. \$: for the inner shell.)
+_HANDLES_TERM = "trap 'echo handled; exit 0' TERM; echo \\$\\$; read x"
+LEADER_IGNORES_TERM_ESCAPEE_HANDLES_IT = [
+    "sh",
+    "-c",
+    f'setsid -f sh -c "{_HANDLES_TERM}"; trap "" TERM; echo $$; read x',
+]
+
 # Contain everything the machine offers, plus "auto" (cgroup here, where we are root).
 STRONG = ["cgroup", "subreaper", "auto"]
 
@@ -186,12 +196,9 @@ async def test_an_escapee_gets_the_stop_signal_while_the_leader_ignores_it(
     # Cleanup may look for escapees only once the leader exits; a leader that ignores the
     # stop signal must not hold the escapees' signal back until the SIGKILL at the end of
     # the grace. The escapee says when its handler runs, on the tree's stdout.
-    escapee = "trap 'echo handled; exit 0' TERM; echo \\$\\$; read x"
     grace = 1.0
     async with open_process_tree(
-        # (The leader ignores SIGTERM only after starting the escapee: a shell cannot trap
-        # a signal that was ignored when it started.)
-        ["sh", "-c", f'setsid -f sh -c "{escapee}"; trap "" TERM; echo $$; read x'],
+        LEADER_IGNORES_TERM_ESCAPEE_HANDLES_IT,
         grace=grace,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
