@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 import trio_proctree
 from trio_proctree import ContainmentUnavailable, _cgroup, open_process_tree, run_process_tree
@@ -60,14 +61,17 @@ FORK_BOMB = [
     f"f {FORK_BOMB_DEPTH}",
 ]
 
-# A leader that ignores SIGTERM and an escapee that says "handled" when it gets one; both
-# say their pids. (The leader ignores SIGTERM only after starting the escapee: a shell
-# cannot trap a signal that was ignored when it started. \$: for the inner shell.)
-_HANDLES_TERM = "trap 'echo handled; exit 0' TERM; echo \\$\\$; read x"
+# A leader that ignores SIGTERM and SIGUSR1, and an escapee that says "handled" when it
+# gets SIGTERM (and exits) and "usr1" for SIGUSR1; both say their pids. (The leader
+# ignores them only after starting the escapee: a shell cannot trap a signal that was
+# ignored when it started. \$: for the inner shell.)
+_HANDLES_TERM = (
+    "trap 'echo handled; exit 0' TERM; trap 'echo usr1' USR1; echo \\$\\$; while :; do read x; done"
+)
 LEADER_IGNORES_TERM_ESCAPEE_HANDLES_IT = [
     "sh",
     "-c",
-    f'setsid -f sh -c "{_HANDLES_TERM}"; trap "" TERM; echo $$; read x',
+    f'setsid -f sh -c "{_HANDLES_TERM}"; trap "" TERM USR1; echo $$; read x',
 ]
 
 # Contain everything the machine offers, plus "auto" (cgroup here, where we are root).
@@ -221,6 +225,53 @@ async def test_an_escapee_gets_the_stop_signal_while_the_leader_ignores_it(
     assert handled_after < grace / 2  # not at the grace's end (a listing bound: 5 ms)
     assert tree.outcome is not None
     assert tree.outcome.grace_expired  # the leader did ignore it
+    assert tree.outcome.escapees_killed >= 1
+    assert tracked.survivors() == []
+
+
+async def test_a_signal_sent_during_cleanup_does_not_hold_back_the_stop_signal(
+    tracked: Tracked, strong: str
+) -> None:
+    # The program signals the tree while cleanup waits for the leader (and a cgroup's
+    # listing of escapees is still to come): the escapee still gets the stop signal within
+    # the grace, not only the SIGKILL at its end. (It survives the program's SIGUSR1; on
+    # the stop signal, which comes first, it exits.)
+    grace = 1.0
+    async with open_process_tree(
+        LEADER_IGNORES_TERM_ESCAPEE_HANDLES_IT,
+        grace=grace,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+        containment=strong,
+    ) as tree:
+        assert tree.stdout is not None
+        stdout = tree.stdout
+        pids = await read_pids(stdout, 2)
+        assert tree.pid in pids and len(set(pids)) == 2
+        said = b""
+        async with trio.open_nursery() as nursery:
+            started = trio.current_time()
+            nursery.start_soon(tree.aclose)
+            await trio.testing.wait_all_tasks_blocked()  # cleanup waits for the leader
+            tree.send_signal(signal.SIGUSR1)
+            with contextlib.suppress(trio.ClosedResourceError):  # closed by cleanup's end
+                while b"handled" not in said and (chunk := await stdout.receive_some()):
+                    said += chunk
+            handled_after = trio.current_time() - started
+    assert b"handled" in said
+    assert handled_after < grace / 2
+    assert tracked.survivors() == []
+
+
+async def test_escapees_are_found_and_counted_with_no_grace(tracked: Tracked, strong: str) -> None:
+    async with open_process_tree(
+        SETSID_ESCAPEE, grace=0, stdout=subprocess.PIPE, env=tracked.env, containment=strong
+    ) as tree:
+        assert tree.stdout is not None
+        [escapee] = await read_pids(tree.stdout, 1)
+    assert not procs.alive(escapee)
+    assert tree.outcome is not None
     assert tree.outcome.escapees_killed >= 1
     assert tracked.survivors() == []
 

@@ -80,11 +80,19 @@ async def test_cleanup_takes_turns_with_a_task_waiting_for_the_leader(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:
     # A common shape: one task awaits tree.wait() while the block ends. trio lets one
-    # task at a time wait on a file descriptor; cleanup must wait its turn, not fail.
+    # task at a time wait on a file descriptor; cleanup must wait its turn, not fail. The
+    # leader outlives the stop signal by 0.1 s, so cleanup does wait on it (a leader that
+    # died of the signal at once would not be waited on at all). Its trap is set before
+    # it says the pids, so the signal cannot come first.
+    leader = (
+        'sleep 60 & a=$!; sleep 61 & b=$!; trap "sleep 0.1; exit 7" TERM; echo $a; echo $b; wait'
+    )
     statuses: list[int] = []
     async with (
         trio.open_nursery() as nursery,
-        open_process_tree(TWO_SLEEPS, grace=0.5, stdout=subprocess.PIPE, **contained) as tree,
+        open_process_tree(
+            ["sh", "-c", leader], grace=0.5, stdout=subprocess.PIPE, **contained
+        ) as tree,
     ):
         assert tree.stdout is not None
         members = await read_pids(tree.stdout, 2)
@@ -94,7 +102,7 @@ async def test_cleanup_takes_turns_with_a_task_waiting_for_the_leader(
 
         nursery.start_soon(waiter)
         await trio.testing.wait_all_tasks_blocked()
-    assert statuses == [-signal.SIGTERM]
+    assert statuses == [7]
     assert not any(procs.alive(pid) for pid in [tree.pid, *members])
     assert tracked.survivors() == []
     assert tree.outcome is not None

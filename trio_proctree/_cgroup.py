@@ -489,7 +489,25 @@ class CgroupContainment(MemberTracking):
                 new.append(pid)
         return new
 
+    def kill(self) -> None:
+        if self._survey_due:
+            # The graceful wait ended before the deferred listing (no grace, or Ctrl-C cut it
+            # short): take it now, so that the escapees are counted and the lingering known
+            # before the hard stop, which itself needs no listing (cgroup.kill).
+            try:
+                self._survey_now()
+            except OSError as exc:  # out of file descriptors, say: the hard stop goes out
+                logger.debug("%s: not listed before the hard stop: %s", self.path, exc)
+        super().kill()
+
     def signal(self, sig: int, *, escalation: bool = False) -> None:
+        if self._survey_due and (not escalation or sig != signal.SIGCONT):
+            # Another signal while the escalation's listing waits (the next step's, or one
+            # the program sends): that listing comes first, so that its escapees get the
+            # escalation's signals in order, and before this one (which would otherwise
+            # find them first and leave them known, so never given the escalation's).
+            self._survey_now()
+        pins = self.leader.pins_group  # (asks the kernel; `exited` reads the answer)
         # The members already seen are surveyed once per escalation (SIGCONT right after
         # the stop signal needs no new listing), on every signal a user sends.
         survey = not (escalation and self._surveyed)
@@ -505,19 +523,19 @@ class CgroupContainment(MemberTracking):
             self._sent.append(sig)
         # Escapees found now get the escalation so far (this signal included).
         catch_up = self._sent if escalation else [sig]
-        # The group first, in one call: its members act on the signal at once, and a
-        # listing below overlaps their exit (listed first, the signal would wait for it).
+        # The group first, in one call: its members act on the signal at once, and what is
+        # listed below is listed while they exit (listed first, the signal would wait).
         # Unless the leader was reaped elsewhere: then its group id may be anyone's, and
         # the cgroup alone says who is a member; the listing finds them all, and each is
         # signalled through a pidfd (and counted as an escapee: the group is unknown).
-        pins = self.leader.pins_group
         early: list[int] = []
-        if escalation and sig != signal.SIGCONT and self.leader.exited:  # (pins just asked)
+        if escalation and sig != signal.SIGCONT and self.leader.exited:
             # A step after the leader exited: what still runs outlived it, and lingers.
             # Counted before the signal, which some of it may die of at once. (Only here
             # is the listing taken first: while the leader runs, nothing lingers yet.)
             early = self._survey(track=True, pins=pins)
             self._mark_lingering()
+            pins = self.leader.pins_group  # asked again: a listing takes a while
         if pins:
             self._group.signal_pinned(sig)
         # Then the escapees, one pidfd each. An escalation also pins the members to wait on.
@@ -541,24 +559,24 @@ class CgroupContainment(MemberTracking):
                     self._survey_asked = True
                     self.ask_again_within = self.SURVEY_DELAY
             return [self.leader.pidfd]
-        # One read says whether anything is left, the members tracked so far included: a
-        # process leaves the count before its pidfd turns readable. Most teardowns end
-        # here, at the first wake-up after the leader's exit.
-        if not _populated(self.path):
-            return self._now_empty()
-        if self._survey_due:
-            self._survey_now()
         if self._members:
             self._members.forget_exited()
-        if not self._members:
+        # With nothing tracked, one read says whether anything is left (a process leaves
+        # the count before its pidfd turns readable). Most teardowns end here, at the
+        # first wake-up after the leader's exit, without listing the cgroup at all.
+        if not self._members and not _populated(self.path):
+            return self._now_empty()
+        if self._survey_due:
+            self._survey_now()  # the escalation's listing, deferred until the leader exited
+        elif not self._members:
             # Something outlived the leader: track it by pidfd (and give escapees found
             # only now the escalation so far).
             new = self._survey(track=True, pins=self.leader.pins_group)
             self._signal_escapees(new, self._sent)
-            if not self._members:
-                # Populated, yet nobody listed: the last members are finishing their exit
-                # (a process leaves the listing first). Ask again after the driver yields.
-                return NEED_SCAN
+        if not self._members:
+            # Populated, yet nobody listed: the last members are finishing their exit
+            # (a process leaves the listing first). Ask again after the driver yields.
+            return NEED_SCAN
         return list(self._members.values())
 
     def _survey_now(self) -> None:

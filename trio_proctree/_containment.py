@@ -59,7 +59,12 @@ class Containment(Protocol):
         ...
 
     def signal(self, sig: int, *, escalation: bool = False) -> None:
-        """Send ``sig`` to every process in the tree (``escalation``: as a cleanup step)."""
+        """Send ``sig`` to every process in the tree (``escalation``: as a cleanup step).
+
+        A cleanup step may reach some members only in a later `pending` (a cgroup lists
+        its escapees once the leader has exited, within `ask_again_within`), and always
+        before any later signal.
+        """
         ...
 
     def kill(self) -> None:

@@ -153,8 +153,9 @@ MUTANTS = [
     (
         "cgroup: called empty without reading cgroup.events",
         "_cgroup.py",
-        "        if not _populated(self.path):\n            return self._now_empty()",
-        "        return self._now_empty()",
+        "        if not self._members and not _populated(self.path):\n"
+        "            return self._now_empty()",
+        "        if not self._members:\n            return self._now_empty()",
         "lingering and cgroup",
     ),
     (
@@ -215,6 +216,20 @@ MUTANTS = [
         "                    self._survey_now()  # the leader outlived SURVEY_DELAY",
         "                    pass",
         "leader_ignores_it and (cgroup or auto)",
+    ),
+    (
+        "cgroup: a signal during the deferred listing skips it",
+        "_cgroup.py",
+        "        if self._survey_due and (not escalation or sig != signal.SIGCONT):\n",
+        "        if False:\n",
+        "during_cleanup_does_not_hold_back and (cgroup or auto)",
+    ),
+    (
+        "cgroup: the hard stop without the deferred listing",
+        "_cgroup.py",
+        "        if self._survey_due:\n            # The graceful wait ended",
+        "        if False:\n            # The graceful wait ended",
+        "counted_with_no_grace and (cgroup or auto)",
     ),
     (
         "watchdog: trees never registered",
