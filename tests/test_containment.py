@@ -264,6 +264,59 @@ async def test_a_signal_sent_during_cleanup_does_not_hold_back_the_stop_signal(
     assert tracked.survivors() == []
 
 
+async def test_an_escapee_a_signal_of_the_program_finds_during_cleanup_gets_the_stop_signal(
+    tracked: Tracked, strong: str
+) -> None:
+    # A second escapee starts while cleanup waits out the grace of a leader that ignores
+    # the stop signal, after cleanup's own look for escapees; the program's SIGUSR1 is the
+    # first to find it. It must get the escalation's signals too, not only SIGUSR1 (and
+    # the SIGKILL at the grace's end).
+    second = (
+        "trap 'echo second handled; exit 0' TERM; trap 'echo second usr1' USR1; "
+        "echo second ready; while :; do read x; done"
+    )
+    # (env --default-signal: the leader ignores both signals by then, and a shell cannot
+    # trap a signal that was ignored when it started.)
+    leader = (
+        f'setsid -f sh -c "{_HANDLES_TERM}"; trap "" TERM USR1; echo $$; read x; '
+        f'env --default-signal=TERM,USR1 setsid -f sh -c "{second}"; read y'
+    )
+    grace = 1.0
+    async with open_process_tree(
+        ["sh", "-c", leader],
+        grace=grace,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+        containment=strong,
+    ) as tree:
+        assert tree.stdin is not None and tree.stdout is not None
+        stdin, stdout = tree.stdin, tree.stdout
+        await read_pids(stdout, 2)  # the first escapee's and the leader's
+        said = b""
+
+        async def until(text: bytes) -> None:
+            nonlocal said
+            with contextlib.suppress(trio.ClosedResourceError):  # closed by cleanup's end
+                while text not in said and (chunk := await stdout.receive_some()):
+                    said += chunk
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(tree.aclose)
+            await until(b"handled")  # cleanup found the first escapee and stopped it
+            await stdin.send_all(b"go\n")  # the leader starts the second one
+            await until(b"second ready")
+            sent = trio.current_time()
+            tree.send_signal(signal.SIGUSR1)
+            await until(b"second handled")
+            handled_after = trio.current_time() - sent
+    assert b"second handled" in said
+    assert handled_after < grace / 2
+    assert tree.outcome is not None
+    assert tree.outcome.escapees_killed >= 2
+    assert tracked.survivors() == []
+
+
 async def test_escapees_are_found_and_counted_with_no_grace(tracked: Tracked, strong: str) -> None:
     async with open_process_tree(
         SETSID_ESCAPEE, grace=0, stdout=subprocess.PIPE, env=tracked.env, containment=strong

@@ -521,8 +521,9 @@ class CgroupContainment(MemberTracking):
             survey, self._survey_due = False, True
         if escalation:
             self._sent.append(sig)
-        # Escapees found now get the escalation so far (this signal included).
-        catch_up = self._sent if escalation else [sig]
+        # Escapees found now get the escalation so far, and then this signal (a program's
+        # signal during cleanup may be the first to find an escapee).
+        catch_up = self._sent if escalation else [*self._sent, sig]
         # The group first, in one call: its members act on the signal at once, and what is
         # listed below is listed while they exit (listed first, the signal would wait).
         # Unless the leader was reaped elsewhere: then its group id may be anyone's, and

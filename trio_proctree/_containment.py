@@ -442,9 +442,10 @@ class MemberTracking:
         survey = not (escalation and self._surveyed)  # for an escalation, once
         self._surveyed |= escalation
         listing_failed = None
+        found: list[int] = []  # escapees this signal's listing finds
         if survey and self.survey_first:
             try:
-                self._track_new_members()
+                _, found = self._track_new_members()
             except OSError as exc:
                 # Out of file descriptors, say: the group still gets its signal below (a
                 # killpg needs none); the error is raised after it.
@@ -466,7 +467,11 @@ class MemberTracking:
         # ...while we learn who else is in the tree: that work overlaps the members' exit,
         # which the caller would be waiting for anyway. Then the escapees, one by one.
         if survey and not self.survey_first:
-            self._track_new_members()
+            _, found = self._track_new_members()
+        if not escalation:
+            # A program's signal during cleanup may be the first to find an escapee: it
+            # gets the escalation so far first.
+            self._signal_escapees(found, self._sent)
         self._signal_escapees(self._escapees, [sig])
         if escalation:
             # Replayed to escapees found later: pending() looks for more once every

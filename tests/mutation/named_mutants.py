@@ -232,6 +232,20 @@ MUTANTS = [
         "counted_with_no_grace and (cgroup or auto)",
     ),
     (
+        "cgroup: an escapee a program's signal finds gets only that signal",
+        "_cgroup.py",
+        "        catch_up = self._sent if escalation else [*self._sent, sig]",
+        "        catch_up = self._sent if escalation else [sig]",
+        "program_finds_during_cleanup and (cgroup or auto)",
+    ),
+    (
+        "subreaper: an escapee a program's signal finds gets only that signal",
+        "_containment.py",
+        "            self._signal_escapees(found, self._sent)\n",
+        "            pass\n",
+        "program_finds_during_cleanup and subreaper",
+    ),
+    (
         "watchdog: trees never registered",
         "_watchdog.py",
         "            _deferred.clear()\n            watchdog.send(lines)\n",
