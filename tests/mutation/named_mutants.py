@@ -132,8 +132,9 @@ MUTANTS = [
     (
         "subreaper: escapees not sent the stop signal",
         "_containment.py",
-        "            self._track_new_members()\n        self._signal_escapees(self._escapees, [sig])",
-        "            self._track_new_members()\n        pass",
+        "            self._signal_escapees(found, self._sent)\n"
+        "        self._signal_escapees(self._escapees, [sig])",
+        "            self._signal_escapees(found, self._sent)\n        pass",
         "test_stopped_escapee_gets_sigcont",
     ),
     (
