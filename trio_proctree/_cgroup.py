@@ -501,12 +501,6 @@ class CgroupContainment(MemberTracking):
         super().kill()
 
     def signal(self, sig: int, *, escalation: bool = False) -> None:
-        if self._survey_due and (not escalation or sig != signal.SIGCONT):
-            # Another signal while the escalation's listing waits (the next step's, or one
-            # the program sends): that listing comes first, so that its escapees get the
-            # escalation's signals in order, and before this one (which would otherwise
-            # find them first and leave them known, so never given the escalation's).
-            self._survey_now()
         pins = self.leader.pins_group  # (asks the kernel; `exited` reads the answer)
         # The members already seen are surveyed once per escalation (SIGCONT right after
         # the stop signal needs no new listing), on every signal a user sends.
@@ -521,8 +515,10 @@ class CgroupContainment(MemberTracking):
             survey, self._survey_due = False, True
         if escalation:
             self._sent.append(sig)
-        # Escapees found now get the escalation so far, and then this signal (a program's
-        # signal during cleanup may be the first to find an escapee).
+        # Escapees found now get the escalation so far, and then this signal: a program's
+        # signal during cleanup may be the first to find an escapee (while the escalation's
+        # listing waits, say), and the escapees it finds are known from then on, so no
+        # later listing of the escalation's would give them its signals.
         catch_up = self._sent if escalation else [*self._sent, sig]
         # The group first, in one call: its members act on the signal at once, and what is
         # listed below is listed while they exit (listed first, the signal would wait).

@@ -62,8 +62,8 @@ class Containment(Protocol):
         """Send ``sig`` to every process in the tree (``escalation``: as a cleanup step).
 
         A cleanup step may reach some members only in a later `pending` (a cgroup lists
-        its escapees once the leader has exited, within `ask_again_within`), and always
-        before any later signal.
+        its escapees once the leader has exited, within `ask_again_within`); a member
+        first found by a later signal gets the escalation's signals before it.
         """
         ...
 

@@ -219,13 +219,6 @@ MUTANTS = [
         "leader_ignores_it and (cgroup or auto)",
     ),
     (
-        "cgroup: a signal during the deferred listing skips it",
-        "_cgroup.py",
-        "        if self._survey_due and (not escalation or sig != signal.SIGCONT):\n",
-        "        if False:\n",
-        "during_cleanup_does_not_hold_back and (cgroup or auto)",
-    ),
-    (
         "cgroup: the hard stop without the deferred listing",
         "_cgroup.py",
         "        if self._survey_due:\n            # The graceful wait ended",
@@ -237,7 +230,7 @@ MUTANTS = [
         "_cgroup.py",
         "        catch_up = self._sent if escalation else [*self._sent, sig]",
         "        catch_up = self._sent if escalation else [sig]",
-        "program_finds_during_cleanup and (cgroup or auto)",
+        "(program_finds_during_cleanup or during_cleanup_does_not_hold_back) and (cgroup or auto)",
     ),
     (
         "subreaper: an escapee a program's signal finds gets only that signal",
