@@ -21,7 +21,13 @@ import trio
 import trio.testing
 
 import trio_proctree
-from trio_proctree import ContainmentUnavailable, _cgroup, open_process_tree, run_process_tree
+from trio_proctree import (
+    ContainmentUnavailable,
+    ProcessTree,
+    _cgroup,
+    open_process_tree,
+    run_process_tree,
+)
 from trio_proctree._cgroup import find_cgroup2_mount, own_cgroup
 from trio_proctree._orphans import become_subreaper
 from trio_proctree._subreaper import SubreaperContainment
@@ -194,20 +200,20 @@ async def test_send_signal_reaches_an_escapee(tracked: Tracked, strong: str) -> 
     assert tracked.survivors() == []
 
 
-async def test_an_escapee_gets_the_stop_signal_while_the_leader_ignores_it(
-    tracked: Tracked, strong: str
-) -> None:
-    # Cleanup may look for escapees only once the leader exits; a leader that ignores the
-    # stop signal must not hold the escapees' signal back until the SIGKILL at the end of
-    # the grace. The escapee says when its handler runs, on the tree's stdout.
-    grace = 1.0
+async def stop_signal_handled_after(
+    tracked: Tracked, containment: str, grace: float, *, during_cleanup: bool = False
+) -> tuple[float | None, ProcessTree]:
+    """Start `LEADER_IGNORES_TERM_ESCAPEE_HANDLES_IT`, close it, and time how long after the
+    cleanup began the escapee said it handled the stop signal (None: it never did). With
+    ``during_cleanup``, the program sends SIGUSR1 to the tree once cleanup waits."""
+    handled_after = None
     async with open_process_tree(
         LEADER_IGNORES_TERM_ESCAPEE_HANDLES_IT,
         grace=grace,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         env=tracked.env,
-        containment=strong,
+        containment=containment,
     ) as tree:
         assert tree.stdout is not None
         stdout = tree.stdout
@@ -217,11 +223,26 @@ async def test_an_escapee_gets_the_stop_signal_while_the_leader_ignores_it(
         async with trio.open_nursery() as nursery:
             started = trio.current_time()
             nursery.start_soon(tree.aclose)
+            if during_cleanup:
+                await trio.testing.wait_all_tasks_blocked()  # cleanup waits for the leader
+                tree.send_signal(signal.SIGUSR1)
             with contextlib.suppress(trio.ClosedResourceError):  # closed by cleanup's end
                 while b"handled" not in said and (chunk := await stdout.receive_some()):
                     said += chunk
-            handled_after = trio.current_time() - started
-    assert b"handled" in said
+            if b"handled" in said:
+                handled_after = trio.current_time() - started
+    return handled_after, tree
+
+
+async def test_an_escapee_gets_the_stop_signal_while_the_leader_ignores_it(
+    tracked: Tracked, strong: str
+) -> None:
+    # Cleanup may look for escapees only once the leader exits; a leader that ignores the
+    # stop signal must not hold the escapees' signal back until the SIGKILL at the end of
+    # the grace. The escapee says when its handler runs, on the tree's stdout.
+    grace = 1.0
+    handled_after, tree = await stop_signal_handled_after(tracked, strong, grace)
+    assert handled_after is not None
     assert handled_after < grace / 2  # not at the grace's end (a listing bound: 5 ms)
     assert tree.outcome is not None
     assert tree.outcome.grace_expired  # the leader did ignore it
@@ -237,29 +258,8 @@ async def test_a_signal_sent_during_cleanup_does_not_hold_back_the_stop_signal(
     # the grace, not only the SIGKILL at its end. (It survives the program's SIGUSR1; on
     # the stop signal, which comes first, it exits.)
     grace = 1.0
-    async with open_process_tree(
-        LEADER_IGNORES_TERM_ESCAPEE_HANDLES_IT,
-        grace=grace,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        env=tracked.env,
-        containment=strong,
-    ) as tree:
-        assert tree.stdout is not None
-        stdout = tree.stdout
-        pids = await read_pids(stdout, 2)
-        assert tree.pid in pids and len(set(pids)) == 2
-        said = b""
-        async with trio.open_nursery() as nursery:
-            started = trio.current_time()
-            nursery.start_soon(tree.aclose)
-            await trio.testing.wait_all_tasks_blocked()  # cleanup waits for the leader
-            tree.send_signal(signal.SIGUSR1)
-            with contextlib.suppress(trio.ClosedResourceError):  # closed by cleanup's end
-                while b"handled" not in said and (chunk := await stdout.receive_some()):
-                    said += chunk
-            handled_after = trio.current_time() - started
-    assert b"handled" in said
+    handled_after, _ = await stop_signal_handled_after(tracked, strong, grace, during_cleanup=True)
+    assert handled_after is not None
     assert handled_after < grace / 2
     assert tracked.survivors() == []
 
