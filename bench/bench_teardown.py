@@ -21,8 +21,8 @@ from contextlib import asynccontextmanager
 
 import trio
 
-from trio_proctree import open_process_tree
-from trio_proctree._cgroup import CgroupUnavailable, cgroup_home
+from trio_proctree import ContainmentUnavailable, open_process_tree
+from trio_proctree._choose import choose_containment
 from trio_proctree._procfs import read_file
 
 COOPERATIVE = ["sh", "-c", "sleep 60 & sleep 61 & echo running; wait"]
@@ -158,8 +158,8 @@ async def grace_cpu(grace: float) -> tuple[float, float]:
 
 def cgroup_available() -> bool:
     try:
-        cgroup_home()
-    except CgroupUnavailable:
+        choose_containment("cgroup", changes_user=False)
+    except ContainmentUnavailable:
         return False
     return True
 

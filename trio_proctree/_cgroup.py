@@ -382,10 +382,9 @@ class CgroupContainment(MemberTracking):
         #: Whether cgroup.kill was written (by us), or a direct start in it was refused.
         self._killed = False
         self._direct = False
-        #: The escalation's listing is still to come (`signal`), and whether the driver
-        #: has been told to come back for it (`ask_again_within`).
+        #: The escalation's listing is still to come (`signal`); the driver has been told
+        #: to come back for it once `ask_again_within` is set.
         self._survey_due = False
-        self._survey_asked = False
 
     def prepare(self, plan: SpawnPlan) -> SpawnPlan:
         options = dict(plan.options)
@@ -538,22 +537,25 @@ class CgroupContainment(MemberTracking):
         # Then the escapees, one pidfd each. An escalation also pins the members to wait on.
         new = early + (self._survey(track=escalation, pins=pins) if survey else [])
         self._signal_escapees([pid for pid in self._escapees if pid not in new], [sig])
-        self._signal_escapees(new, catch_up)
-        # An escapee may have forked before its signal came: list again until none is new.
+        self._catch_up(new, catch_up, pins=pins)
+
+    def _catch_up(self, new: list[int], signals: list[int], *, pins: bool) -> None:
+        """Give escapees just found ``signals``; as one may have forked before its signal
+        came, list again (and give those) until a listing finds none new."""
+        self._signal_escapees(new, signals)
         for _ in range(self.SURVEY_ROUNDS - 1 if new else 0):
             new = self._survey(track=False, pins=pins)
             if not new:
                 break
-            self._signal_escapees(new, catch_up)
+            self._signal_escapees(new, signals)
 
     def pending(self) -> Pending:
         self.leader.poll()  # (asks the kernel; `exited` reads the answer)
         if not self.leader.exited:
             if self._survey_due:
-                if self._survey_asked:
+                if self.ask_again_within is not None:
                     self._survey_now()  # the leader outlived SURVEY_DELAY
                 else:
-                    self._survey_asked = True
                     self.ask_again_within = self.SURVEY_DELAY
             return [self.leader.pidfd]
         if self._members:
@@ -580,16 +582,9 @@ class CgroupContainment(MemberTracking):
         """The escalation's deferred listing: every member pinned by pidfd, and the escapees
         among them given the escalation so far; listed again for what they forked before
         their signal came, until a listing finds none new."""
-        self._survey_due = False
-        self.ask_again_within = None
+        self._survey_due, self.ask_again_within = False, None
         pins = self.leader.pins_group
-        new = self._survey(track=True, pins=pins)
-        self._signal_escapees(new, self._sent)
-        for _ in range(self.SURVEY_ROUNDS - 1 if new else 0):
-            new = self._survey(track=False, pins=pins)
-            if not new:
-                break
-            self._signal_escapees(new, self._sent)
+        self._catch_up(self._survey(track=True, pins=pins), self._sent, pins=pins)
 
     def _now_empty(self) -> list[int]:
         self._emptied = True

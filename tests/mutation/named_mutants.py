@@ -116,16 +116,15 @@ MUTANTS = [
     (
         "cgroup: escapees not sent the stop signal",
         "_cgroup.py",
-        "        new = self._survey(track=True, pins=pins)\n"
-        "        self._signal_escapees(new, self._sent)\n",
-        "        new = self._survey(track=True, pins=pins)\n",
+        "        self._catch_up(self._survey(track=True, pins=pins), self._sent, pins=pins)\n",
+        "        self._survey(track=True, pins=pins)\n",
         "test_stopped_escapee_gets_sigcont",
     ),
     (
         "cgroup: escapees not sent a signal the program sends",
         "_cgroup.py",
         "        self._signal_escapees([pid for pid in self._escapees if pid not in new], [sig])\n"
-        "        self._signal_escapees(new, catch_up)\n",
+        "        self._catch_up(new, catch_up, pins=pins)\n",
         "        pass\n",
         "send_signal_reaches_an_escapee and (cgroup or auto)",
     ),
