@@ -60,6 +60,31 @@ async def test_exception_in_block_stops_the_tree_and_propagates_unchanged(
     assert tracked.survivors() == []
 
 
+async def test_a_cancelled_scope_never_replaces_the_blocks_exception_after_aclose(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # The cleanup already ran (aclose() in the block), so the scope's end only waits for
+    # it: that wait must not turn the cancellation into a Cancelled that replaces the
+    # block's own exception.
+    error = ValueError("the user's own error")
+    escaped: list[BaseException] = []
+    with trio.CancelScope() as scope:
+        try:
+            async with open_process_tree(
+                TWO_SLEEPS, grace=0.5, stdout=subprocess.PIPE, **contained
+            ) as tree:
+                assert tree.stdout is not None
+                await read_pids(tree.stdout, 2)
+                await tree.aclose()
+                scope.cancel()
+                raise error  # noqa: TRY301 - the block's own exception is the subject
+        except BaseException as exc:
+            escaped.append(exc)
+    assert escaped == [error]
+    assert tree.outcome is not None
+    assert tracked.survivors() == []
+
+
 async def test_cancellation_stops_the_whole_tree(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:

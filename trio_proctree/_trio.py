@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -56,49 +57,59 @@ class _TrioIO:
     def interrupted(self) -> bool:
         return self.keyboard_interrupt is not None
 
-    async def _kept(self, wait: Callable[..., Awaitable[T]], *args: Any) -> T | None:
-        try:
-            return await wait(*args)
-        except KeyboardInterrupt as interrupt:
-            logger.debug("%s: interrupted; killing the tree without more grace", self._tree)
-            if self.keyboard_interrupt is None:
-                self.keyboard_interrupt = interrupt
-            return None
+    async def _kept(
+        self, wait: Callable[..., Awaitable[T]], *args: Any, timeout: float = math.inf
+    ) -> T | None:
+        """``await wait(*args)``, shielded, for at most ``timeout`` seconds.
+
+        Each wait of cleanup is shielded here, on its own, so that a cancellation can
+        never cut cleanup short; one cancel scope also bounds the wait, where a shield
+        around all of cleanup plus a scope per timed wait cost two (on a VM, trio's cancel
+        scope code is ~50 us a scope when it has not run lately, as after a tree's idle
+        time: a tenth of a cooperative teardown).
+        """
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + timeout):
+            try:
+                return await wait(*args)
+            except KeyboardInterrupt as interrupt:
+                logger.debug("%s: interrupted; killing the tree without more grace", self._tree)
+                if self.keyboard_interrupt is None:
+                    self.keyboard_interrupt = interrupt
+        return None
 
     async def wait_readable(self, fd: int, timeout: float) -> None:
-        await self._kept(self._wait_readable, fd, timeout)
+        await self._kept(self._wait_readable, fd, timeout=timeout)
 
-    async def _wait_readable(self, fd: int, timeout: float) -> None:
-        with trio.move_on_after(timeout):
-            if fd != self._tree._core.leader.pidfd:
-                await trio.lowlevel.wait_readable(fd)
-                return
-            # The leader's pidfd is shared with ProcessTree.wait(), and trio lets one task
-            # at a time wait on an fd: take turns. Taken without `async with` when free:
-            # Lock.acquire() yields to the scheduler even then, and on a VM that round
-            # trip costs as much as the leader's whole exit (~0.2 ms, measured).
-            lock = self._tree._wait_lock
-            try:
-                lock.acquire_nowait()
-            except trio.WouldBlock:
-                await lock.acquire()  # a task is in wait(): it returns once the leader exits
-            try:
-                await trio.lowlevel.wait_readable(fd)
-            finally:
-                lock.release()
+    async def _wait_readable(self, fd: int) -> None:
+        if fd != self._tree._core.leader.pidfd:
+            await trio.lowlevel.wait_readable(fd)
+            return
+        # The leader's pidfd is shared with ProcessTree.wait(), and trio lets one task
+        # at a time wait on an fd: take turns. Taken without `async with` when free:
+        # Lock.acquire() yields to the scheduler even then, and on a VM that round
+        # trip costs as much as the leader's whole exit (~0.2 ms, measured).
+        lock = self._tree._wait_lock
+        try:
+            lock.acquire_nowait()
+        except trio.WouldBlock:
+            await lock.acquire()  # a task is in wait(): it returns once the leader exits
+        try:
+            await trio.lowlevel.wait_readable(fd)
+        finally:
+            lock.release()
 
     async def yield_now(self) -> None:
         await self._kept(trio.lowlevel.cancel_shielded_checkpoint)
 
     async def sleep(self, seconds: float) -> None:
-        await self._kept(trio.sleep, seconds)
+        await self._kept(trio.sleep_forever, timeout=seconds)
 
     async def close_stdin(self) -> Exception | None:
-        return await self._kept(self._tree._close_stream, "stdin")
+        return await self._tree._close_stream("stdin", self)
 
     async def close_streams(self) -> list[Exception]:
         errors = [
-            await self._kept(self._tree._close_stream, name)
+            await self._tree._close_stream(name, self)
             for name in ("stdin", "stdout", "stderr")
             if getattr(self._tree, name) is not None
         ]
@@ -159,17 +170,19 @@ class ProcessTree(TreeView):
             # Unshielded: a later caller's own cancellation may end its wait (not the cleanup).
             await self._cleanup_done.wait()
             return
-        # Shielded: a cleanup cut short by a cancellation is a leaked tree. Bounded by the
-        # policy's worst case, which the caller's own timeout therefore does not cut.
-        with trio.CancelScope(shield=True):
-            await self._cleanup_shielded()
+        # Never cut short by a cancellation (a cleanup cut short is a leaked tree): each of
+        # its waits is shielded (`_TrioIO`). Bounded by the policy's worst case, which the
+        # caller's own timeout therefore does not cut.
+        await self._run_cleanup()
 
     @trio.lowlevel.enable_ki_protection
-    async def _cleanup_shielded(self) -> None:
-        """The cleanup, or a wait for the one under way. The caller shields it (one scope
-        per teardown, not two: a scope costs ~20 us in a nursery being cancelled)."""
+    async def _run_cleanup(self) -> None:
+        """The cleanup, or a wait for the one under way; neither is cut short by a
+        cancellation, so neither turns into a Cancelled that replaces an exception in
+        flight."""
         if self._cleanup_started:
-            await self._cleanup_done.wait()
+            with trio.CancelScope(shield=True):
+                await self._cleanup_done.wait()
             return
         self._cleanup_started = True
         io = _TrioIO(self)
@@ -185,7 +198,7 @@ class ProcessTree(TreeView):
         if io.keyboard_interrupt is not None:
             raise io.keyboard_interrupt
 
-    async def _close_stream(self, name: str) -> Exception | None:
+    async def _close_stream(self, name: str, io: _TrioIO) -> Exception | None:
         stream = getattr(self, name)
         if stream is None:
             return None
@@ -196,7 +209,7 @@ class ProcessTree(TreeView):
                 # scheduler round trip per pipe was a tenth of a cooperative teardown.
                 stream.close()
             else:  # a stream the program put in its place
-                await stream.aclose()
+                await io._kept(stream.aclose)
         except trio.ClosedResourceError:
             pass
         except Exception as exc:  # noqa: BLE001 - kept and raised after cleanup
@@ -204,10 +217,9 @@ class ProcessTree(TreeView):
         return None
 
     async def _aclose_under(self, exc: BaseException) -> None:
-        """Clean up while ``exc`` propagates: a cleanup error rides along, never replaces it.
-        The caller shields it."""
+        """Clean up while ``exc`` propagates: a cleanup error rides along, never replaces it."""
         try:
-            await self._cleanup_shielded()
+            await self._run_cleanup()
         except Exception as error:  # noqa: BLE001
             chain_cleanup_error(exc, error, self._core.label)
 
@@ -241,8 +253,7 @@ class _TreeScope:
         try:
             await trio.lowlevel.checkpoint_if_cancelled()
         except BaseException as exc:
-            with trio.CancelScope(shield=True):
-                await tree._aclose_under(exc)
+            await tree._aclose_under(exc)
             raise
         return tree
 
@@ -253,13 +264,10 @@ class _TreeScope:
         traceback: TracebackType | None,
     ) -> bool:
         assert self._tree is not None
-        # Shielded even when the cleanup already ran (an earlier aclose()): the checkpoint
-        # in waiting for it must not turn into a Cancelled that replaces ``exc``.
-        with trio.CancelScope(shield=True):
-            if exc is None:
-                await self._tree._cleanup_shielded()
-            else:
-                await self._tree._aclose_under(exc)
+        if exc is None:
+            await self._tree._run_cleanup()
+        else:
+            await self._tree._aclose_under(exc)
         return False
 
 

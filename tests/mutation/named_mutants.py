@@ -196,12 +196,26 @@ MUTANTS = [
     (
         "trio: cleanup waits on the leader's pidfd without taking turns with wait()",
         "_trio.py",
-        "            try:\n                lock.acquire_nowait()\n            except trio.WouldBlock:\n"
-        "                await lock.acquire()  # a task is in wait(): it returns once the leader exits\n"
-        "            try:\n                await trio.lowlevel.wait_readable(fd)\n"
-        "            finally:\n                lock.release()\n",
-        "            await trio.lowlevel.wait_readable(fd)\n",
+        "        try:\n            lock.acquire_nowait()\n        except trio.WouldBlock:\n"
+        "            await lock.acquire()  # a task is in wait(): it returns once the leader exits\n"
+        "        try:\n            await trio.lowlevel.wait_readable(fd)\n"
+        "        finally:\n            lock.release()\n",
+        "        await trio.lowlevel.wait_readable(fd)\n",
         "takes_turns_with_a_task_waiting",
+    ),
+    (
+        "trio: cleanup's waits not shielded",
+        "_trio.py",
+        "        with trio.CancelScope(shield=True, deadline=trio.current_time() + timeout):",
+        "        with trio.CancelScope(deadline=trio.current_time() + timeout):",
+        "block_scope_cancel_does_not_cut_cleanup_short",
+    ),
+    (
+        "trio: the wait for a cleanup that already ran not shielded",
+        "_trio.py",
+        "            with trio.CancelScope(shield=True):\n                await self._cleanup_done.wait()",
+        "            with trio.CancelScope():\n                await self._cleanup_done.wait()",
+        "never_replaces_the_blocks_exception_after_aclose",
     ),
     (
         "cgroup: the deferred listing waits for the leader's exit without a bound",
