@@ -825,6 +825,37 @@ def test_a_subreaper_process_is_left_no_zombies_by_its_trees(
 # --- choosing, and the cgroup hierarchy ------------------------------------------------
 
 
+async def test_a_cgroup_a_member_made_inside_the_trees_is_gone_before_it_serves_again(
+    tracked: Tracked,
+) -> None:
+    available("cgroup")
+    async with open_process_tree(
+        ["sh", "-c", "sleep 60 & echo $!; wait"],
+        grace=0.5,
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+        containment="cgroup",
+    ) as tree:
+        assert tree.stdout is not None
+        [member] = await read_pids(tree.stdout, 1)
+        cgroup = tree._core.containment.path  # type: ignore[attr-defined]
+        inner = move_into_a_cgroup_inside(cgroup, member)
+    assert not procs.alive(member)
+    # The emptied cgroup is kept for the next tree, which gets it without what was inside.
+    async with open_process_tree(["true"], env=tracked.env, containment="cgroup") as again:
+        assert again._core.containment.path == cgroup  # type: ignore[attr-defined]
+        assert not Path(inner).exists()  # noqa: ASYNC240 - a cgroupfs lookup: at once
+    assert tracked.survivors() == []
+
+
+def move_into_a_cgroup_inside(cgroup: str, pid: int) -> str:
+    """Make a cgroup inside ``cgroup`` and move ``pid`` into it, as a member could."""
+    inner = os.path.join(cgroup, "made-by-a-member")
+    os.mkdir(inner)
+    Path(inner, "cgroup.procs").write_text(str(pid))
+    return inner
+
+
 def test_unknown_containment_is_refused() -> None:
     with pytest.raises(ValueError, match="containment"):
         open_process_tree(["true"], containment="jail")

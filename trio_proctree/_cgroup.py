@@ -96,8 +96,25 @@ def _read(path: str) -> str:
     return read_file(path).decode()
 
 
-def _populated(cgroup: str) -> bool:
-    return b"populated 1" in read_file(os.path.join(cgroup, "cgroup.events"))
+def _populated(events: str) -> bool:
+    """Whether a cgroup holds a live process, from its ``cgroup.events`` file (the path)."""
+    # One short read: the file is two short lines, ``populated`` the first (read_file's
+    # loop and its 64 KiB buffer cost more than the answer, on the path that ends a tree).
+    fd = os.open(events, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 64).startswith(b"populated 1")
+    finally:
+        os.close(fd)
+
+
+def _remove_inner(cgroup: str) -> bool:
+    """Remove the cgroups members made inside ``cgroup``, deepest first: True if none is
+    left (one a member still runs in stays)."""
+    inner = _all_dirs(cgroup)[1:]
+    for folder in sorted(inner, key=len, reverse=True):
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
+    return not (inner and _subdirs(cgroup))
 
 
 def _procs(cgroup: str) -> list[int]:
@@ -158,12 +175,20 @@ class CgroupHome:
 
     def take_tree(self) -> tuple[str, bool]:
         """An empty tree cgroup: (its path, whether it served a tree before)."""
-        with self._lock:
-            if self._free:
-                return self._free.pop(), True
-            retired, self._retired = self._retired, []
+        while True:
+            with self._lock:
+                if not self._free:
+                    retired, self._retired = self._retired, []
+                    break
+                kept = self._free.pop()
+            # A member of its last tree may have made cgroups inside it: they go before it
+            # serves again (they are empty, as that tree was).
+            if _remove_inner(kept):
+                return kept, True
+            logger.warning("cgroup %s still has cgroups inside; leaving it", kept)
         for tree in retired:
-            with contextlib.suppress(OSError):  # (a member made a cgroup in it: left)
+            _remove_inner(tree)
+            with contextlib.suppress(OSError):  # (a cgroup inside it would not go: left)
                 os.rmdir(tree)
         while True:
             with self._lock:
@@ -191,6 +216,7 @@ class CgroupHome:
             elif len(self._retired) < self.KEEP:
                 self._retired.append(tree)
                 return
+        _remove_inner(tree)
         os.rmdir(tree)
 
     def remove(self) -> None:
@@ -198,6 +224,7 @@ class CgroupHome:
         with self._lock:
             free, self._free, self._retired = self._free + self._retired, [], []
         for tree in free:
+            _remove_inner(tree)
             with contextlib.suppress(OSError):
                 os.rmdir(tree)
         with contextlib.suppress(OSError):
@@ -313,7 +340,7 @@ def _sweep_stale_homes(parent: str) -> None:
             # its watchdog, which removes the home too, unless it was stopped first.
         for tree in _subdirs(home):
             try:
-                if _populated(tree):
+                if _populated(os.path.join(tree, "cgroup.events")):
                     logger.warning("killing what outlived its owner in %s", tree)
                     _kill(tree)
                 os.rmdir(tree)
@@ -379,6 +406,7 @@ class CgroupContainment(MemberTracking):
         self._home = home
         self.path, self._reused = home.take_tree()
         self._relative = f"{home.relative}/{os.path.basename(self.path)}"
+        self._events = os.path.join(self.path, "cgroup.events")
         #: Whether cgroup.kill was written (by us), or a direct start in it was refused.
         self._killed = False
         self._direct = False
@@ -563,7 +591,7 @@ class CgroupContainment(MemberTracking):
         # With nothing tracked, one read says whether anything is left (a process leaves
         # the count before its pidfd turns readable). Most teardowns end here, at the
         # first wake-up after the leader's exit, without listing the cgroup at all.
-        if not self._members and not _populated(self.path):
+        if not self._members and not _populated(self._events):
             return self._now_empty()
         if self._survey_due:
             self._survey_now()  # the escalation's listing, deferred until the leader exited
@@ -603,15 +631,9 @@ class CgroupContainment(MemberTracking):
         if not (emptied and self._emptied):
             logger.warning("cgroup %s may not be empty; leaving it for the sweep", self.path)
             return
-        # Members may have made cgroups inside ours: remove the deepest first.
-        inner = _all_dirs(self.path)[1:]
-        for folder in sorted(inner, key=len, reverse=True):
-            with contextlib.suppress(OSError):
-                os.rmdir(folder)
-        if inner and _subdirs(self.path):
-            logger.warning("cgroup %s still has cgroups inside; leaving it", self.path)
-        else:
-            self._home.give_back(self.path, killed=self._killed)
+        # Cgroups that members made inside ours are removed when it is next taken, in the
+        # spawn's worker thread, not on the path that ends a tree (`CgroupHome.take_tree`).
+        self._home.give_back(self.path, killed=self._killed)
 
 
 def _all_dirs(path: str) -> list[str]:

@@ -304,7 +304,7 @@ class ProcessGroupContainment:
             return  # the spawn failed: nothing was started, nothing is registered
         if reap and self._leader.pins_group:
             reap_orphans(self._pgid, lambda stat: stat.pgid == self._pgid)
-        if emptied:
+        if emptied and self.backstop:  # (none where the containment's own covers the tree)
             watchdog.unregister(*self.backstop)
 
 
