@@ -68,7 +68,7 @@ def timed_async(owner: Any, attribute: str, name: str) -> None:
 
 
 timed(os, "killpg", "killpg")
-timed(cgroup, "_populated", "cgroup.events")
+timed(cgroup.CgroupContainment, "_populated", "cgroup.events")
 timed(cgroup, "_procs", "cgroup.procs")
 timed(containment.MemberTracking, "release", "release")
 timed(leader.Leader, "reap", "reap")

@@ -218,6 +218,13 @@ MUTANTS = [
         "never_replaces_the_blocks_exception_after_aclose",
     ),
     (
+        "cgroup: cgroup.events opened for each check (a new fd at teardown)",
+        "_cgroup.py",
+        "        if self._events_fd < 0:\n            return _populated(self._events)",
+        "        if True:\n            return _populated(self._events)",
+        "ends_with_its_leader_ends_cleanly",
+    ),
+    (
         "cgroup: the deferred listing waits for the leader's exit without a bound",
         "_core.py",
         "                await io.wait_readable(pending[0], min(remaining, within or remaining))",
