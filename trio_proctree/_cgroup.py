@@ -536,6 +536,21 @@ class CgroupContainment(MemberTracking):
 
     def signal(self, sig: int, *, escalation: bool = False) -> None:
         pins = self.leader.pins_group  # (asks the kernel; `exited` reads the answer)
+        early: list[int] = []
+        if escalation and sig != signal.SIGCONT and self.leader.exited:
+            # A step after the leader exited: what still runs outlived it, and lingers.
+            # Counted before the signal, which some of it may die of at once. (Only here
+            # is the listing taken first: while the leader runs, nothing lingers yet.)
+            early = self._survey(track=True, pins=pins)
+            self._mark_lingering()
+            pins = self.leader.pins_group  # asked again: a listing takes a while
+        # The group first, in one call, before anything else is worked out: its members act
+        # on the signal at once, and what is done below is done while they exit. Unless the
+        # leader was reaped elsewhere: then its group id may be anyone's, and the cgroup
+        # alone says who is a member; the listing finds them all, and each is signalled
+        # through a pidfd (and counted as an escapee: the group is unknown).
+        if pins:
+            self._group.signal_pinned(sig)
         # The members already seen are surveyed once per escalation (SIGCONT right after
         # the stop signal needs no new listing), on every signal a user sends.
         survey = not (escalation and self._surveyed)
@@ -554,21 +569,6 @@ class CgroupContainment(MemberTracking):
         # listing waits, say), and the escapees it finds are known from then on, so no
         # later listing of the escalation's would give them its signals.
         catch_up = self._sent if escalation else [*self._sent, sig]
-        # The group first, in one call: its members act on the signal at once, and what is
-        # listed below is listed while they exit (listed first, the signal would wait).
-        # Unless the leader was reaped elsewhere: then its group id may be anyone's, and
-        # the cgroup alone says who is a member; the listing finds them all, and each is
-        # signalled through a pidfd (and counted as an escapee: the group is unknown).
-        early: list[int] = []
-        if escalation and sig != signal.SIGCONT and self.leader.exited:
-            # A step after the leader exited: what still runs outlived it, and lingers.
-            # Counted before the signal, which some of it may die of at once. (Only here
-            # is the listing taken first: while the leader runs, nothing lingers yet.)
-            early = self._survey(track=True, pins=pins)
-            self._mark_lingering()
-            pins = self.leader.pins_group  # asked again: a listing takes a while
-        if pins:
-            self._group.signal_pinned(sig)
         # Then the escapees, one pidfd each. An escalation also pins the members to wait on.
         new = early + (self._survey(track=escalation, pins=pins) if survey else [])
         self._signal_escapees([pid for pid in self._escapees if pid not in new], [sig])

@@ -79,7 +79,9 @@ class TreeCore:
         containment.attach(self.leader)
         self.policy = policy
         self.label = f"pid {self.leader.pid} ({plan.label})"
-        self.outcome: CleanupOutcome | None = None
+        #: What cleanup did, kept as it ran out, until `outcome` first reads it.
+        self._record: tuple[Teardown, int, int, float, int | None] | None = None
+        self._outcome: CleanupOutcome | None = None
         self.stdin_piped = spawned.stdin is not None
         _open_trees.add(self)
         logger.debug("%s started, contained by %s", self.label, containment.name)
@@ -136,15 +138,12 @@ class TreeCore:
                 self.leader.pidfd = -1  # closed: never to be waited on again
             if emptied:
                 _open_trees.discard(self)  # else the net at interpreter exit keeps it
-            self.outcome = CleanupOutcome(
-                containment=self.containment.name,
-                signals=tuple(teardown.signals),
-                stdin_closed=teardown.stdin_closed,
-                grace_expired=teardown.grace_expired,
-                lingering_killed=self.containment.lingering,
-                escapees_killed=self.containment.escapees,
-                duration=time.monotonic() - started,
-                returncode=returncode,
+            self._record = (
+                teardown,
+                self.containment.lingering,
+                self.containment.escapees,
+                time.monotonic() - started,
+                returncode,
             )
         if isinstance(action, Finished) and not action.emptied:
             outlived = CleanupError(f"{self.label}: processes outlived SIGKILL")
@@ -156,6 +155,24 @@ class TreeCore:
             for extra in errors[1:]:
                 logger.error("%s: another cleanup error", self.label, exc_info=extra)
             raise errors[0]
+
+    @property
+    def outcome(self) -> CleanupOutcome | None:
+        """What cleanup did; None until it ran. Made when first read, not on the path that
+        ends the tree (where its ~20 us counted)."""
+        if self._outcome is None and self._record is not None:
+            teardown, lingering, escapees, duration, returncode = self._record
+            self._outcome = CleanupOutcome(
+                containment=self.containment.name,
+                signals=tuple(teardown.signals),
+                stdin_closed=teardown.stdin_closed,
+                grace_expired=teardown.grace_expired,
+                lingering_killed=lingering,
+                escapees_killed=escapees,
+                duration=duration,
+                returncode=returncode,
+            )
+        return self._outcome
 
     def _step(self, errors: list[Exception], sig: int | None) -> None:
         try:
