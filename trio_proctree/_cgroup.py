@@ -170,8 +170,11 @@ class CgroupHome:
     _counter: Iterator[int] = attrs.field(factory=itertools.count)
     _lock: threading.Lock = attrs.field(factory=threading.Lock)
 
-    #: How many emptied tree cgroups are kept for reuse.
-    KEEP = 64
+    #: How many emptied tree cgroups are kept for reuse: enough for a program that runs
+    #: a hundred trees at a time and starts them again (an empty cgroup costs the kernel a
+    #: few kB; each one beyond this costs an rmdir on the path that ends its tree and a
+    #: mkdir when the next starts, ~55 us each measured with 100 trees).
+    KEEP = 128
 
     def take_tree(self) -> tuple[str, bool]:
         """An empty tree cgroup: (its path, whether it served a tree before)."""
