@@ -53,7 +53,6 @@ def test_a_cooperative_tree_gets_the_stop_signal_and_sigcont_only() -> None:
     teardown = Teardown(Escalation.graceful(3.0), label=LABEL, stdin_open=False)
     assert drive(teardown, [True]) == [
         SendSignal(signal.SIGTERM),
-        SendSignal(signal.SIGCONT),
         AwaitEmpty(3.0),
         Finished(emptied=True),
     ]
@@ -66,7 +65,6 @@ def test_grace_running_out_brings_sigkill() -> None:
     teardown = Teardown(policy, label=LABEL, stdin_open=False)
     assert drive(teardown, [False, True]) == [
         SendSignal(signal.SIGTERM),
-        SendSignal(signal.SIGCONT),
         AwaitEmpty(1.0),
         KillAll(),
         AwaitEmpty(0.5, grace=False),  # the hard stop is waited out, never cut short
@@ -92,11 +90,10 @@ def test_close_stdin_comes_first_and_can_be_enough() -> None:
 def test_close_stdin_then_signals_when_eof_is_not_enough() -> None:
     policy = Escalation(steps=[(signal.SIGTERM, 1.0)], close_stdin=2.0)
     teardown = Teardown(policy, label=LABEL, stdin_open=True)
-    assert drive(teardown, [False, True])[:4] == [
+    assert drive(teardown, [False, True])[:3] == [
         CloseStdin(),
         AwaitEmpty(2.0),
         SendSignal(signal.SIGTERM),
-        SendSignal(signal.SIGCONT),
     ]
 
 
@@ -113,10 +110,8 @@ def test_steps_run_in_order_each_with_its_own_wait() -> None:
     actions = drive(teardown, [False, True])
     assert actions == [
         SendSignal(signal.SIGINT),
-        SendSignal(signal.SIGCONT),
         AwaitEmpty(0.5),
         SendSignal(signal.SIGTERM),
-        SendSignal(signal.SIGCONT),
         AwaitEmpty(1.5),
         Finished(emptied=True),
     ]

@@ -540,7 +540,7 @@ class CgroupContainment(MemberTracking):
     def signal(self, sig: int, *, escalation: bool = False) -> None:
         pins = self.leader.pins_group  # (asks the kernel; `exited` reads the answer)
         early: list[int] = []
-        if escalation and sig != signal.SIGCONT and self.leader.exited:
+        if escalation and self.leader.exited:
             # A step after the leader exited: what still runs outlived it, and lingers.
             # Counted before the signal, which some of it may die of at once. (Only here
             # is the listing taken first: while the leader runs, nothing lingers yet.)
@@ -553,9 +553,10 @@ class CgroupContainment(MemberTracking):
         # alone says who is a member; the listing finds them all, and each is signalled
         # through a pidfd (and counted as an escapee: the group is unknown).
         if pins:
-            self._group.signal_pinned(sig)
-        # The members already seen are surveyed once per escalation (SIGCONT right after
-        # the stop signal needs no new listing), on every signal a user sends.
+            self._group.signal_pinned(sig, wake=escalation)  # (a step: SIGCONT follows)
+        step = [sig, signal.SIGCONT] if escalation else [sig]
+        # The members already seen are surveyed once per escalation (a later step needs
+        # no new listing), on every signal a user sends.
         survey = not (escalation and self._surveyed)
         self._surveyed |= escalation
         if survey and escalation and not self.leader.exited:
@@ -566,7 +567,7 @@ class CgroupContainment(MemberTracking):
             # that much later; a grace is seconds.
             survey, self._survey_due = False, True
         if escalation:
-            self._sent.append(sig)
+            self._sent.extend(step)
         # Escapees found now get the escalation so far, and then this signal: a program's
         # signal during cleanup may be the first to find an escapee (while the escalation's
         # listing waits, say), and the escapees it finds are known from then on, so no
@@ -574,7 +575,7 @@ class CgroupContainment(MemberTracking):
         catch_up = self._sent if escalation else [*self._sent, sig]
         # Then the escapees, one pidfd each. An escalation also pins the members to wait on.
         new = early + (self._survey(track=escalation, pins=pins) if survey else [])
-        self._signal_escapees([pid for pid in self._escapees if pid not in new], [sig])
+        self._signal_escapees([pid for pid in self._escapees if pid not in new], step)
         self._catch_up(new, catch_up, pins=pins)
 
     def _catch_up(self, new: list[int], signals: list[int], *, pins: bool) -> None:

@@ -59,11 +59,13 @@ class Containment(Protocol):
         ...
 
     def signal(self, sig: int, *, escalation: bool = False) -> None:
-        """Send ``sig`` to every process in the tree (``escalation``: as a cleanup step).
+        """Send ``sig`` to every process in the tree.
 
-        A cleanup step may reach some members only in a later `pending` (a cgroup lists
-        its escapees once the leader has exited, within `ask_again_within`); a member
-        first found by a later signal gets the escalation's signals before it.
+        ``escalation``: as a graceful step of cleanup, so followed by SIGCONT, which wakes
+        stopped members to act on ``sig``. A step may reach some members only in a later
+        `pending` (a cgroup lists its escapees once the leader has exited, within
+        `ask_again_within`); a member first found by a later signal gets the escalation's
+        signals before it.
         """
         ...
 
@@ -227,29 +229,42 @@ class ProcessGroupContainment:
         return 0  # a process group cannot see them
 
     def signal(self, sig: int, *, escalation: bool = False) -> None:
+        if escalation:
+            self._step_taken()
+        self._check_pinned()
+        self.signal_pinned(sig, wake=escalation)
+
+    def _step_taken(self) -> None:
+        """A step of cleanup: who it finds still running, found after the leader exited
+        past the step before, lingers (see `_outliving`)."""
+        self._stepped = True
+        self._watched.forget_exited()
+        self._lingering.update(pid for pid in self._outliving if pid in self._watched)
+
+    def _check_pinned(self) -> None:
         assert self._leader is not None
-        if escalation and sig != signal.SIGCONT:  # (SIGCONT completes the step before)
-            self._stepped = True
-            self._watched.forget_exited()
-            self._lingering.update(pid for pid in self._outliving if pid in self._watched)
         if not self._leader.pins_group:
             # The pgid may belong to a new, unrelated group by now: signalling it could hit
             # processes outside the tree.
             raise ContainmentLost(
                 f"cannot signal process group {self._pgid} safely: its leader has been reaped"
             )
-        self.signal_pinned(sig)
 
-    def signal_pinned(self, sig: int) -> None:
+    def signal_pinned(self, sig: int, *, wake: bool = False) -> None:
         """``killpg``, the caller having just seen the unreaped leader pin the group id
-        (`Leader.pins_group`): asking the kernel again would only delay the signal."""
+        (`Leader.pins_group`): asking the kernel again would only delay the signal.
+        ``wake``: then SIGCONT, so that stopped members act on ``sig``."""
         try:
             os.killpg(self._pgid, sig)
+            if wake:
+                os.killpg(self._pgid, signal.SIGCONT)
         except ProcessLookupError:
             pass  # nothing left in the group, not even the leader's zombie
 
     def kill(self) -> None:
-        self.signal(signal.SIGKILL, escalation=True)
+        self._step_taken()
+        self._check_pinned()
+        self.signal_pinned(signal.SIGKILL)  # (a stopped process dies of it: no SIGCONT)
 
     def watch_leader(self, watched: Pidfds) -> None:
         """Start watching the leader (unless it has been reaped: its pid may be reused)."""
@@ -451,18 +466,18 @@ class MemberTracking:
                 # killpg needs none); the error is raised after it.
                 listing_failed = exc
         pins = self.leader.pins_group  # (asks the kernel; `exited` below reads the answer)
-        if escalation and sig != signal.SIGCONT and self.leader.exited:
-            # A step of cleanup (SIGCONT completes the one before) taken after the leader
-            # exited: what still runs outlived it, and lingers. Counted before the signal,
-            # which some of it may die of at once.
+        if escalation and self.leader.exited:
+            # A step of cleanup taken after the leader exited: what still runs outlived it,
+            # and lingers. Counted before the signal, which some of it may die of at once.
             self._mark_lingering()
+        step = [sig, signal.SIGCONT] if escalation else [sig]
         # The group in one call; its members start acting on the signal at once... (Unless
         # the leader was reaped elsewhere: its group id may be anyone's by now. Then every
         # member the listing confirms is signalled through its pidfd, as an escapee.)
         if pins:
-            self._group.signal_pinned(sig)
+            self._group.signal_pinned(sig, wake=escalation)
         if listing_failed is not None:
-            self._signal_escapees(self._escapees, [sig])  # those already known
+            self._signal_escapees(self._escapees, step)  # those already known
             raise listing_failed
         # ...while we learn who else is in the tree: that work overlaps the members' exit,
         # which the caller would be waiting for anyway. Then the escapees, one by one.
@@ -472,11 +487,11 @@ class MemberTracking:
             # A program's signal during cleanup may be the first to find an escapee: it
             # gets the escalation so far first.
             self._signal_escapees(found, self._sent)
-        self._signal_escapees(self._escapees, [sig])
+        self._signal_escapees(self._escapees, step)
         if escalation:
             # Replayed to escapees found later: pending() looks for more once every
             # tracked member has exited.
-            self._sent.append(sig)
+            self._sent.extend(step)
 
     def _mark_lingering(self) -> None:
         """Members other than the leader still running at a step after the leader exited."""

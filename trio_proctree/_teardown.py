@@ -25,7 +25,8 @@ class CloseStdin:
 
 @attrs.frozen
 class SendSignal:
-    """Send ``signal`` to every process in the tree."""
+    """Send ``signal`` to every process in the tree, then SIGCONT: a stopped process never
+    acts on a stop signal, so it is woken to act on it."""
 
     signal: int
 
@@ -108,11 +109,10 @@ class Teardown:
                     signal_name(step.signal),
                     step.wait,
                 )
-            self.signals.append(step.signal)
+            # The signal and the SIGCONT that wakes stopped processes to act on it: one
+            # action, so that the containment makes one pass over the tree for both.
+            self.signals += (step.signal, signal.SIGCONT)
             yield SendSignal(step.signal)
-            # A stopped process never acts on the stop signal: wake it so it can.
-            self.signals.append(signal.SIGCONT)
-            yield SendSignal(signal.SIGCONT)
             if (yield AwaitEmpty(step.wait)):
                 return Finished(emptied=True)
             logger.debug(

@@ -80,10 +80,17 @@ MUTANTS = [
     ),
     (
         "escalation: no SIGCONT after the stop signal",
-        "_teardown.py",
-        "            yield SendSignal(signal.SIGCONT)\n",
+        "_containment.py",
+        "            if wake:\n                os.killpg(self._pgid, signal.SIGCONT)\n",
         "",
         "stopped",
+    ),
+    (
+        "cgroup: escapees not sent the SIGCONT that follows the stop signal",
+        "_cgroup.py",
+        "        step = [sig, signal.SIGCONT] if escalation else [sig]\n",
+        "        step = [sig]\n",
+        "test_stopped_escapee_gets_sigcont and cgroup",
     ),
     (
         "leader: reaped as soon as it exits",
@@ -123,7 +130,7 @@ MUTANTS = [
     (
         "cgroup: escapees not sent a signal the program sends",
         "_cgroup.py",
-        "        self._signal_escapees([pid for pid in self._escapees if pid not in new], [sig])\n"
+        "        self._signal_escapees([pid for pid in self._escapees if pid not in new], step)\n"
         "        self._catch_up(new, catch_up, pins=pins)\n",
         "        pass\n",
         "send_signal_reaches_an_escapee and (cgroup or auto)",
@@ -132,7 +139,7 @@ MUTANTS = [
         "subreaper: escapees not sent the stop signal",
         "_containment.py",
         "            self._signal_escapees(found, self._sent)\n"
-        "        self._signal_escapees(self._escapees, [sig])",
+        "        self._signal_escapees(self._escapees, step)",
         "            self._signal_escapees(found, self._sent)\n        pass",
         "test_stopped_escapee_gets_sigcont",
     ),
@@ -153,7 +160,7 @@ MUTANTS = [
     (
         "cgroup: called empty without reading cgroup.events",
         "_cgroup.py",
-        "        if not self._members and not _populated(self.path):\n"
+        "        if not self._members and not self._populated():\n"
         "            return self._now_empty()",
         "        if not self._members:\n            return self._now_empty()",
         "lingering and cgroup",
