@@ -28,7 +28,7 @@ from trio_proctree import (
     open_process_tree,
     run_process_tree,
 )
-from trio_proctree._cgroup import find_cgroup2_mount, own_cgroup
+from trio_proctree._cgroup import CgroupContainment, find_cgroup2_mount, own_cgroup
 from trio_proctree._orphans import become_subreaper
 from trio_proctree._subreaper import SubreaperContainment
 
@@ -823,6 +823,49 @@ def test_a_subreaper_process_is_left_no_zombies_by_its_trees(
 
 
 # --- choosing, and the cgroup hierarchy ------------------------------------------------
+
+
+# Handles SIGTERM by taking 50 ms to exit; says its pid once the handler is in place.
+SLOW_TO_EXIT = (
+    "import os, signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, lambda *_: (time.sleep(0.05), sys.exit(0)))\n"
+    "print(os.getpid(), flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+async def test_members_still_exiting_after_the_leader_are_waited_for_not_listed(
+    tracked: Tracked, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # They had the stop signal with the leader: listing them (the listing escapees need)
+    # would only hold a core they need to finish. The wait for the cgroup to empty ends
+    # when the kernel says it has. (The listing is put off for longer than the member's
+    # exit takes, as it is up to SURVEY_DELAY for a tree's first signal.)
+    available("cgroup")
+    monkeypatch.setattr(CgroupContainment, "SURVEY_DELAY", 2.0)
+    listings: list[str] = []
+    listed = _cgroup._procs
+
+    def listing(cgroup: str) -> list[int]:
+        listings.append(cgroup)
+        return listed(cgroup)
+
+    monkeypatch.setattr(_cgroup, "_procs", listing)
+    member = shlex.join([*procs.python(), "-c", SLOW_TO_EXIT])
+    async with open_process_tree(
+        ["sh", "-c", f"{member} & wait"],
+        grace=5.0,
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+        containment="cgroup",
+    ) as tree:
+        assert tree.stdout is not None
+        [pid] = await read_pids(tree.stdout, 1)
+    assert not procs.alive(pid)
+    assert listings == []
+    assert tree.outcome is not None
+    assert tree.outcome.returncode == -signal.SIGTERM  # the leader ended first, at once
+    assert tracked.survivors() == []
 
 
 async def test_a_cgroup_a_member_made_inside_the_trees_is_gone_before_it_serves_again(

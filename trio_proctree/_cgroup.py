@@ -23,9 +23,11 @@ import contextlib
 import itertools
 import logging
 import os
+import select
 import shlex
 import signal
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -423,6 +425,10 @@ class CgroupContainment(MemberTracking):
         #: The escalation's listing is still to come (`signal`); the driver has been told
         #: to come back for it once `ask_again_within` is set.
         self._survey_due = False
+        #: When that listing is due at the latest (time.monotonic()).
+        self._survey_by = 0.0
+        #: Watches cgroup.events for a change, to wait on (see `_watch_emptying`).
+        self._emptying: select.epoll | None = None
 
     def prepare(self, plan: SpawnPlan) -> SpawnPlan:
         options = dict(plan.options)
@@ -452,6 +458,7 @@ class CgroupContainment(MemberTracking):
 
     def attach(self, leader: Leader) -> None:
         super().attach(leader)
+        self._attached_at = time.monotonic()
         if self._direct and leader.popen is not None:
             # Asked to start directly, started through /bin/sh: perhaps because a member
             # of the cgroup's last tree wrote cgroup.kill (the direct start died at birth).
@@ -566,6 +573,7 @@ class CgroupContainment(MemberTracking):
             # Escapees (the only members the group's signal misses) get the stop signal
             # that much later; a grace is seconds.
             survey, self._survey_due = False, True
+            self._survey_by = time.monotonic() + self.SURVEY_DELAY
         if escalation:
             self._sent.extend(step)
         # Escapees found now get the escalation so far, and then this signal: a program's
@@ -604,6 +612,8 @@ class CgroupContainment(MemberTracking):
         # first wake-up after the leader's exit, without listing the cgroup at all.
         if not self._members and not self._populated():
             return self._now_empty()
+        if self._survey_due and (emptying := self._watch_emptying()) is not None:
+            return [emptying]
         if self._survey_due:
             self._survey_now()  # the escalation's listing, deferred until the leader exited
         elif not self._members:
@@ -616,6 +626,32 @@ class CgroupContainment(MemberTracking):
             # (a process leaves the listing first). Ask again after the driver yields.
             return NEED_SCAN
         return list(self._members.values())
+
+    #: Seconds after the leader joined its cgroup from which the kernel tells of the cgroup's
+    #: emptying at once: it tells of one change per cgroup per 10 ms, and the join was one
+    #: (as was the last tree's end, for a reused cgroup: up to 10 ms before the join).
+    NOTIFIES_AT_ONCE_AFTER = 0.02
+
+    def _watch_emptying(self) -> int | None:
+        """A file descriptor that turns readable when cgroup.events changes, to wait on
+        until the listing is due: the members left after the leader's exit are most often
+        finishing their own (they had the same signal), and listing them meanwhile holds a
+        core they need (on 2 cores, a fifth of teardowns waited ~0.4 ms more for it). None
+        where that would not pay: the listing is due, the kernel would tell late, or there
+        is no cgroup.events held open."""
+        remaining = self._survey_by - time.monotonic()
+        young = time.monotonic() - self._attached_at < self.NOTIFIES_AT_ONCE_AFTER
+        if remaining <= 0 or young or self._events_fd < 0:
+            return None
+        if self._emptying is None:
+            try:
+                self._emptying = select.epoll()
+                # A change, not the data: kernfs files always read as readable.
+                self._emptying.register(self._events_fd, select.EPOLLPRI)
+            except OSError:  # out of file descriptors, say: the listing, as before
+                return None
+        self.ask_again_within = remaining
+        return self._emptying.fileno()
 
     def _survey_now(self) -> None:
         """The escalation's deferred listing: every member pinned by pidfd, and the escapees
@@ -636,6 +672,9 @@ class CgroupContainment(MemberTracking):
         return []
 
     def release(self, *, emptied: bool = True) -> None:
+        if self._emptying is not None:
+            self._emptying.close()
+            self._emptying = None
         if self._events_fd >= 0:
             os.close(self._events_fd)
             self._events_fd = -1

@@ -232,6 +232,14 @@ MUTANTS = [
         "ends_with_its_leader_ends_cleanly",
     ),
     (
+        "cgroup: members still exiting after the leader are listed, not waited for",
+        "_cgroup.py",
+        "        if self._survey_due and (emptying := self._watch_emptying()) is not None:\n"
+        "            return [emptying]\n",
+        "",
+        "still_exiting_after_the_leader",
+    ),
+    (
         "cgroup: the deferred listing waits for the leader's exit without a bound",
         "_core.py",
         "                await io.wait_readable(pending[0], min(remaining, within or remaining))",
