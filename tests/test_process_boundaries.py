@@ -515,6 +515,48 @@ def test_out_of_file_descriptors_the_group_is_still_killed(
     assert tracked.survivors() == []
 
 
+# Runs as many trees at once as argv[2] says under a soft fd limit of argv[1]; prints
+# their leaders' pids once all of them run, and again which are still alive after.
+MANY_UNDER_A_LOW_FD_LIMIT = procs.ALIVE_IN_A_CHILD + textwrap.dedent(
+    """
+    import json, resource, sys, trio
+    from trio_proctree import open_process_tree
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), hard))
+    count, pids = int(sys.argv[2]), []
+
+    async def one(all_run):
+        async with open_process_tree(["sleep", "60"], containment="cgroup") as tree:
+            pids.append(tree.pid)
+            if len(pids) == count:
+                all_run.set()
+            await trio.sleep_forever()
+
+    async def main():
+        all_run = trio.Event()
+        async with trio.open_nursery() as nursery:
+            for _ in range(count):
+                nursery.start_soon(one, all_run)
+            await all_run.wait()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    print(json.dumps({"pids": pids, "alive": [pid for pid in pids if alive(pid)]}))
+    """
+)
+
+
+def test_trees_hold_few_enough_file_descriptors_to_run_by_the_hundred(tracked: Tracked) -> None:
+    # 500 trees under the common soft limit of 1024, scaled down: 60 under 128. Red when
+    # every cgroup tree held its cgroup.events open (two descriptors a tree, not one).
+    available("cgroup")
+    report = json.loads(procs.run_python(MANY_UNDER_A_LOW_FD_LIMIT, "128", "60", env=tracked.env))
+    assert len(report["pids"]) == 60
+    assert report["alive"] == []
+    assert tracked.survivors() == []
+
+
 def test_out_of_file_descriptors_a_cgroup_tree_that_ends_with_its_leader_ends_cleanly(
     tracked: Tracked,
 ) -> None:

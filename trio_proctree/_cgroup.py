@@ -109,6 +109,26 @@ def _populated(events: str) -> bool:
         os.close(fd)
 
 
+def _open_if_plentiful(path: str) -> int:
+    """``path`` opened for reading, while file descriptors are plentiful; else -1.
+
+    Plentiful: the lowest free descriptor, which the kernel hands out, is below half the
+    soft limit. Past that, a descriptor held per tree would be one the program may need:
+    500 trees must run under the common soft limit of 1024, each holding its leader's
+    pidfd (and its pipes, if any).
+    """
+    import resource  # noqa: PLC0415 - Unix only: importing the package must work on Windows
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:  # out of file descriptors, say
+        return -1
+    if fd < resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2:
+        return fd
+    os.close(fd)
+    return -1
+
+
 def _remove_inner(cgroup: str) -> bool:
     """Remove the cgroups members made inside ``cgroup``, deepest first: True if none is
     left (one a member still runs in stays)."""
@@ -414,11 +434,9 @@ class CgroupContainment(MemberTracking):
         self._events = os.path.join(self.path, "cgroup.events")
         #: cgroup.events, held open (opened here, in the spawn's worker thread): the check
         #: that ends most teardowns is then one pread, where opening the file costs ~0.1 ms
-        #: on a VM right after the tree's exit, and needs no new file descriptor then,
-        #: when hundreds of trees may end at once. (-1: not held; read by path.)
-        self._events_fd = -1
-        with contextlib.suppress(OSError):  # out of file descriptors, say
-            self._events_fd = os.open(self._events, os.O_RDONLY | os.O_CLOEXEC)
+        #: on a VM right after the tree's exit, and needs no new file descriptor then.
+        #: (-1: not held; read by path.)
+        self._events_fd = _open_if_plentiful(self._events)
         #: Whether cgroup.kill was written (by us), or a direct start in it was refused.
         self._killed = False
         self._direct = False

@@ -240,6 +240,13 @@ MUTANTS = [
         "still_exiting_after_the_leader",
     ),
     (
+        "cgroup: cgroup.events held open however few file descriptors are left",
+        "_cgroup.py",
+        "    if fd < resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2:\n",
+        "    if True:\n",
+        "by_the_hundred",
+    ),
+    (
         "cgroup: the deferred listing waits for the leader's exit without a bound",
         "_core.py",
         "                await io.wait_readable(pending[0], min(remaining, within or remaining))",
