@@ -531,8 +531,10 @@ class MemberTracking:
 
     def release(self, *, emptied: bool = True) -> None:
         self._members.close_all()
-        # The group's orphans are among those reaped below (`_ours`).
-        self._group.release(emptied=emptied, reap=False)
+        if self.backstop_needs_group:
+            # (Else the group registered nothing, and watches nothing: its members are ours.)
+            # The group's orphans are among those reaped below (`_ours`).
+            self._group.release(emptied=emptied, reap=False)
         if self._leader is None:
             # The spawn failed: nothing was started; only the backstop was registered.
             watchdog.unregister(*self.backstop)
