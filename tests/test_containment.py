@@ -34,6 +34,7 @@ from trio_proctree._subreaper import SubreaperContainment
 
 from . import procs
 from .conftest import Tracked, read_pids
+from .test_event_driven import StepCounter
 
 # A member that calls setsid() (leaves group and session), says its pid, and lingers.
 SETSID_ESCAPEE = ["sh", "-c", "setsid -f sh -c 'echo $$; exec sleep 60'; sleep 60"]
@@ -865,6 +866,42 @@ async def test_members_still_exiting_after_the_leader_are_waited_for_not_listed(
     assert listings == []
     assert tree.outcome is not None
     assert tree.outcome.returncode == -signal.SIGTERM  # the leader ended first, at once
+    assert tracked.survivors() == []
+
+
+async def test_an_escapee_the_program_signalled_is_waited_for_without_spinning(
+    tracked: Tracked, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The program's signal found the escapee, so cleanup tracks it from the start; after
+    # the leader's exit it is still handling the stop signal (0.2 s). Red before: cleanup
+    # waited for a cgroup.events change it had not read, ready at once, again and again
+    # until the listing was due (a second, here).
+    available("cgroup")
+    monkeypatch.setattr(CgroupContainment, "SURVEY_DELAY", 1.0)
+    escapee = "trap 'sleep 0.2; exit 0' TERM; echo \\$\\$; while :; do read x; done"
+    async with open_process_tree(
+        ["sh", "-c", f'setsid -f sh -c "{escapee}"; exec sleep 60'],
+        grace=2.0,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+        containment="cgroup",
+    ) as tree:
+        assert tree.stdout is not None
+        [member] = await read_pids(tree.stdout, 1)
+        assert os.getsid(member) == member != tree.pid  # outside the group
+        tree.send_signal(signal.SIGCONT)  # the tree now knows (and tracks) its escapee
+        counter = StepCounter(trio.lowlevel.current_task())
+        trio.lowlevel.add_instrument(counter)
+        try:
+            await tree.aclose()
+        finally:
+            trio.lowlevel.remove_instrument(counter)
+    assert not procs.alive(member)
+    assert tree.outcome is not None
+    assert tree.outcome.escapees_killed >= 1  # (its trap's sleep too, if listed by then)
+    assert not tree.outcome.grace_expired  # it stopped of the stop signal
+    assert counter.steps < 30, counter.steps  # a wake-up per exit, not a spin
     assert tracked.survivors() == []
 
 

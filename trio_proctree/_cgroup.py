@@ -241,7 +241,9 @@ class CgroupHome:
             elif len(self._retired) < self.KEEP:
                 self._retired.append(tree)
                 return
-        _remove_inner(tree)
+        if not _remove_inner(tree):
+            logger.warning("cgroup %s still has cgroups inside; leaving it", tree)
+            return
         os.rmdir(tree)
 
     def remove(self) -> None:
@@ -368,6 +370,7 @@ def _sweep_stale_homes(parent: str) -> None:
                 if _populated(os.path.join(tree, "cgroup.events")):
                     logger.warning("killing what outlived its owner in %s", tree)
                     _kill(tree)
+                _remove_inner(tree)  # (kept cgroups keep what members made, until reused)
                 os.rmdir(tree)
             except OSError as exc:
                 logger.debug("cannot remove stale cgroup %s yet: %s", tree, exc)
@@ -447,6 +450,9 @@ class CgroupContainment(MemberTracking):
         self._survey_by = 0.0
         #: Watches cgroup.events for a change, to wait on (see `_watch_emptying`).
         self._emptying: select.epoll | None = None
+        #: When the leader was taken in charge: it has joined its cgroup by then, or (through
+        #: /bin/sh) is about to, so the join's change notice is about this old.
+        self._attached_at = 0.0
 
     def prepare(self, plan: SpawnPlan) -> SpawnPlan:
         options = dict(plan.options)
@@ -659,7 +665,10 @@ class CgroupContainment(MemberTracking):
         is no cgroup.events held open."""
         remaining = self._survey_by - time.monotonic()
         young = time.monotonic() - self._attached_at < self.NOTIFIES_AT_ONCE_AFTER
-        if remaining <= 0 or young or self._events_fd < 0:
+        # With members tracked (an escapee a program's signal found, say), cgroup.events
+        # was not just read, and a change it has not been read since keeps the watch
+        # ready: the listing, as before, instead of a wait that would spin.
+        if remaining <= 0 or young or self._events_fd < 0 or self._members:
             return None
         if self._emptying is None:
             try:

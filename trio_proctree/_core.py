@@ -96,10 +96,11 @@ class TreeCore:
     async def cleanup(self, io: LoopIO, *, stdin_open: bool) -> None:
         """Stop the tree as the policy says, reap the leader, record `outcome`.
 
-        The caller shields it from cancellation. Raises the first error (the rest are
-        logged): a failed step does not stop the escalation, as the next may still work,
-        and neither does a failure to see who is left (file descriptors running out, say):
-        then cleanup looks again in short pauses, until the policy's time is up.
+        Never cut short by a cancellation: the driver shields each of its waits
+        (`LoopIO`). Raises the first error (the rest are logged): a failed step does not
+        stop the escalation, as the next may still work, and neither does a failure to see
+        who is left (file descriptors running out, say): then cleanup looks again in short
+        pauses, until the policy's time is up.
         """
         started = time.monotonic()
         teardown = Teardown(self.policy, label=self.label, stdin_open=stdin_open)
@@ -177,6 +178,7 @@ class TreeCore:
                 duration=duration,
                 returncode=returncode,
             )
+            self._record = None  # (nor the escalation kept alive for it)
         return self._outcome
 
     def _step(self, errors: list[Exception], sig: int | None) -> None:

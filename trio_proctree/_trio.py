@@ -40,7 +40,7 @@ class HasFileno(Protocol):
 class _TrioIO:
     """What the shared cleanup needs from trio (see `LoopIO`).
 
-    Cleanup runs shielded, so no cancellation reaches these waits. A KeyboardInterrupt
+    Each wait is shielded (`_kept`), so no cancellation reaches it. A KeyboardInterrupt
     does: trio raises a pending Ctrl-C in the main task at whatever it waits on, shield
     or not, and left to propagate it would abandon the tree halfway (signalled, never
     killed, never reaped). Each wait here keeps it instead; cleanup then cuts its graces

@@ -196,7 +196,7 @@ MUTANTS = [
     (
         "lost leader: its members get no stop signal",
         "_cgroup.py",
-        "        if pins:\n            self._group.signal_pinned(sig)",
+        "        if pins:\n            self._group.signal_pinned(sig, wake=escalation)",
         "        self._group.signal(sig)",
         "reaped_elsewhere and cgroup",
     ),
@@ -245,6 +245,13 @@ MUTANTS = [
         "    if fd < resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2:\n",
         "    if True:\n",
         "by_the_hundred",
+    ),
+    (
+        "cgroup: with members tracked, a wait for a cgroup.events change not read (spins)",
+        "_cgroup.py",
+        "        if remaining <= 0 or young or self._events_fd < 0 or self._members:\n",
+        "        if remaining <= 0 or young or self._events_fd < 0:\n",
+        "without_spinning",
     ),
     (
         "cgroup: the deferred listing waits for the leader's exit without a bound",
