@@ -844,6 +844,9 @@ async def test_members_still_exiting_after_the_leader_are_waited_for_not_listed(
     # exit takes, as it is up to SURVEY_DELAY for a tree's first signal.)
     available("cgroup")
     monkeypatch.setattr(CgroupContainment, "SURVEY_DELAY", 2.0)
+    # However young the cgroup: the kernel's word may then come up to 10 ms late, which
+    # the 2 s above leave room for.
+    monkeypatch.setattr(CgroupContainment, "NOTIFIES_AT_ONCE_AFTER", 0.0)
     listings: list[str] = []
     listed = _cgroup._procs
 
@@ -878,6 +881,7 @@ async def test_an_escapee_the_program_signalled_is_waited_for_without_spinning(
     # until the listing was due (a second, here).
     available("cgroup")
     monkeypatch.setattr(CgroupContainment, "SURVEY_DELAY", 1.0)
+    monkeypatch.setattr(CgroupContainment, "NOTIFIES_AT_ONCE_AFTER", 0.0)  # however young
     escapee = "trap 'sleep 0.2; exit 0' TERM; echo \\$\\$; while :; do read x; done"
     async with open_process_tree(
         ["sh", "-c", f'setsid -f sh -c "{escapee}"; exec sleep 60'],
