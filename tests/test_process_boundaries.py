@@ -15,6 +15,7 @@ import subprocess
 import textwrap
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -512,6 +513,146 @@ def test_out_of_file_descriptors_the_group_is_still_killed(
     assert report["error"] in said
     if report["error"] == "CleanupError":
         assert report["cause"] == errno.EMFILE  # and why
+    assert tracked.survivors() == []
+
+
+# A leader that leaves a member behind (it writes argv[2] on SIGTERM); once the leader has
+# exited, the program runs out of file descriptors and the tree's scope ends.
+LINGERING_OUT_OF_FILE_DESCRIPTORS = procs.ALIVE_IN_A_CHILD + textwrap.dedent(
+    """
+    import json, os, resource, shlex, signal, sys, trio
+    from trio_proctree import Escalation, open_process_tree
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))
+    handled = sys.argv[2]
+    member = f"trap 'echo > {handled}; exit 0' TERM; echo $$; while :; do sleep 0.02; done"
+    pids, filler = [], []
+
+    async def main():
+        policy = Escalation(steps=[(signal.SIGTERM, 0.3)], kill_wait=0.3)
+        command = ["sh", "-c", f"sh -c {shlex.quote(member)} & exit 0"]
+        async with open_process_tree(
+            command, escalation=policy, stdout=-1, containment=sys.argv[1]
+        ) as tree:
+            line = b""
+            while not line.endswith(b"\\n"):
+                line += await tree.stdout.receive_some()
+            pids.append(int(line))
+            await tree.wait()  # the leader has exited; its member lingers
+            try:
+                while True:
+                    filler.append(os.open("/dev/null", os.O_RDONLY))
+            except OSError:
+                pass
+
+    try:
+        trio.run(main)
+        error = None
+    except Exception as exc:
+        error = exc
+    for fd in filler:
+        os.close(fd)
+    print(json.dumps({
+        "alive": [pid for pid in pids if alive(pid)],
+        "handled": os.path.exists(handled),
+        "error": type(error).__name__,
+    }))
+    """
+)
+
+
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper", "group"])
+def test_out_of_file_descriptors_a_lingering_member_still_gets_the_stop_signal(
+    tracked: Tracked, containment: str, tmp_path: Path
+) -> None:
+    # Red before (cgroup): the step's listing of what outlived the leader came before the
+    # killpg, and failing, took the step's signal with it: the member got only SIGKILL.
+    available(containment)
+    handled = tmp_path / "handled"
+    report = json.loads(
+        procs.run_python(
+            LINGERING_OUT_OF_FILE_DESCRIPTORS, containment, str(handled), env=tracked.env
+        )
+    )
+    assert report["handled"] is True
+    assert report["alive"] == []
+    assert report["error"] in ("NoneType", "OSError", "CleanupError")
+    assert tracked.survivors() == []
+
+
+# A setsid escapee that writes argv[2] on SIGTERM; the scope ends with the program out of
+# file descriptors, which it gets back 0.1 s later, during the grace.
+ESCAPEE_OUT_OF_FILE_DESCRIPTORS_A_WHILE = procs.ALIVE_IN_A_CHILD + textwrap.dedent(
+    """
+    import json, os, resource, shlex, signal, sys, trio
+    from trio_proctree import Escalation, open_process_tree
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))
+    handled = sys.argv[2]
+    escapee = f"trap 'echo > {handled}; exit 0' TERM; echo $$; while :; do sleep 0.02; done"
+    pids, filler = [], []
+
+    async def give_back_later(out_of_fds):
+        await out_of_fds.wait()
+        await trio.sleep(0.1)
+        for fd in filler:
+            os.close(fd)
+        filler.clear()
+
+    async def main():
+        policy = Escalation(steps=[(signal.SIGTERM, 1.0)], kill_wait=0.3)
+        command = ["sh", "-c", f"setsid -f sh -c {shlex.quote(escapee)}; exec sleep 60"]
+        out_of_fds = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(give_back_later, out_of_fds)
+            async with open_process_tree(
+                command, escalation=policy, stdout=-1, containment=sys.argv[1]
+            ) as tree:
+                line = b""
+                while not line.endswith(b"\\n"):
+                    line += await tree.stdout.receive_some()
+                pids.append(int(line))
+                try:
+                    while True:
+                        filler.append(os.open("/dev/null", os.O_RDONLY))
+                except OSError:
+                    pass
+                out_of_fds.set()
+
+    try:
+        trio.run(main)
+        error = None
+    except Exception as exc:
+        error = exc
+    for fd in filler:
+        os.close(fd)
+    print(json.dumps({
+        "alive": [pid for pid in pids if alive(pid)],
+        "handled": os.path.exists(handled),
+        "error": type(error).__name__,
+    }))
+    """
+)
+
+
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper"])
+def test_an_escapee_found_once_descriptors_are_back_gets_the_stop_signal_then(
+    tracked: Tracked, containment: str, tmp_path: Path
+) -> None:
+    # The step's own listing failed (out of file descriptors); the escapee is found by a
+    # later one, and must get the escalation so far. Red before (subreaper): the failed
+    # listing raised before the step was recorded, so the escapee got only SIGKILL.
+    available(containment)
+    handled = tmp_path / "handled"
+    report = json.loads(
+        procs.run_python(
+            ESCAPEE_OUT_OF_FILE_DESCRIPTORS_A_WHILE, containment, str(handled), env=tracked.env
+        )
+    )
+    assert report["handled"] is True
+    assert report["alive"] == []
     assert tracked.survivors() == []
 
 

@@ -571,11 +571,17 @@ class CgroupContainment(MemberTracking):
     def signal(self, sig: int, *, escalation: bool = False) -> None:
         pins = self.leader.pins_group  # (asks the kernel; `exited` reads the answer)
         early: list[int] = []
+        listing_failed: OSError | None = None
         if escalation and self.leader.exited:
             # A step after the leader exited: what still runs outlived it, and lingers.
             # Counted before the signal, which some of it may die of at once. (Only here
             # is the listing taken first: while the leader runs, nothing lingers yet.)
-            early = self._survey(track=True, pins=pins)
+            try:
+                early = self._survey(track=True, pins=pins)
+            except OSError as exc:
+                # Out of file descriptors, say: the group still gets its signal below (a
+                # killpg needs none); the error is raised after it.
+                listing_failed = exc
             self._mark_lingering()
             pins = self.leader.pins_group  # asked again: a listing takes a while
         # The group first, in one call, before anything else is worked out: its members act
@@ -606,7 +612,15 @@ class CgroupContainment(MemberTracking):
         # later listing of the escalation's would give them its signals.
         catch_up = self._sent if escalation else [*self._sent, sig]
         # Then the escapees, one pidfd each. An escalation also pins the members to wait on.
-        new = early + (self._survey(track=escalation, pins=pins) if survey else [])
+        if listing_failed is None and survey:
+            try:
+                early += self._survey(track=escalation, pins=pins)
+            except OSError as exc:
+                listing_failed = exc
+        if listing_failed is not None:
+            self._signal_escapees(self._escapees, step)  # those already known
+            raise listing_failed
+        new = early
         self._signal_escapees([pid for pid in self._escapees if pid not in new], step)
         self._catch_up(new, catch_up, pins=pins)
 

@@ -476,22 +476,26 @@ class MemberTracking:
         # member the listing confirms is signalled through its pidfd, as an escapee.)
         if pins:
             self._group.signal_pinned(sig, wake=escalation)
+        if escalation:
+            # Replayed to escapees found later (pending() looks for more once every tracked
+            # member has exited); kept as soon as the group has it, so that a listing that
+            # fails below cannot lose it.
+            self._sent.extend(step)
+        # ...while we learn who else is in the tree: that work overlaps the members' exit,
+        # which the caller would be waiting for anyway. Then the escapees, one by one.
+        if listing_failed is None and survey and not self.survey_first:
+            try:
+                _, found = self._track_new_members()
+            except OSError as exc:  # out of file descriptors, say: raised below
+                listing_failed = exc
         if listing_failed is not None:
             self._signal_escapees(self._escapees, step)  # those already known
             raise listing_failed
-        # ...while we learn who else is in the tree: that work overlaps the members' exit,
-        # which the caller would be waiting for anyway. Then the escapees, one by one.
-        if survey and not self.survey_first:
-            _, found = self._track_new_members()
         if not escalation:
             # A program's signal during cleanup may be the first to find an escapee: it
             # gets the escalation so far first.
             self._signal_escapees(found, self._sent)
         self._signal_escapees(self._escapees, step)
-        if escalation:
-            # Replayed to escapees found later: pending() looks for more once every
-            # tracked member has exited.
-            self._sent.extend(step)
 
     def _mark_lingering(self) -> None:
         """Members other than the leader still running at a step after the leader exited."""

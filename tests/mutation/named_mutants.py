@@ -175,8 +175,8 @@ MUTANTS = [
     (
         "lingering: counted after the step's signal, not before it",
         "_cgroup.py",
-        "            early = self._survey(track=True, pins=pins)\n            self._mark_lingering()\n",
-        "            early = self._survey(track=True, pins=pins)\n",
+        "                listing_failed = exc\n            self._mark_lingering()\n",
+        "                listing_failed = exc\n",
         "stopped_after_the_leader_exited and cgroup",
     ),
     (
@@ -252,6 +252,23 @@ MUTANTS = [
         "        if remaining <= 0 or young or self._events_fd < 0 or self._members:\n",
         "        if remaining <= 0 or young or self._events_fd < 0:\n",
         "without_spinning",
+    ),
+    (
+        "cgroup: a failed listing of what outlived the leader skips the step's signal",
+        "_cgroup.py",
+        "            try:\n                early = self._survey(track=True, pins=pins)\n"
+        "            except OSError as exc:\n",
+        "            early = self._survey(track=True, pins=pins)\n"
+        "            try:\n                pass\n            except OSError as exc:\n",
+        "lingering_member_still and cgroup",
+    ),
+    (
+        "subreaper: a failed listing loses the step for escapees found later",
+        "_containment.py",
+        "            # fails below cannot lose it.\n            self._sent.extend(step)\n",
+        "            # fails below cannot lose it.\n"
+        "            self._sent.extend(step if listing_failed is None else [])\n",
+        "descriptors_are_back and subreaper",
     ),
     (
         "cgroup: the deferred listing waits for the leader's exit without a bound",
