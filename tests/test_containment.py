@@ -34,7 +34,7 @@ from trio_proctree._subreaper import SubreaperContainment
 
 from . import procs
 from .conftest import Tracked, read_pids
-from .test_event_driven import StepCounter
+from .test_event_driven import counting_steps
 
 # A member that calls setsid() (leaves group and session), says its pid, and lingers.
 SETSID_ESCAPEE = ["sh", "-c", "setsid -f sh -c 'echo $$; exec sleep 60'; sleep 60"]
@@ -895,12 +895,8 @@ async def test_an_escapee_the_program_signalled_is_waited_for_without_spinning(
         [member] = await read_pids(tree.stdout, 1)
         assert os.getsid(member) == member != tree.pid  # outside the group
         tree.send_signal(signal.SIGCONT)  # the tree now knows (and tracks) its escapee
-        counter = StepCounter(trio.lowlevel.current_task())
-        trio.lowlevel.add_instrument(counter)
-        try:
+        with counting_steps() as counter:
             await tree.aclose()
-        finally:
-            trio.lowlevel.remove_instrument(counter)
     assert not procs.alive(member)
     assert tree.outcome is not None
     assert tree.outcome.escapees_killed >= 1  # (its trap's sleep too, if listed by then)

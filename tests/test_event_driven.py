@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import trio
@@ -23,6 +25,17 @@ class StepCounter(trio.abc.Instrument):
             self.steps += 1
 
 
+@contextmanager
+def counting_steps() -> Iterator[StepCounter]:
+    """Count the scheduler steps of the current task for the length of the block."""
+    counter = StepCounter(trio.lowlevel.current_task())
+    trio.lowlevel.add_instrument(counter)
+    try:
+        yield counter
+    finally:
+        trio.lowlevel.remove_instrument(counter)
+
+
 async def cleanup_steps(grace: float, contained: dict[str, Any]) -> int:
     """Scheduler steps the cleanup of a SIGTERM-ignoring tree takes (it sits out the grace)."""
     async with open_process_tree(
@@ -33,12 +46,8 @@ async def cleanup_steps(grace: float, contained: dict[str, Any]) -> int:
     ) as tree:
         assert tree.stdout is not None
         await tree.stdout.receive_some()
-        counter = StepCounter(trio.lowlevel.current_task())
-        trio.lowlevel.add_instrument(counter)
-        try:
+        with counting_steps() as counter:
             await tree.aclose()
-        finally:
-            trio.lowlevel.remove_instrument(counter)
     assert tree.outcome is not None
     assert tree.outcome.grace_expired
     return counter.steps

@@ -445,14 +445,49 @@ def test_nested_subreaper_trees_die_with_the_outer_parent(tracked: Tracked) -> N
 # Runs out of file descriptors inside the block, then lets cleanup run: it cannot list
 # the tree any more, but the process group needs none to be signalled. The shell exits 0
 # on SIGTERM: its status says whether the stop signal got through.
-OUT_OF_FILE_DESCRIPTORS = procs.ALIVE_IN_A_CHILD + textwrap.dedent(
+#: What the out-of-file-descriptors children share: a soft fd limit of 128, reading a
+#: tree's first line, running out of descriptors and giving them back.
+OUT_OF_FDS_PRELUDE = procs.ALIVE_IN_A_CHILD + textwrap.dedent(
     """
-    import json, os, resource, signal, sys, trio
+    import json, os, resource, shlex, signal, sys, trio
     from trio_proctree import Escalation, open_process_tree
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))
-    pids, filler, trees = [], [], []
+    filler = []
+
+    async def first_line(stream):
+        line = b""
+        while not line.endswith(b"\\n"):
+            line += await stream.receive_some()
+        return line
+
+    def run_out_of_fds():
+        try:
+            while True:
+                filler.append(os.open("/dev/null", os.O_RDONLY))
+        except OSError:
+            pass
+
+    def give_back_fds():
+        for fd in filler:
+            os.close(fd)
+        filler.clear()
+
+    def error_of(main):  # trio.run(main): what it raised (None), descriptors given back
+        try:
+            trio.run(main)
+            return None
+        except Exception as exc:
+            return exc
+        finally:
+            give_back_fds()
+    """
+)
+
+OUT_OF_FILE_DESCRIPTORS = OUT_OF_FDS_PRELUDE + textwrap.dedent(
+    """
+    pids, trees = [], []
 
     async def main():
         policy = Escalation(steps=[(signal.SIGTERM, 0.2)], kill_wait=0.2)
@@ -460,25 +495,12 @@ OUT_OF_FILE_DESCRIPTORS = procs.ALIVE_IN_A_CHILD + textwrap.dedent(
         async with open_process_tree(
             command, escalation=policy, stdout=-1, containment=sys.argv[1]
         ) as tree:
-            line = b""
-            while not line.endswith(b"\\n"):
-                line += await tree.stdout.receive_some()
+            line = await first_line(tree.stdout)
             pids.extend(int(pid) for pid in line.split())
             trees.append(tree)
-            try:
-                while True:
-                    filler.append(os.open("/dev/null", os.O_RDONLY))
-            except OSError:
-                pass
+            run_out_of_fds()
 
-    try:
-        trio.run(main)
-        error = None
-    except Exception as exc:
-        error = exc
-    for fd in filler:
-        os.close(fd)
-
+    error = error_of(main)
     print(json.dumps({
         "pids": pids,
         "alive": [pid for pid in pids if alive(pid)],
@@ -518,16 +540,11 @@ def test_out_of_file_descriptors_the_group_is_still_killed(
 
 # A leader that leaves a member behind (it writes argv[2] on SIGTERM); once the leader has
 # exited, the program runs out of file descriptors and the tree's scope ends.
-LINGERING_OUT_OF_FILE_DESCRIPTORS = procs.ALIVE_IN_A_CHILD + textwrap.dedent(
+LINGERING_OUT_OF_FILE_DESCRIPTORS = OUT_OF_FDS_PRELUDE + textwrap.dedent(
     """
-    import json, os, resource, shlex, signal, sys, trio
-    from trio_proctree import Escalation, open_process_tree
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))
     handled = sys.argv[2]
     member = f"trap 'echo > {handled}; exit 0' TERM; echo $$; while :; do sleep 0.02; done"
-    pids, filler = [], []
+    pids = []
 
     async def main():
         policy = Escalation(steps=[(signal.SIGTERM, 0.3)], kill_wait=0.3)
@@ -535,24 +552,11 @@ LINGERING_OUT_OF_FILE_DESCRIPTORS = procs.ALIVE_IN_A_CHILD + textwrap.dedent(
         async with open_process_tree(
             command, escalation=policy, stdout=-1, containment=sys.argv[1]
         ) as tree:
-            line = b""
-            while not line.endswith(b"\\n"):
-                line += await tree.stdout.receive_some()
-            pids.append(int(line))
+            pids.append(int(await first_line(tree.stdout)))
             await tree.wait()  # the leader has exited; its member lingers
-            try:
-                while True:
-                    filler.append(os.open("/dev/null", os.O_RDONLY))
-            except OSError:
-                pass
+            run_out_of_fds()
 
-    try:
-        trio.run(main)
-        error = None
-    except Exception as exc:
-        error = exc
-    for fd in filler:
-        os.close(fd)
+    error = error_of(main)
     print(json.dumps({
         "alive": [pid for pid in pids if alive(pid)],
         "handled": os.path.exists(handled),
@@ -583,23 +587,16 @@ def test_out_of_file_descriptors_a_lingering_member_still_gets_the_stop_signal(
 
 # A setsid escapee that writes argv[2] on SIGTERM; the scope ends with the program out of
 # file descriptors, which it gets back 0.1 s later, during the grace.
-ESCAPEE_OUT_OF_FILE_DESCRIPTORS_A_WHILE = procs.ALIVE_IN_A_CHILD + textwrap.dedent(
+ESCAPEE_OUT_OF_FILE_DESCRIPTORS_A_WHILE = OUT_OF_FDS_PRELUDE + textwrap.dedent(
     """
-    import json, os, resource, shlex, signal, sys, trio
-    from trio_proctree import Escalation, open_process_tree
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))
     handled = sys.argv[2]
     escapee = f"trap 'echo > {handled}; exit 0' TERM; echo $$; while :; do sleep 0.02; done"
-    pids, filler = [], []
+    pids = []
 
     async def give_back_later(out_of_fds):
         await out_of_fds.wait()
         await trio.sleep(0.1)
-        for fd in filler:
-            os.close(fd)
-        filler.clear()
+        give_back_fds()
 
     async def main():
         policy = Escalation(steps=[(signal.SIGTERM, 1.0)], kill_wait=0.3)
@@ -610,28 +607,14 @@ ESCAPEE_OUT_OF_FILE_DESCRIPTORS_A_WHILE = procs.ALIVE_IN_A_CHILD + textwrap.dede
             async with open_process_tree(
                 command, escalation=policy, stdout=-1, containment=sys.argv[1]
             ) as tree:
-                line = b""
-                while not line.endswith(b"\\n"):
-                    line += await tree.stdout.receive_some()
-                pids.append(int(line))
-                try:
-                    while True:
-                        filler.append(os.open("/dev/null", os.O_RDONLY))
-                except OSError:
-                    pass
+                pids.append(int(await first_line(tree.stdout)))
+                run_out_of_fds()
                 out_of_fds.set()
 
-    try:
-        trio.run(main)
-        error = None
-    except Exception as exc:
-        error = exc
-    for fd in filler:
-        os.close(fd)
+    error_of(main)
     print(json.dumps({
         "alive": [pid for pid in pids if alive(pid)],
         "handled": os.path.exists(handled),
-        "error": type(error).__name__,
     }))
     """
 )

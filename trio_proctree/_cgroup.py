@@ -570,14 +570,14 @@ class CgroupContainment(MemberTracking):
 
     def signal(self, sig: int, *, escalation: bool = False) -> None:
         pins = self.leader.pins_group  # (asks the kernel; `exited` reads the answer)
-        early: list[int] = []
+        new: list[int] = []  # escapees this signal's listings find
         listing_failed: OSError | None = None
         if escalation and self.leader.exited:
             # A step after the leader exited: what still runs outlived it, and lingers.
             # Counted before the signal, which some of it may die of at once. (Only here
             # is the listing taken first: while the leader runs, nothing lingers yet.)
             try:
-                early = self._survey(track=True, pins=pins)
+                new = self._survey(track=True, pins=pins)
             except OSError as exc:
                 # Out of file descriptors, say: the group still gets its signal below (a
                 # killpg needs none); the error is raised after it.
@@ -614,13 +614,12 @@ class CgroupContainment(MemberTracking):
         # Then the escapees, one pidfd each. An escalation also pins the members to wait on.
         if listing_failed is None and survey:
             try:
-                early += self._survey(track=escalation, pins=pins)
+                new += self._survey(track=escalation, pins=pins)
             except OSError as exc:
                 listing_failed = exc
         if listing_failed is not None:
             self._signal_escapees(self._escapees, step)  # those already known
             raise listing_failed
-        new = early
         self._signal_escapees([pid for pid in self._escapees if pid not in new], step)
         self._catch_up(new, catch_up, pins=pins)
 
@@ -677,8 +676,9 @@ class CgroupContainment(MemberTracking):
         core they need (on 2 cores, a fifth of teardowns waited ~0.4 ms more for it). None
         where that would not pay: the listing is due, the kernel would tell late, or there
         is no cgroup.events held open."""
-        remaining = self._survey_by - time.monotonic()
-        young = time.monotonic() - self._attached_at < self.NOTIFIES_AT_ONCE_AFTER
+        now = time.monotonic()
+        remaining = self._survey_by - now
+        young = now - self._attached_at < self.NOTIFIES_AT_ONCE_AFTER
         # With members tracked (an escapee a program's signal found, say), cgroup.events
         # was not just read, and a change it has not been read since keeps the watch
         # ready: the listing, as before, instead of a wait that would spin.

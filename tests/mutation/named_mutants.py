@@ -256,9 +256,9 @@ MUTANTS = [
     (
         "cgroup: a failed listing of what outlived the leader skips the step's signal",
         "_cgroup.py",
-        "            try:\n                early = self._survey(track=True, pins=pins)\n"
+        "            try:\n                new = self._survey(track=True, pins=pins)\n"
         "            except OSError as exc:\n",
-        "            early = self._survey(track=True, pins=pins)\n"
+        "            new = self._survey(track=True, pins=pins)\n"
         "            try:\n                pass\n            except OSError as exc:\n",
         "lingering_member_still and cgroup",
     ),
