@@ -3,14 +3,19 @@ and the parent itself killed with SIGKILL. Each shape under each containment."""
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import concurrent.futures
 import contextlib
 import os
+import re
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,15 +26,18 @@ import trio
 import trio.testing
 
 import trio_proctree
+import trio_proctree.asyncio as aio
 from trio_proctree import (
     ContainmentUnavailable,
     ProcessTree,
     _cgroup,
+    _orphans,
+    _procfs,
     open_process_tree,
     run_process_tree,
 )
 from trio_proctree._cgroup import CgroupContainment, find_cgroup2_mount, own_cgroup
-from trio_proctree._orphans import become_subreaper
+from trio_proctree._orphans import adopted_children, become_subreaper
 from trio_proctree._subreaper import SubreaperContainment
 
 from . import procs
@@ -464,9 +472,11 @@ async def test_subreaper_misses_an_escapee_that_clears_its_environment(
 async def test_a_child_of_ours_with_no_environment_slows_one_subreaper_teardown_only(
     tracked: Tracked, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Red before: each subreaper teardown took the program's own child started with env={}
-    # for a member in the middle of execve, and listed the tree again up to 50 times.
+    # Red before: each subreaper teardown took a process re-parented to us that shows no
+    # environment (a child of the program's own, started with env={}) for a member in the
+    # middle of execve, and listed the tree again up to 50 times.
     available("subreaper")
+    become_subreaper()  # so that the stranger below re-parents to us
     listings = 0
     list_members = SubreaperContainment._list_members
 
@@ -476,21 +486,90 @@ async def test_a_child_of_ours_with_no_environment_slows_one_subreaper_teardown_
         return list_members(self)
 
     monkeypatch.setattr(SubreaperContainment, "_list_members", counted)
-    stranger = await trio.lowlevel.open_process(["/bin/sleep", "60"], env={})  # of no tree
+    # Of no tree: its shell exits at once, and it re-parents to us.
+    orphaning = ["sh", "-c", "env -i /bin/sleep 60 >/dev/null & echo $!"]
+    said = await trio.run_process(orphaning, capture_stdout=True, env=tracked.env)
+    stranger = int(said.stdout)
     try:
         with trio.fail_after(5):
-            while procs.command_name(stranger.pid) != "sleep":  # its exec is done
+            while procs.command_name(stranger) != "sleep":  # its exec is done
                 await trio.sleep(0.001)
         for _ in range(4):
             await run_process_tree(["true"], env=tracked.env, containment="subreaper")
     finally:
-        stranger.kill()  # our own child, by pid
-        await stranger.wait()
+        os.kill(stranger, signal.SIGKILL)  # our own child by now, by pid
+        os.waitpid(stranger, 0)  # noqa: ASYNC222 - SIGKILLed: at once
     assert (
         SubreaperContainment.UNDECIDED_LISTINGS
         <= listings
         < 2 * (SubreaperContainment.UNDECIDED_LISTINGS)
     )
+    assert tracked.survivors() == []
+
+
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper"])
+def test_a_teardown_reads_nothing_of_the_other_trees_leaders(
+    tracked: Tracked, containment: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Red before: a subreaper looks at each child of its own for a tree's re-parented
+    # members and dead orphans, and read the other trees' leaders' /proc files (the
+    # subreaper's listing their environments too): with N trees open, each teardown read
+    # all N, and 100 trees took 0.8 s to end, not 0.05 (a cgroup's teardown reaps
+    # orphans so too, once this process is a subreaper). (Not "group": it finds members
+    # in a scan of all /proc, one scan shared by the teardowns under way.) The threads
+    # that started the leaders have exited here, as idle worker threads do (trio's after
+    # 10 s): the leaders are then the main thread's children, where orphans go too.
+    available(containment)
+    become_subreaper()  # process-wide, as after any subreaper tree
+    leader_of: dict[asyncio.Task[None], int] = {}  # each tree's task, and its leader
+    read: list[int] = []  # the pids whose /proc files were read
+    read_file = _procfs.read_file
+
+    def watched(path: str, **kwargs: Any) -> bytes:
+        if found := re.fullmatch(r"/proc/(\d+)/\w+", path):
+            read.append(int(found[1]))
+        return read_file(path, **kwargs)
+
+    async def trees(count: int) -> None:
+        loop = asyncio.get_running_loop()
+        starters = concurrent.futures.ThreadPoolExecutor(4)
+        loop.set_default_executor(starters)
+        all_started = asyncio.Event()
+
+        async def one_tree() -> None:
+            tree_of_one = aio.open_process_tree(
+                ["sleep", "60"], env=tracked.env, containment=containment
+            )
+            async with tree_of_one as tree:
+                leader_of[asyncio.current_task()] = tree.pid  # type: ignore[index]
+                if len(leader_of) == count:
+                    all_started.set()
+                await asyncio.sleep(3600)
+
+        tasks = [asyncio.create_task(one_tree()) for _ in range(count)]
+        try:
+            await all_started.wait()
+            starters.shutdown(wait=True)  # the leaders' parent threads exit
+            loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(4))
+            # (Joined threads may still be on their way out of the kernel: no event says
+            # when their children have moved.)
+            main = f"/proc/{os.getpid()}/task/{os.getpid()}/children"
+            deadline = time.monotonic() + 5
+            while not set(leader_of.values()) <= {int(p) for p in read_file(main).split()}:
+                assert time.monotonic() < deadline, "the leaders never moved to the main thread"
+                await asyncio.sleep(0.001)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    monkeypatch.setattr(_procfs, "read_file", watched)
+    asyncio.run(trees(10))
+    assert len(leader_of) == 10
+    # Each leader read by its own tree alone (twice, by the subreaper's first listing),
+    # not by every tree open beside it too (up to 29 times, before).
+    times_read = collections.Counter(pid for pid in read if pid in leader_of.values())
+    assert max(times_read.values(), default=0) < 4
     assert tracked.survivors() == []
 
 
@@ -804,6 +883,116 @@ ZOMBIE_COUNT = textwrap.dedent(
     trio.run(main, sys.argv[1])
     """
 )
+
+
+# A shell that leaves a sleep behind (an orphan, then) and says its pid.
+ORPHANING = ["sh", "-c", "sleep 60 >/dev/null 2>&1 & echo $!"]
+
+
+def test_an_orphan_re_parents_to_the_first_live_thread_of_a_subreaper(tracked: Tracked) -> None:
+    # What `adopted_children` counts on (the kernel's find_new_reaper): an orphan goes to
+    # the subreaper's first live thread, not to the thread that started its parent (here
+    # one still running, as trio's worker threads are while they spawn).
+    become_subreaper()
+    said: list[bytes] = []
+    started, finish = threading.Event(), threading.Event()
+
+    def start_in_a_thread() -> None:
+        said.append(
+            subprocess.run(ORPHANING, capture_output=True, env=tracked.env, check=True).stdout
+        )
+        started.set()
+        finish.wait(10)
+
+    worker = threading.Thread(target=start_in_a_thread)
+    worker.start()
+    try:
+        assert started.wait(10)
+        orphan = int(said[0])
+        try:
+            main = f"/proc/{os.getpid()}/task/{os.getpid()}/children"
+            assert orphan in [int(pid) for pid in _procfs.read_file(main).split()]
+            assert orphan in adopted_children()
+        finally:
+            os.kill(orphan, signal.SIGKILL)  # our child now, by pid
+            os.waitpid(orphan, 0)
+    finally:
+        finish.set()
+        worker.join()
+
+
+# A process whose main thread exits (a raw exit system call: only that thread ends) while
+# another thread lives on, and then looks for an orphan of its own among its adopted.
+MAIN_THREAD_EXITS = textwrap.dedent(
+    """
+    import ctypes, os, signal, subprocess, sys, threading, time
+    from trio_proctree._orphans import adopted_children, become_subreaper
+    from trio_proctree._procfs import read_stat
+
+    def after_the_main_thread():
+        while read_stat(os.getpid()).main_thread_alive:
+            time.sleep(0.001)
+        become_subreaper()
+        said = subprocess.run(sys.argv[1:], capture_output=True).stdout
+        orphan = int(said)
+        found = orphan in adopted_children()
+        os.kill(orphan, signal.SIGKILL)
+        os.waitpid(orphan, 0)
+        print("found" if found else "missed", flush=True)
+        os._exit(0)
+
+    threading.Thread(target=after_the_main_thread).start()
+    libc = ctypes.CDLL(None)
+    libc.syscall.argtypes = [ctypes.c_long, ctypes.c_long]
+    libc.syscall({"x86_64": 60, "aarch64": 93}[os.uname().machine], 0)  # SYS_exit
+    """
+)
+
+
+def test_orphans_are_found_after_the_main_thread_has_exited(tracked: Tracked) -> None:
+    # Then some other thread adopts them: every thread's children are read.
+    if os.uname().machine not in ("x86_64", "aarch64"):  # pragma: no cover
+        pytest.skip("the exit system call's number is known here for x86_64 and aarch64")
+    result = subprocess.run(
+        [sys.executable, "-c", MAIN_THREAD_EXITS, *ORPHANING],
+        check=False,
+        capture_output=True,
+        env=tracked.env,
+        timeout=30,
+    )
+    assert result.stdout == b"found\n", result.stderr
+    assert tracked.survivors() == []
+
+
+async def test_a_subreaper_teardown_reads_the_children_of_one_thread_of_ours(
+    tracked: Tracked, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Red before: each listing read the children of every thread of ours (~10 us a file;
+    # trio keeps its idle worker threads, and after 100 spawns that is 30 files a
+    # listing), though orphans only ever go to the first live thread.
+    available("subreaper")
+    finish = threading.Event()
+    idle = [threading.Thread(target=finish.wait, args=(10,)) for _ in range(8)]
+    for thread in idle:
+        thread.start()
+    read: list[str] = []
+    read_file = _orphans.read_file
+
+    def watched(path: str, **kwargs: Any) -> bytes:
+        read.append(path)
+        return read_file(path, **kwargs)
+
+    monkeypatch.setattr(_orphans, "read_file", watched)
+    try:
+        lingers = ["sh", "-c", "sleep 60 & exit 0"]
+        await run_process_tree(lingers, grace=0.5, env=tracked.env, containment="subreaper")
+    finally:
+        finish.set()
+        for thread in idle:
+            thread.join()
+    ours = re.compile(rf"/proc/{os.getpid()}/task/(\d+)/children")
+    assert {found[1] for path in read if (found := ours.fullmatch(path))} == {str(os.getpid())}
+    assert tracked.survivors() == []
 
 
 @pytest.mark.parametrize("containment", ["cgroup", "subreaper", "group"])

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import shlex
 import signal
 import subprocess
 import sys
 import textwrap
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -243,6 +245,28 @@ async def test_a_leader_reaped_by_someone_else_is_reported_not_mistaken(
     assert tree.outcome.returncode is None
     with pytest.raises(CleanupError, match="exit status lost"):
         await tree.wait()  # after cleanup too: never a wait on a closed pidfd
+    assert tracked.survivors() == []
+
+
+@pytest.mark.parametrize("reaped_elsewhere", [False, True], ids=["ended", "reaped-elsewhere"])
+async def test_an_ended_tree_leaves_nothing_of_its_leader_behind(
+    tracked: Tracked, contained: dict[str, Any], reaped_elsewhere: bool
+) -> None:
+    # The table of unreaped leaders (listings pass over them) lets go of each once it is
+    # reaped, by us or by someone else: a long-running program starts trees by the
+    # million.
+    async with open_process_tree(
+        ["sh", "-c", "read x"], stdin=subprocess.PIPE, **contained
+    ) as tree:
+        assert tree.stdin is not None
+        await tree.stdin.aclose()
+        if reaped_elsewhere:
+            os.waitpid(tree.pid, 0)  # noqa: ASYNC222 - it exits at once
+            assert tree.returncode is None  # (our first look: it finds the leader lost)
+    leader = weakref.ref(tree._core.leader)  # type: ignore[attr-defined]
+    del tree
+    gc.collect()
+    assert leader() is None
     assert tracked.survivors() == []
 
 

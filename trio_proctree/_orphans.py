@@ -13,6 +13,7 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
 
+from ._leader import is_unreaped_leader
 from ._procfs import ProcStat, read_file, read_stat
 
 logger = logging.getLogger("trio_proctree")
@@ -68,7 +69,7 @@ def check_subreaper_available() -> None:
 
 
 def children(pid: int) -> list[int]:
-    """The children of ``pid`` (of all its threads: a re-parented orphan may sit on any)."""
+    """The children of ``pid``, of all its threads (each thread's children are its own)."""
     found: list[int] = []
     try:
         threads = os.listdir(f"/proc/{pid}/task")
@@ -81,6 +82,28 @@ def children(pid: int) -> list[int]:
             continue
         found.extend(int(child) for child in listing.split())
     return found
+
+
+def adopted_children() -> list[int]:
+    """Our children that orphans of our trees may be among: where the kernel puts them.
+
+    An orphan re-parented to a subreaper goes to the subreaper's first live thread (the
+    kernel's ``find_new_reaper``: ``find_alive_thread`` takes the first in the thread
+    list not exiting), and a thread that exits hands its children on the same way. So
+    while the main thread lives, every orphan is its child, and one file says them all,
+    not one file per thread (~10 us each: with trio's idle worker threads, 30 files in
+    each listing, and each teardown listed three times). The leaders, children of the
+    threads that started them, are known to their trees and never read here.
+    """
+    pid = os.getpid()
+    if threading.get_native_id() != pid:  # (else we run in the main thread: it lives)
+        main = read_stat(pid)
+        if main is None or not main.main_thread_alive:
+            return children(pid)  # the main thread has exited: some other one adopts
+    try:
+        return [int(child) for child in read_file(f"/proc/{pid}/task/{pid}/children").split()]
+    except (FileNotFoundError, ProcessLookupError):
+        return children(pid)
 
 
 def exited_child(pid: int) -> bool:
@@ -114,8 +137,9 @@ def reap_orphans(leader_pid: int, ours: Callable[[ProcStat], bool]) -> None:
     """
     if not is_subreaper():
         return
-    for child in children(os.getpid()):
-        if child == leader_pid or not exited_child(child):
+    for child in adopted_children():
+        # Leaders (this tree's, and the other trees' zombies) are reaped by their drivers.
+        if child == leader_pid or is_unreaped_leader(child) or not exited_child(child):
             continue
         stat = read_stat(child)
         if stat is not None and not stat.alive and ours(stat):

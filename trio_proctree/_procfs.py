@@ -33,7 +33,12 @@ class ProcStat:
 
     @property
     def alive(self) -> bool:
-        return self.state not in _DEAD_STATES or self.threads > 1
+        return self.main_thread_alive or self.threads > 1
+
+    @property
+    def main_thread_alive(self) -> bool:
+        """Whether its main thread runs (the process may live on in others when not)."""
+        return self.state not in _DEAD_STATES
 
 
 def parse_stat(pid: int, data: bytes) -> ProcStat:

@@ -29,7 +29,8 @@ from typing import Any
 import attrs
 
 from ._containment import MemberTracking, signal_pidfd
-from ._orphans import become_subreaper, children, descendants, exited_child
+from ._leader import is_unreaped_leader
+from ._orphans import adopted_children, become_subreaper, descendants, exited_child
 from ._procfs import ProcStat, read_environ, read_stat
 from ._spawn import SpawnPlan
 
@@ -128,14 +129,16 @@ class SubreaperContainment(MemberTracking):
         # belong to another child of ours: then only the marker says who is ours.)
         leader = self.leader.pid if self.leader.pins_group else None
         self._undecided = False
-        roots: list[int] = []
-        for child in children(os.getpid()):
-            # A dead child has no subtree left (its children re-parented to us as it
-            # exited, and are listed here themselves): it is not read at all.
+        # A dead child has no subtree left (its children re-parented to us as it exited,
+        # and are listed here themselves): it is not read at all.
+        roots = [leader] if leader is not None and not exited_child(leader) else []
+        for child in adopted_children():
+            if child == leader or is_unreaped_leader(child):
+                continue  # a leader (another tree's: started by us, from no tree)
             if exited_child(child):
                 continue
             stat = read_stat(child)
-            if stat is not None and (child == leader or self._from_this_tree(stat)):
+            if stat is not None and self._from_this_tree(stat):
                 roots.append(child)
         members: list[int] = []
         for stat in descendants(roots):

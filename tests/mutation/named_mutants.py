@@ -526,6 +526,34 @@ MUTANTS = [
         "        return (stat := read_stat(pid)) is None or stat.state in 'ZX'",
         "main_thread_exited_is_still_stopped and subreaper",
     ),
+    (
+        "subreaper: the other trees' leaders read like any child",
+        "_leader.py",
+        "    return leader is not None and leader.pins_group",
+        "    return False",
+        "other_trees_leaders",
+    ),
+    (
+        "subreaper: a leader kept listed once reaped",
+        "_leader.py",
+        "        if _unreaped.get(self.pid) is self:",
+        "        if False:",
+        "leaves_nothing_of_its_leader",
+    ),
+    (
+        "subreaper: every thread's children read in each listing",
+        "_orphans.py",
+        "    if threading.get_native_id() != pid:  # (else we run in the main thread: it lives)",
+        "    if True:\n        return children(pid)\n    if threading.get_native_id() != pid:",
+        "one_thread_of_ours",
+    ),
+    (
+        "subreaper: only the main thread's children read after it has exited",
+        "_orphans.py",
+        "        if main is None or not main.main_thread_alive:",
+        "        if main is None:",
+        "main_thread_has_exited",
+    ),
 ]
 
 
