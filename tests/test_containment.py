@@ -469,6 +469,65 @@ async def test_subreaper_misses_an_escapee_that_clears_its_environment(
     assert tracked.survivors() == []
 
 
+# A member of two threads whose second one starts an escapee that clears its environment,
+# says its pid, and stays (so the escapee stays that thread's child, not the main one's).
+ESCAPEE_OF_A_SECOND_THREAD = [
+    sys.executable,
+    "-c",
+    textwrap.dedent(
+        """
+        import subprocess, threading, time
+        def start():
+            escapee = subprocess.Popen(["setsid", "env", "-i", "sleep", "60"])
+            print(escapee.pid, flush=True)
+            time.sleep(60)
+        threading.Thread(target=start, daemon=True).start()
+        time.sleep(60)
+        """
+    ),
+]
+
+
+# The same started by a shell (one thread), in the background.
+ESCAPEE_OF_A_SHELL = ["sh", "-c", "setsid env -i sleep 60 & echo $!; sleep 60"]
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [ESCAPEE_OF_A_SHELL, ESCAPEE_OF_A_SECOND_THREAD],
+    ids=["one-thread-parent", "second-thread-parent"],
+)
+async def test_subreaper_finds_an_escapee_with_no_environment_while_its_parent_lives(
+    tracked: Tracked, shape: list[str]
+) -> None:
+    # Found below its parent before the stop signal: once adopted, this escapee (no
+    # environment, a session of its own) could not be told from a stranger. A process's
+    # children are its threads' children: every thread's are read of a member with more
+    # than one, the one thread's of the others.
+    async with open_process_tree(
+        shape,
+        grace=0.5,
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+        containment="subreaper",
+    ) as tree:
+        assert tree.stdout is not None
+        [escapee] = await read_pids(tree.stdout, 1)
+        with trio.fail_after(5):
+            # No event says the exec is done: wait for ``sleep``, with no environment.
+            while not (procs.command_name(escapee) == "sleep" and not procs.read_environ(escapee)):
+                await trio.sleep(0.001)
+    try:
+        assert tree.outcome is not None
+        assert tree.outcome.escapees_killed == 1
+        assert not procs.alive(escapee)
+    finally:
+        if procs.alive(escapee):
+            os.kill(escapee, signal.SIGKILL)  # our own test process, by pid
+            os.waitpid(escapee, 0)  # noqa: ASYNC222 - SIGKILLed, our child (subreaper): at once
+    assert tracked.survivors() == []
+
+
 async def test_a_child_of_ours_with_no_environment_slows_one_subreaper_teardown_only(
     tracked: Tracked, monkeypatch: pytest.MonkeyPatch
 ) -> None:

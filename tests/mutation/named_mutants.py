@@ -554,6 +554,20 @@ MUTANTS = [
         "        if main is None:",
         "main_thread_has_exited",
     ),
+    (
+        "subreaper: only the main thread's children read of a member of two threads",
+        "_orphans.py",
+        "    if stat.threads != 1 or not stat.main_thread_alive:",
+        "    if not stat.main_thread_alive:",
+        "while_its_parent_lives and second-thread",
+    ),
+    (
+        "subreaper: a one-thread member's children not read",
+        "_orphans.py",
+        "    return [int(child) for child in listing.split()]\n",
+        "    return []\n",
+        "while_its_parent_lives and one-thread",
+    ),
 ]
 
 
