@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import trio
 
-from trio_proctree import CleanupError, open_process_tree, run_process_tree
+from trio_proctree import CleanupError, _orphans, open_process_tree, run_process_tree
 from trio_proctree._orphans import become_subreaper
 
 from . import procs
@@ -345,6 +345,64 @@ async def test_other_codes_exited_children_are_left_for_it_to_reap(
     finally:
         returncode = own.wait()  # (it exited at once)
     assert returncode == 7  # not 0, as Popen reports a child someone else reaped
+    assert tracked.survivors() == []
+
+
+async def test_a_zombie_reaped_by_its_own_code_is_forgotten(tracked: Tracked) -> None:
+    # The stats kept of other code's zombies (read once each) do not outlive the zombies:
+    # a long-running program meets many.
+    become_subreaper()  # (process-wide, as the first subreaper tree makes it)
+    foreign = adopt_an_orphan(tracked.env)
+    os.waitid(os.P_PID, foreign, os.WEXITED | os.WNOWAIT)  # noqa: ASYNC222 - at once
+    await run_process_tree(["true"], env=tracked.env, containment="subreaper")
+    assert foreign in _orphans._zombies  # met, and kept
+    os.waitpid(foreign, 0)  # noqa: ASYNC222 - "other code" reaps its zombie
+    await run_process_tree(["true"], env=tracked.env, containment="subreaper")
+    assert foreign not in _orphans._zombies
+    assert tracked.survivors() == []
+
+
+@needs_root
+async def test_a_zombie_at_a_pid_another_zombie_had_is_read_again(tracked: Tracked) -> None:
+    # A zombie's stat is read once and kept (they pile up under a subreaper): once other
+    # code reaps its zombie, that pid may come back as a zombie of one of our trees, and
+    # the kept stat (another group's) must not make cleanup leave it unreaped.
+    become_subreaper()  # (process-wide, as the first subreaper tree makes it)
+    for _ in range(20):  # another process on the machine may take the pid first
+        foreign = adopt_an_orphan(tracked.env)
+        os.waitid(os.P_PID, foreign, os.WEXITED | os.WNOWAIT)  # noqa: ASYNC222 - at once
+        await run_process_tree(["true"], env=tracked.env, containment="subreaper")
+        assert procs.state(foreign) == "Z"  # met by that cleanup, and left alone
+        os.waitpid(foreign, 0)  # noqa: ASYNC222 - "other code" reaps its zombie
+        # A member, started with the pid the zombie had, that exits (3) at once and comes
+        # to us a zombie as the leader exits: no listing ever sees it run.
+        async with open_process_tree(
+            ["sh", "-c", "read x; (exit 3) & echo $!; exec cat >/dev/null"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=tracked.env,
+            containment="subreaper",
+        ) as tree:
+            assert tree.stdin is not None and tree.stdout is not None
+            with next_pid_after(foreign - 1):
+                await tree.stdin.send_all(b"go\n")
+                [member] = await read_pids(tree.stdout, 1)
+            exit_seen = os.pidfd_open(member)
+            try:
+                await trio.lowlevel.wait_readable(exit_seen)  # exited: the leader's zombie
+            finally:
+                os.close(exit_seen)
+            await tree.stdin.aclose()
+            await tree.wait()
+            if member == foreign:
+                assert procs.state(member) == "Z"
+                assert procs.stat_field(member, 4) == os.getpid()  # ours (ppid), unreaped
+        if member == foreign:
+            break
+    else:  # pragma: no cover
+        pytest.skip("could not make the kernel reuse the pid")
+    with pytest.raises(ChildProcessError):  # reaped by the tree's cleanup: no zombie left
+        os.waitid(os.P_PID, member, os.WEXITED | os.WNOHANG | os.WNOWAIT)  # noqa: ASYNC222
     assert tracked.survivors() == []
 
 

@@ -568,6 +568,20 @@ MUTANTS = [
         "    return []\n",
         "while_its_parent_lives and one-thread",
     ),
+    (
+        "subreaper: a kept zombie stat trusted at a pid a new zombie took",
+        "_orphans.py",
+        "    if (known := _zombies.get(pid)) is not None and known[0] == told:",
+        "    if (known := _zombies.get(pid)) is not None:",
+        "zombie_at_a_pid",
+    ),
+    (
+        "subreaper: kept zombie stats never forgotten",
+        "_orphans.py",
+        "    for gone in _zombies.keys() - set(listed):  # reaped since, by their own code",
+        "    for gone in ():",
+        "reaped_by_its_own_code_is_forgotten",
+    ),
 ]
 
 
