@@ -23,7 +23,8 @@ import trio
 
 from trio_proctree import ContainmentUnavailable, open_process_tree
 from trio_proctree._choose import choose_containment
-from trio_proctree._procfs import read_file
+from trio_proctree._orphans import children
+from trio_proctree._procfs import read_file, read_stat
 
 COOPERATIVE = ["sh", "-c", "sleep 60 & sleep 61 & echo running; wait"]
 CONTAINMENT = "auto"
@@ -50,10 +51,30 @@ async def running(stdout: trio.abc.ReceiveStream | None) -> None:
     await trio.sleep(0.02)
 
 
+#: The baseline's process groups whose members may yet die as zombies of ours.
+_baseline_groups: list[int] = []
+
+
+def reap_baseline_orphans() -> None:
+    """Reap the baseline's dead members, as init would (not timed).
+
+    The baseline waits for its leader only; the leader's children re-parent to this
+    process once a subreaper tree has run here (the setting is process-wide), and die
+    as zombies no one reaps. Left, they would pile up and slow every later subreaper
+    listing on our side (`bench_zombies.py` times that on its own).
+    """
+    for pid in children(os.getpid()):
+        stat = read_stat(pid)
+        if stat is not None and not stat.alive and stat.pgid in _baseline_groups:
+            os.waitpid(pid, os.WNOHANG)
+
+
 async def killpg_teardown() -> float:
+    reap_baseline_orphans()  # of the rounds before: dead by now
     proc = await trio.lowlevel.open_process(
         COOPERATIVE, start_new_session=True, stdout=subprocess.PIPE
     )
+    _baseline_groups.append(proc.pid)
     await running(proc.stdout)
     started = time.perf_counter()
     os.killpg(proc.pid, signal.SIGTERM)
@@ -138,6 +159,7 @@ async def trees_running(count: int, containment: str) -> AsyncIterator[None]:
 
 
 async def proctree_many(count: int) -> float:
+    reap_baseline_orphans()
     started = time.perf_counter()
     async with trees_running(count, CONTAINMENT):
         pass
