@@ -125,6 +125,28 @@ async def test_path_search_passes_over_what_is_not_executable(tmp_path: Path) ->
     assert result.stdout == b"runs\n"
 
 
+@pytest.mark.parametrize("then", ["removed", "made-plain"])
+async def test_a_program_found_before_is_looked_for_again_once_gone(
+    nothing_leaks: None, tmp_path: Path, then: str
+) -> None:
+    # Where a command was found on PATH is kept (one stat then, not one per entry), and
+    # checked again each time: gone or no longer executable, the search starts over and
+    # the error comes before anything is started.
+    program = tmp_path / "prog"
+    program.write_text("#!/bin/sh\necho here\n")
+    program.chmod(0o755)
+    env = {"PATH": str(tmp_path)}
+    assert (await run_process_tree(["prog"], env=env, capture_stdout=True)).stdout == b"here\n"
+    if then == "removed":
+        program.unlink()
+        with pytest.raises(FileNotFoundError, match="prog"):
+            await _open(["prog"], env=env)()
+    else:
+        program.chmod(0o644)
+        with pytest.raises(PermissionError, match="prog"):
+            await _open(["prog"], env=env)()
+
+
 async def test_relative_program_is_found_from_cwd(tmp_path: Path) -> None:
     script = tmp_path / "run.sh"
     script.write_text("#!/bin/sh\necho from-cwd\n")

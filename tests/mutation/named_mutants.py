@@ -582,6 +582,13 @@ MUTANTS = [
         "    for gone in ():",
         "reaped_by_its_own_code_is_forgotten",
     ),
+    (
+        "spawn: where a program was found on PATH trusted without a look",
+        "_spawn.py",
+        "    if (known := _found_before.get(key)) is not None and _look_at(known) is _EXECUTABLE:",
+        "    if (known := _found_before.get(key)) is not None:",
+        "looked_for_again_once_gone",
+    ),
 ]
 
 
