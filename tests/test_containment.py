@@ -7,6 +7,7 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import ctypes
 import os
 import re
 import shlex
@@ -651,6 +652,34 @@ async def test_an_empty_environment_stays_empty_but_for_the_marker(
         containment=contained["containment"],
     )
     assert b"PWD=/elsewhere\n" in result.stdout
+    assert tracked.survivors() == []
+
+
+async def test_with_no_env_given_a_tree_gets_this_process_environment(
+    tracked: Tracked, contained: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ours, entry for entry (text that is not ASCII too), plus only what a containment
+    # needs (the subreaper's marker): as Popen passes it when env is not given.
+    monkeypatch.setenv(procs.TOKEN_VAR, tracked.token)  # (so the tree is tracked)
+    monkeypatch.setenv("TRIO_PROCTREE_TEST_TEXT", "café ü")
+    libc = ctypes.CDLL(None)
+    libc.setenv(b"TRIO_PROCTREE_SET_IN_C", b"1", 1)  # behind os.environ's back, as C code may
+    try:
+        result = await run_process_tree(
+            ["/usr/bin/env"], capture_stdout=True, containment=contained["containment"]
+        )
+        # What a plain child gets (os.environ's entries, and those C code set on its own).
+        plain = (await trio.run_process(["/usr/bin/env"], capture_stdout=True)).stdout
+    finally:
+        libc.unsetenv(b"TRIO_PROCTREE_SET_IN_C")
+    got = dict(line.split(b"=", 1) for line in result.stdout.splitlines())
+    markers = [name for name in got if name.startswith(b"TRIO_PROCTREE_TREE_")]
+    assert len(markers) == (1 if contained["containment"] == "subreaper" else 0)
+    for name in markers:
+        del got[name]
+    assert got == dict(line.split(b"=", 1) for line in plain.splitlines())
+    assert got[b"TRIO_PROCTREE_TEST_TEXT"] == "café ü".encode()
+    assert got[b"TRIO_PROCTREE_SET_IN_C"] == b"1"
     assert tracked.survivors() == []
 
 

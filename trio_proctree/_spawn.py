@@ -219,6 +219,30 @@ def _own_process_group(options: dict[str, Any]) -> None:
         options["preexec_fn"] = join_new_group
 
 
+@functools.cache
+def _c_environ() -> Any:
+    import ctypes  # noqa: PLC0415 - only where a containment adds to the environment
+
+    return ctypes.POINTER(ctypes.c_char_p).in_dll(ctypes.CDLL(None), "environ")
+
+
+def inherited_environment() -> dict[bytes, bytes]:
+    """The environment a child started with no ``env`` gets, as Popen starts it: the C
+    library's ``environ``, which `os.environ` mirrors unless C code set a variable behind
+    its back (``LINES`` and ``COLUMNS``, seen here). Read under the GIL, as everything
+    that changes it through `os.environ` holds it too (and in half the time
+    ``dict(os.environb)`` takes). The first entry of a name wins, as for ``getenv``."""
+    environ = _c_environ()
+    found: dict[bytes, bytes] = {}
+    index = 0
+    while (entry := environ[index]) is not None:
+        name, equals, value = entry.partition(b"=")
+        if equals and name not in found:
+            found[name] = value
+        index += 1
+    return found
+
+
 def _resolve_executable(program: Any, *, env: Mapping[Any, Any] | None, cwd: Any) -> str:
     """Find ``program`` the way `subprocess.Popen` will, raising the error it would."""
     name = os.fsdecode(program)

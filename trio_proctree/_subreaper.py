@@ -32,7 +32,7 @@ from ._containment import MemberTracking, signal_pidfd
 from ._leader import is_unreaped_leader
 from ._orphans import adopted_children, become_subreaper, descendants, exited_child
 from ._procfs import ProcStat, read_environ, read_stat
-from ._spawn import SpawnPlan
+from ._spawn import SpawnPlan, inherited_environment
 
 logger = logging.getLogger("trio_proctree")
 
@@ -94,7 +94,9 @@ class SubreaperContainment(MemberTracking):
     def prepare(self, plan: SpawnPlan) -> SpawnPlan:
         env: Mapping[Any, Any] | None = plan.options.get("env")
         if env is None:  # (not `or`: env={} is an empty environment, not ours)
-            env = os.environ
+            # What Popen would pass, as bytes: os.environ decodes every entry on the way
+            # out, and Popen encodes each back (~0.2 ms a spawn, for this copy).
+            env = inherited_environment()
         if any(isinstance(key, bytes) for key in env):
             marked = {**env, self.marker.encode(): b"1"}
         else:

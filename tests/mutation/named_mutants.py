@@ -589,6 +589,13 @@ MUTANTS = [
         "    if (known := _found_before.get(key)) is not None:",
         "looked_for_again_once_gone",
     ),
+    (
+        "subreaper: with no env given, os.environ's copy (not what Popen passes)",
+        "_subreaper.py",
+        "            env = inherited_environment()",
+        "            env = os.environb",
+        "no_env_given and subreaper",
+    ),
 ]
 
 
