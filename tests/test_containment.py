@@ -766,6 +766,66 @@ async def test_parent_killed_with_sigkill_takes_its_trees_along(
     assert tracked.survivors() == []
 
 
+# Registers two process groups with the watchdog, each by the window of clock ticks its
+# leader started in: one read around its fork, one that ended before; says the leaders'
+# pids; and dies of SIGKILL (no atexit, no cleanup: only the watchdog acts).
+WATCHDOG_AND_TWO_GROUPS = textwrap.dedent(
+    """
+    import os, signal, subprocess
+    from trio_proctree import _watchdog
+    from trio_proctree._spawn import boot_ticks
+
+    before = boot_ticks()
+    quiet = {"start_new_session": True, "stdout": subprocess.DEVNULL}
+    ours = subprocess.Popen(["sleep", "60"], **quiet)
+    after = boot_ticks()
+    later = subprocess.Popen(["sleep", "60"], **quiet)
+    _watchdog.register(f"group {ours.pid} {before} {after}", f"group {later.pid} 0 {before - 1}")
+    print(ours.pid, later.pid, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+async def test_the_watchdog_kills_a_group_only_if_its_leader_started_when_registered(
+    tracked: Tracked,
+) -> None:
+    # A group id is a pid: once its leader is gone, a later group may get it. The watchdog
+    # kills a group only while the leader that started in the registered window pins it;
+    # a group whose leader started at another time is someone else's.
+    said = await trio.run_process(
+        [sys.executable, "-c", WATCHDOG_AND_TWO_GROUPS],
+        capture_stdout=True,
+        check=False,
+        env=tracked.env,
+    )
+    ours, later = map(int, said.stdout.split())
+    try:
+        await until_gone([ours], within=1.0)
+        assert not procs.alive(ours)
+        assert procs.alive(later)
+    finally:
+        for pid in (ours, later):
+            if procs.alive(pid):
+                os.kill(pid, signal.SIGKILL)  # our test's own, by pid
+    await until_none_survive(tracked, within=1.0)
+    assert tracked.survivors() == []
+
+
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper", "group"])
+async def test_a_leaders_start_time_is_within_the_clock_ticks_read_around_its_fork(
+    tracked: Tracked, containment: str
+) -> None:
+    # What the watchdog's group entries count on: /proc's start time is CLOCK_BOOTTIME at
+    # the fork, in clock ticks, the leader's whichever way it was started.
+    available(containment)
+    for _ in range(20):
+        async with open_process_tree(["true"], env=tracked.env, containment=containment) as tree:
+            earliest, latest = tree._core.leader.started_within  # type: ignore[attr-defined]
+            assert earliest <= procs.starttime(tree.pid) <= latest
+    assert tracked.survivors() == []
+
+
 async def test_parent_killed_with_sigkill_takes_members_without_environment_along(
     tracked: Tracked,
 ) -> None:

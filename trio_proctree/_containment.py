@@ -212,12 +212,13 @@ class ProcessGroupContainment:
         self._leader = leader
         self._pgid = leader.pid
         if register:
-            # Named with the leader's start time: the watchdog must not kill a later group
-            # that got the same id. (A /proc read, so only when needed: it costs ~0.1 ms
-            # right after a spawn, while the leader is busy starting.)
-            stat = read_stat(leader.pid)
-            assert stat is not None, "an unreaped child always has a /proc entry"
-            self.backstop = [f"group {self._pgid} {stat.starttime}"]
+            # Named with the leader's start time, that the watchdog must not kill a later
+            # group that got the same id: as the clock told it around the fork, not as
+            # /proc does (a read of the leader's stat while it starts cost 0.1-0.3 ms).
+            # A later group's leader can only start once ours is reaped, after the fork:
+            # in the window's last tick at the earliest, as good as an exact start time.
+            earliest, latest = leader.started_within
+            self.backstop = [f"group {self._pgid} {earliest} {latest}"]
             watchdog.register(*self.backstop)
 
     @property

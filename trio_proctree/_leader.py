@@ -43,11 +43,19 @@ def _decode(info: os.waitid_result) -> int:
 
 
 class Leader:
-    def __init__(self, pid: int, popen: subprocess.Popen[bytes] | None, pidfd: int) -> None:
+    def __init__(
+        self,
+        pid: int,
+        popen: subprocess.Popen[bytes] | None,
+        pidfd: int,
+        started_within: tuple[int, int] = (0, 0),
+    ) -> None:
         #: The Popen that started the leader, if one did: told the exit status when it is
         #: settled, so that it never waits for (or reaps) this pid itself.
         self.popen = popen
         self.pid = pid
+        #: Its start time (clock ticks after boot, as /proc gives it) is within these two.
+        self.started_within = started_within
         #: Readable once the leader has exited; owned by the tree, closed after the reap.
         self.pidfd = pidfd
         self._returncode: int | None = None

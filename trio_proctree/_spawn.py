@@ -17,6 +17,7 @@ import signal
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Union, cast
 
@@ -96,6 +97,9 @@ class Spawned:
     stdin: int | None
     stdout: int | None
     stderr: int | None
+    #: The clock ticks after boot (``/proc/PID/stat``'s start time) read just before the
+    #: fork and just after it: the leader's start time is between them.
+    started_within: tuple[int, int] = (0, 0)
 
 
 def plan_spawn(command: Command, options: Mapping[str, Any]) -> SpawnPlan:
@@ -309,6 +313,15 @@ def _look_at(path: str) -> str:
     return _NOT_EXECUTABLE
 
 
+_NS_PER_TICK = 1_000_000_000 // os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 1
+
+
+def boot_ticks() -> int:
+    """Now, as ``/proc/PID/stat`` gives a process's start time: clock ticks after boot
+    (``CLOCK_BOOTTIME``, which a fork stamps on the child, divided the kernel's way)."""
+    return time.clock_gettime_ns(time.CLOCK_BOOTTIME) // _NS_PER_TICK
+
+
 def spawn(plan: SpawnPlan) -> Spawned:
     """Start the leader (blocking: run it in a worker thread). Leaks nothing if it fails."""
     ours: dict[str, int] = {}
@@ -323,6 +336,7 @@ def spawn(plan: SpawnPlan) -> Spawned:
             ours["stderr"], stdio["stderr"] = _pipe(child_ends, child_reads=False)
         elif plan.stderr == subprocess.STDOUT and "stdout" in ours:
             stdio["stderr"] = stdio["stdout"]
+        before = boot_ticks()
         pid = _start_in_cgroup(plan, stdio)
         popen = None
         if pid is None:
@@ -330,6 +344,7 @@ def spawn(plan: SpawnPlan) -> Spawned:
                 "subprocess.Popen[bytes]", subprocess.Popen(plan.command, **stdio, **plan.options)
             )
             pid = popen.pid
+        started_within = (before, boot_ticks())
     except BaseException:
         for fd in ours.values():
             os.close(fd)
@@ -351,7 +366,15 @@ def spawn(plan: SpawnPlan) -> Spawned:
         for fd in ours.values():
             os.close(fd)
         raise
-    return Spawned(pid, popen, pidfd, ours.get("stdin"), ours.get("stdout"), ours.get("stderr"))
+    return Spawned(
+        pid,
+        popen,
+        pidfd,
+        ours.get("stdin"),
+        ours.get("stdout"),
+        ours.get("stderr"),
+        started_within,
+    )
 
 
 def _start_in_cgroup(plan: SpawnPlan, stdio: Mapping[str, Any]) -> int | None:

@@ -9,8 +9,9 @@ that pipe reaches EOF — we exited, however — it SIGKILLs what is still regis
 
 - ``cgroup PATH``: the whole cgroup, through ``cgroup.kill``, which it then removes (a
   leader still on its way in through ``/bin/sh`` then cannot join, and runs nothing);
-- ``group PGID STARTTIME``: the process group, only while its leader (that pid with that
-  start time, alive or a zombie) still pins the group id, so a recycled group is never hit;
+- ``group PGID EARLIEST LATEST``: the process group, only while its leader (that pid,
+  started within those clock ticks after boot, alive or a zombie) still pins the group
+  id, so a recycled group is never hit;
 - ``marker VAR=VALUE``: every process whose environment carries the marker, through
   pidfds (the subreaper containment's escapees). A process caught in the middle of
   ``execve`` shows no environment for a moment: such processes are looked at again,
@@ -120,9 +121,9 @@ def removed(path):
         return False
     return True
 
-def kill_group(pgid, starttime):
+def kill_group(pgid, earliest, latest):
     fields = stat(pgid)
-    if fields is not None and fields[19] == starttime:  # the leader still pins the pgid
+    if fields is not None and earliest <= int(fields[19]) <= latest:  # it pins the pgid
         try:
             os.killpg(pgid, signal.SIGKILL)
         except OSError:
@@ -233,8 +234,8 @@ for line in sys.stdin.buffer:
 for entry in sorted(live):
     kind, _, rest = entry.partition(b" ")
     if kind == b"group":
-        pgid, starttime = rest.split()
-        kill_group(int(pgid), starttime)
+        pgid, earliest, latest = map(int, rest.split())
+        kill_group(pgid, earliest, latest)
 cgroups, markers, homes = [], [], []
 for entry in sorted(live):
     kind, _, rest = entry.partition(b" ")
@@ -326,7 +327,7 @@ _DEFER_AT_MOST = 256
 
 
 def register(*entries: str) -> None:
-    """Have ``entries`` (``cgroup PATH``, ``group PGID START``, ``marker VAR=VALUE``,
+    """Have ``entries`` (``cgroup PATH``, ``group PGID EARLIEST LATEST``, ``marker VAR=VALUE``,
     ``home PATH``) killed or removed should this process die before `unregister`;
     written at once."""
     try:

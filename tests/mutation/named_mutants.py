@@ -596,6 +596,13 @@ MUTANTS = [
         "            env = os.environb",
         "no_env_given and subreaper",
     ),
+    (
+        "watchdog: a group killed whenever its leader started",
+        "_watchdog.py",
+        "    if fields is not None and earliest <= int(fields[19]) <= latest:  # it pins the pgid",
+        "    if fields is not None:",
+        "only_if_its_leader_started",
+    ),
 ]
 
 
