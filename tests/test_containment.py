@@ -470,6 +470,52 @@ async def test_subreaper_misses_an_escapee_that_clears_its_environment(
     assert tracked.survivors() == []
 
 
+# A leader that starts a process with clone(CLONE_PARENT): its sibling, a child of the
+# thread of ours that forked the leader. That one leaves the session (an escapee) and
+# says its pid. (The raw system call: x86_64's number and argument order.)
+CLONE_PARENT_ESCAPEE = [
+    sys.executable,
+    "-c",
+    textwrap.dedent(
+        """
+        import ctypes, os, signal, sys, time
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+        libc.syscall.argtypes = [ctypes.c_long] * 6
+        CLONE_PARENT = 0x8000
+        pid = libc.syscall(56, CLONE_PARENT | signal.SIGCHLD, 0, 0, 0, 0)
+        if pid == 0:
+            os.setsid()
+            time.sleep(60)
+            os._exit(0)
+        print(pid, flush=True)
+        time.sleep(60)
+        """
+    ),
+]
+
+
+async def test_subreaper_finds_what_the_leader_started_as_its_sibling(tracked: Tracked) -> None:
+    # Red before: only the main thread's children were read for orphans, and a process
+    # the leader starts with CLONE_PARENT is a child of the worker thread that forked the
+    # leader: it was missed, and outlived the tree.
+    if os.uname().machine != "x86_64":  # pragma: no cover
+        pytest.skip("the clone system call is called by its x86_64 number")
+    async with open_process_tree(
+        CLONE_PARENT_ESCAPEE,
+        grace=0.5,
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+        containment="subreaper",
+    ) as tree:
+        assert tree.stdout is not None
+        [sibling] = await read_pids(tree.stdout, 1)
+        assert procs.stat_field(sibling, 4) == os.getpid()  # ours: a sibling of the leader
+    assert tree.outcome is not None
+    assert tree.outcome.escapees_killed == 1
+    assert tracked.survivors() == []
+
+
 # A member of two threads whose second one starts an escapee that clears its environment,
 # says its pid, and stays (so the escapee stays that thread's child, not the main one's).
 ESCAPEE_OF_A_SECOND_THREAD = [
@@ -659,7 +705,8 @@ async def test_with_no_env_given_a_tree_gets_this_process_environment(
     tracked: Tracked, contained: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Ours, entry for entry (text that is not ASCII too), plus only what a containment
-    # needs (the subreaper's marker): as Popen passes it when env is not given.
+    # needs (the subreaper's marker): as Popen passes it when env is not given. (The
+    # subreaper passes one: os.environ's, without what C code set behind its back.)
     monkeypatch.setenv(procs.TOKEN_VAR, tracked.token)  # (so the tree is tracked)
     monkeypatch.setenv("TRIO_PROCTREE_TEST_TEXT", "café ü")
     libc = ctypes.CDLL(None)
@@ -677,9 +724,13 @@ async def test_with_no_env_given_a_tree_gets_this_process_environment(
     assert len(markers) == (1 if contained["containment"] == "subreaper" else 0)
     for name in markers:
         del got[name]
-    assert got == dict(line.split(b"=", 1) for line in plain.splitlines())
+    if contained["containment"] == "subreaper":
+        assert got == dict(os.environb)
+        assert b"TRIO_PROCTREE_SET_IN_C" not in got
+    else:
+        assert got == dict(line.split(b"=", 1) for line in plain.splitlines())
+        assert got[b"TRIO_PROCTREE_SET_IN_C"] == b"1"
     assert got[b"TRIO_PROCTREE_TEST_TEXT"] == "café ü".encode()
-    assert got[b"TRIO_PROCTREE_SET_IN_C"] == b"1"
     assert tracked.survivors() == []
 
 
@@ -1112,12 +1163,13 @@ def test_orphans_are_found_after_the_main_thread_has_exited(tracked: Tracked) ->
     assert tracked.survivors() == []
 
 
-async def test_a_subreaper_teardown_reads_the_children_of_one_thread_of_ours(
+async def test_a_subreaper_teardown_reads_the_children_of_two_threads_of_ours(
     tracked: Tracked, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Red before: each listing read the children of every thread of ours (~10 us a file;
     # trio keeps its idle worker threads, and after 100 spawns that is 30 files a
-    # listing), though orphans only ever go to the first live thread.
+    # listing), though orphans only ever go to the first live thread, and what the leader
+    # starts as its sibling (CLONE_PARENT) to the thread that forked it.
     available("subreaper")
     finish = threading.Event()
     idle = [threading.Thread(target=finish.wait, args=(10,)) for _ in range(8)]
@@ -1133,13 +1185,19 @@ async def test_a_subreaper_teardown_reads_the_children_of_one_thread_of_ours(
     monkeypatch.setattr(_orphans, "read_file", watched)
     try:
         lingers = ["sh", "-c", "sleep 60 & exit 0"]
-        await run_process_tree(lingers, grace=0.5, env=tracked.env, containment="subreaper")
+        async with open_process_tree(
+            lingers, grace=0.5, env=tracked.env, containment="subreaper"
+        ) as tree:
+            await tree.wait()
+        forked_by = tree._core.leader.parent_thread  # type: ignore[attr-defined]
     finally:
         finish.set()
         for thread in idle:
             thread.join()
     ours = re.compile(rf"/proc/{os.getpid()}/task/(\d+)/children")
-    assert {found[1] for path in read if (found := ours.fullmatch(path))} == {str(os.getpid())}
+    tids = {int(found[1]) for path in read if (found := ours.fullmatch(path))}
+    assert os.getpid() in tids
+    assert tids <= {os.getpid(), forked_by}
     assert tracked.survivors() == []
 
 

@@ -362,6 +362,20 @@ async def test_a_zombie_reaped_by_its_own_code_is_forgotten(tracked: Tracked) ->
     assert tracked.survivors() == []
 
 
+# Forks, on a line from stdin, a child that exits at once (1); says its pid; never reaps.
+FORKS_ONE_THAT_EXITS = textwrap.dedent(
+    """
+    import os, sys
+    sys.stdin.readline()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(1)
+    print(pid, flush=True)
+    sys.stdin.read()
+    """
+)
+
+
 @needs_root
 async def test_a_zombie_at_a_pid_another_zombie_had_is_read_again(tracked: Tracked) -> None:
     # A zombie's stat is read once and kept (they pile up under a subreaper): once other
@@ -374,10 +388,11 @@ async def test_a_zombie_at_a_pid_another_zombie_had_is_read_again(tracked: Track
         await run_process_tree(["true"], env=tracked.env, containment="subreaper")
         assert procs.state(foreign) == "Z"  # met by that cleanup, and left alone
         os.waitpid(foreign, 0)  # noqa: ASYNC222 - "other code" reaps its zombie
-        # A member, started with the pid the zombie had, that exits (3) at once and comes
-        # to us a zombie as the leader exits: no listing ever sees it run.
+        # A member, started with the pid the zombie had, that exits at once (with the
+        # zombie's status, 1) and comes to us a zombie as the leader exits: no listing
+        # ever sees it run. (A leader that never reaps: a shell reaps its jobs.)
         async with open_process_tree(
-            ["sh", "-c", "read x; (exit 3) & echo $!; exec cat >/dev/null"],
+            [sys.executable, "-c", FORKS_ONE_THAT_EXITS],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=tracked.env,

@@ -319,7 +319,11 @@ class ProcessGroupContainment:
         if self._leader is None:
             return  # the spawn failed: nothing was started, nothing is registered
         if reap and self._leader.pins_group:
-            reap_orphans(self._pgid, lambda stat: stat.pgid == self._pgid)
+            reap_orphans(
+                self._pgid,
+                lambda stat: stat.pgid == self._pgid,
+                parent_thread=self._leader.parent_thread,
+            )
         if emptied and self.backstop:  # (none where the containment's own covers the tree)
             watchdog.unregister(*self.backstop)
 
@@ -544,6 +548,6 @@ class MemberTracking:
             # The spawn failed: nothing was started; only the backstop was registered.
             watchdog.unregister(*self.backstop)
             return
-        reap_orphans(self._leader.pid, self._ours)
+        reap_orphans(self._leader.pid, self._ours, parent_thread=self._leader.parent_thread)
         if emptied:
             watchdog.unregister(*self.backstop)

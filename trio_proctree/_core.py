@@ -74,7 +74,13 @@ class TreeCore:
         self, spawned: Spawned, containment: Containment, plan: SpawnPlan, policy: Escalation
     ) -> None:
         self.args = plan.command
-        self.leader = Leader(spawned.pid, spawned.popen, spawned.pidfd, spawned.started_within)
+        self.leader = Leader(
+            spawned.pid,
+            spawned.popen,
+            spawned.pidfd,
+            spawned.started_within,
+            spawned.parent_thread,
+        )
         self.containment = containment
         containment.attach(self.leader)
         self.policy = policy

@@ -32,7 +32,10 @@ def is_unreaped_leader(pid: int) -> bool:
     (its pid free for a new process, perhaps one of a tree's) is not taken for one.
     """
     leader = _unreaped.get(pid)
-    return leader is not None and leader.pins_group
+    try:
+        return leader is not None and leader.pins_group
+    except OSError:  # (its tree, in another thread, closed the pidfd just now)
+        return False
 
 
 def _decode(info: os.waitid_result) -> int:
@@ -49,6 +52,7 @@ class Leader:
         popen: subprocess.Popen[bytes] | None,
         pidfd: int,
         started_within: tuple[int, int] = (0, 0),
+        parent_thread: int = 0,
     ) -> None:
         #: The Popen that started the leader, if one did: told the exit status when it is
         #: settled, so that it never waits for (or reaps) this pid itself.
@@ -56,6 +60,9 @@ class Leader:
         self.pid = pid
         #: Its start time (clock ticks after boot, as /proc gives it) is within these two.
         self.started_within = started_within
+        #: The thread of ours that forked it: the parent of what it starts with
+        #: ``CLONE_PARENT``, while that thread lives (then the main thread's).
+        self.parent_thread = parent_thread
         #: Readable once the leader has exited; owned by the tree, closed after the reap.
         self.pidfd = pidfd
         self._returncode: int | None = None
@@ -68,7 +75,7 @@ class Leader:
     def _unlist(self) -> None:
         # (Only this leader: a new one of ours may have its pid, if someone else reaped it.)
         if _unreaped.get(self.pid) is self:
-            del _unreaped[self.pid]
+            _unreaped.pop(self.pid, None)  # (another thread may have just done so)
 
     def poll(self) -> int | None:
         """The leader's exit status, or None while it runs. Never reaps."""

@@ -84,26 +84,36 @@ def children(pid: int) -> list[int]:
     return found
 
 
-def adopted_children() -> list[int]:
-    """Our children that orphans of our trees may be among: where the kernel puts them.
+def adopted_children(also: Iterable[int] = ()) -> list[int]:
+    """Our children that a tree's members may be among, read from where the kernel puts
+    them: those of the main thread and of the threads named in ``also``.
 
     An orphan re-parented to a subreaper goes to the subreaper's first live thread (the
     kernel's ``find_new_reaper``: ``find_alive_thread`` takes the first in the thread
-    list not exiting), and a thread that exits hands its children on the same way. So
-    while the main thread lives, every orphan is its child, and one file says them all,
-    not one file per thread (~10 us each: with trio's idle worker threads, 30 files in
-    each listing, and each teardown listed three times). The leaders, children of the
-    threads that started them, are known to their trees and never read here.
+    list not exiting), and a thread that exits hands its children on the same way: while
+    the main thread lives, every orphan is its child. A leader's ``CLONE_PARENT`` children
+    are its own parent's, the thread that forked it (``also``; once that thread has
+    exited, they too are the main thread's). So two files, not one per thread (~10 us
+    each: with trio's idle worker threads, 30 in each listing, three listings a teardown).
+    The leaders, children of the threads that started them, are known to their trees.
     """
     pid = os.getpid()
     if threading.get_native_id() != pid:  # (else we run in the main thread: it lives)
         main = read_stat(pid)
         if main is None or not main.main_thread_alive:
             return children(pid)  # the main thread has exited: some other one adopts
-    try:
-        return [int(child) for child in read_file(f"/proc/{pid}/task/{pid}/children").split()]
-    except (FileNotFoundError, ProcessLookupError):
-        return children(pid)
+    found: list[int] = []
+    for tid in dict.fromkeys([pid, *also]):
+        try:
+            found.extend(
+                int(child) for child in read_file(f"/proc/{pid}/task/{tid}/children").split()
+            )
+        except (FileNotFoundError, ProcessLookupError):
+            if tid == pid:
+                return children(pid)
+            # That thread has exited: its children are the main thread's, read above or
+            # (moved since) in the next listing.
+    return found
 
 
 def exited_child(pid: int) -> bool:
@@ -143,15 +153,18 @@ def _children_of(stat: ProcStat) -> list[int]:
     return [int(child) for child in listing.split()]
 
 
-def reap_orphans(leader_pid: int, ours: Callable[[ProcStat], bool]) -> None:
-    """Reap the dead processes of one tree that re-parented to us (we are a subreaper).
+def reap_orphans(
+    leader_pid: int, ours: Callable[[ProcStat], bool], *, parent_thread: int = 0
+) -> None:
+    """Reap the dead processes of one tree that re-parented to us (we are a subreaper),
+    or that its leader started with ``CLONE_PARENT`` (the children of ``parent_thread``).
 
     Without the subreaper setting, orphans go to init and there is nothing to do. The
     leader is left alone: its driver reaps it, after the last signal to its group.
     """
     if not is_subreaper():
         return
-    listed = adopted_children()
+    listed = adopted_children(also=[parent_thread] if parent_thread else [])
     for child in listed:
         # Leaders (this tree's, and the other trees' zombies) are reaped by their drivers.
         if child == leader_pid or is_unreaped_leader(child):
@@ -162,9 +175,13 @@ def reap_orphans(leader_pid: int, ours: Callable[[ProcStat], bool]) -> None:
             continue  # reaped since the listing
         if exit_status is None:
             continue  # still running
-        stat = _zombie_stat(child, exit_status)
+        stat = _zombie_stat(child)
         if stat is not None and ours(stat):
+            # Read again before the reap: a kept stat must never have us reap another's.
             _zombies.pop(child, None)
+            stat = read_stat(child)
+            if stat is None or stat.alive or not ours(stat):
+                continue
             try:
                 os.waitpid(child, os.WNOHANG)
             except ChildProcessError:
@@ -173,22 +190,34 @@ def reap_orphans(leader_pid: int, ours: Callable[[ProcStat], bool]) -> None:
         _zombies.pop(gone, None)
 
 
-#: The stat of each zombie child of ours last read, by pid, with its exit as ``waitid``
-#: told it: zombies of other code's orphans pile up under a subreaper, each teardown
-#: meets them all, and a zombie's stat never changes (read each time, it cost ~50 us a
-#: zombie a teardown). A pid is only reused once its zombie is reaped: the entry is
-#: dropped when its pid no longer lists, and not trusted if the exit told differs.
-_zombies: dict[int, tuple[tuple[int, int, int], ProcStat]] = {}
+#: The stat of each zombie child of ours last read, by pid, with the inode number of its
+#: /proc directory: zombies of other code's orphans pile up under a subreaper, each
+#: teardown meets them all, and a zombie's stat never changes (read each time, ~50 us a
+#: zombie a teardown; a stat of the directory is ~5). A pid reused by a new process has
+#: a /proc directory of a new inode; an entry is also dropped once its pid no longer lists.
+_zombies: dict[int, tuple[int, ProcStat]] = {}
 
 
-def _zombie_stat(pid: int, exit_status: os.waitid_result) -> ProcStat | None:
+def _zombie_stat(pid: int) -> ProcStat | None:
     """The stat of zombie child ``pid``, read once; None if it is not a zombie after all
     (its main thread exited while others run, say) or is gone."""
-    told = (exit_status.si_code, exit_status.si_status, exit_status.si_uid)
-    if (known := _zombies.get(pid)) is not None and known[0] == told:
+    try:
+        inode = os.stat(f"/proc/{pid}").st_ino
+    except OSError:
+        return None
+    if (known := _zombies.get(pid)) is not None and known[0] == inode:
         return known[1]
     stat = read_stat(pid)
     if stat is None or stat.alive:
         return None
-    _zombies[pid] = (told, stat)
+    _zombies[pid] = (inode, stat)
     return stat
+
+
+def _forget_the_parents_zombies() -> None:
+    # A forked child has children of its own: none of these.
+    _zombies.clear()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, where nothing here runs
+    os.register_at_fork(after_in_child=_forget_the_parents_zombies)

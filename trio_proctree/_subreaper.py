@@ -134,7 +134,7 @@ class SubreaperContainment(MemberTracking):
         # A dead child has no subtree left (its children re-parented to us as it exited,
         # and are listed here themselves): it is not read at all.
         roots = [leader] if leader is not None and not exited_child(leader) else []
-        for child in adopted_children():
+        for child in adopted_children(also=[self.leader.parent_thread]):
             if child == leader or is_unreaped_leader(child):
                 continue  # a leader (another tree's: started by us, from no tree)
             if exited_child(child):

@@ -545,7 +545,7 @@ MUTANTS = [
         "_orphans.py",
         "    if threading.get_native_id() != pid:  # (else we run in the main thread: it lives)",
         "    if True:\n        return children(pid)\n    if threading.get_native_id() != pid:",
-        "one_thread_of_ours",
+        "two_threads_of_ours",
     ),
     (
         "subreaper: only the main thread's children read after it has exited",
@@ -571,7 +571,7 @@ MUTANTS = [
     (
         "subreaper: a kept zombie stat trusted at a pid a new zombie took",
         "_orphans.py",
-        "    if (known := _zombies.get(pid)) is not None and known[0] == told:",
+        "    if (known := _zombies.get(pid)) is not None and known[0] == inode:",
         "    if (known := _zombies.get(pid)) is not None:",
         "zombie_at_a_pid",
     ),
@@ -590,11 +590,11 @@ MUTANTS = [
         "looked_for_again_once_gone",
     ),
     (
-        "subreaper: with no env given, os.environ's copy (not what Popen passes)",
+        "subreaper: the children of the thread that forked the leader not read",
         "_subreaper.py",
-        "            env = inherited_environment()",
-        "            env = os.environb",
-        "no_env_given and subreaper",
+        "        for child in adopted_children(also=[self.leader.parent_thread]):",
+        "        for child in adopted_children():",
+        "leader_started_as_its_sibling",
     ),
     (
         "watchdog: a group killed whenever its leader started",
