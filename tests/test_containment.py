@@ -471,7 +471,7 @@ async def test_subreaper_misses_an_escapee_that_clears_its_environment(
 
 
 # A leader that starts a process with clone(CLONE_PARENT): its sibling, a child of the
-# thread of ours that forked the leader. That one leaves the session (an escapee) and
+# thread of ours that forked the leader. That one leaves the session (an escapee), then
 # says its pid. (The raw system call: x86_64's number and argument order.)
 CLONE_PARENT_ESCAPEE = [
     sys.executable,
@@ -486,9 +486,9 @@ CLONE_PARENT_ESCAPEE = [
         pid = libc.syscall(56, CLONE_PARENT | signal.SIGCHLD, 0, 0, 0, 0)
         if pid == 0:
             os.setsid()
+            print(os.getpid(), flush=True)  # (once out of the group)
             time.sleep(60)
             os._exit(0)
-        print(pid, flush=True)
         time.sleep(60)
         """
     ),
