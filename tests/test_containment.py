@@ -439,6 +439,13 @@ async def test_process_group_alone_misses_exactly_the_escapees(tracked: Tracked)
     assert procs.kill_survivors(tracked.token) == [escapee]
 
 
+async def until_a_sleep_with_no_environment(pid: int) -> None:
+    """Until ``pid`` has exec'd ``env -i sleep``: no event says an exec is done."""
+    with trio.fail_after(5):
+        while not (procs.command_name(pid) == "sleep" and not procs.read_environ(pid)):
+            await trio.sleep(0.001)
+
+
 async def test_subreaper_misses_an_escapee_that_clears_its_environment(
     tracked: Tracked,
 ) -> None:
@@ -455,10 +462,7 @@ async def test_subreaper_misses_an_escapee_that_clears_its_environment(
     ) as tree:
         assert tree.stdout is not None
         [escapee] = await read_pids(tree.stdout, 1)
-        with trio.fail_after(5):
-            # No event says the exec is done: wait for ``sleep``, with no environment.
-            while not (procs.command_name(escapee) == "sleep" and not procs.read_environ(escapee)):
-                await trio.sleep(0.001)
+        await until_a_sleep_with_no_environment(escapee)
     try:
         assert tree.outcome is not None
         assert not tree.outcome.grace_expired
@@ -560,10 +564,7 @@ async def test_subreaper_finds_an_escapee_with_no_environment_while_its_parent_l
     ) as tree:
         assert tree.stdout is not None
         [escapee] = await read_pids(tree.stdout, 1)
-        with trio.fail_after(5):
-            # No event says the exec is done: wait for ``sleep``, with no environment.
-            while not (procs.command_name(escapee) == "sleep" and not procs.read_environ(escapee)):
-                await trio.sleep(0.001)
+        await until_a_sleep_with_no_environment(escapee)
     try:
         assert tree.outcome is not None
         assert tree.outcome.escapees_killed == 1

@@ -7,6 +7,7 @@ ever reaped here: another part of the program may be waiting for its own childre
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -76,12 +77,14 @@ def children(pid: int) -> list[int]:
     except (FileNotFoundError, ProcessLookupError):
         return found
     for tid in threads:
-        try:
-            listing = read_file(f"/proc/{pid}/task/{tid}/children")
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        found.extend(int(child) for child in listing.split())
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            found.extend(_thread_children(pid, tid))
     return found
+
+
+def _thread_children(pid: int, tid: int | str) -> list[int]:
+    """The children of one thread of ``pid``; raises as `read_file` once it is gone."""
+    return [int(child) for child in read_file(f"/proc/{pid}/task/{tid}/children").split()]
 
 
 def adopted_children(also: Iterable[int] = ()) -> list[int]:
@@ -103,11 +106,9 @@ def adopted_children(also: Iterable[int] = ()) -> list[int]:
         if main is None or not main.main_thread_alive:
             return children(pid)  # the main thread has exited: some other one adopts
     found: list[int] = []
-    for tid in dict.fromkeys([pid, *also]):
+    for tid in dict.fromkeys([pid, *(tid for tid in also if tid)]):
         try:
-            found.extend(
-                int(child) for child in read_file(f"/proc/{pid}/task/{tid}/children").split()
-            )
+            found.extend(_thread_children(pid, tid))
         except (FileNotFoundError, ProcessLookupError):
             if tid == pid:
                 return children(pid)
@@ -147,10 +148,9 @@ def _children_of(stat: ProcStat) -> list[int]:
     if stat.threads != 1 or not stat.main_thread_alive:
         return children(stat.pid)
     try:
-        listing = read_file(f"/proc/{stat.pid}/task/{stat.pid}/children")
+        return _thread_children(stat.pid, stat.pid)
     except (FileNotFoundError, ProcessLookupError):
         return []
-    return [int(child) for child in listing.split()]
 
 
 def reap_orphans(
@@ -164,18 +164,12 @@ def reap_orphans(
     """
     if not is_subreaper():
         return
-    listed = adopted_children(also=[parent_thread] if parent_thread else [])
+    listed = adopted_children(also=[parent_thread])
     for child in listed:
         # Leaders (this tree's, and the other trees' zombies) are reaped by their drivers.
-        if child == leader_pid or is_unreaped_leader(child):
+        if child == leader_pid or is_unreaped_leader(child) or not exited_child(child):
             continue
-        try:
-            exit_status = os.waitid(os.P_PID, child, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            continue  # reaped since the listing
-        if exit_status is None:
-            continue  # still running
-        stat = _zombie_stat(child)
+        stat = _zombie_stat(child)  # (None once reaped since the listing)
         if stat is not None and ours(stat):
             # Read again before the reap: a kept stat must never have us reap another's.
             _zombies.pop(child, None)

@@ -487,8 +487,15 @@ MUTANTS = [
     (
         "subreaper: other code's exited children reaped",
         "_orphans.py",
-        "        if stat is not None and not stat.alive and ours(stat):",
-        "        if stat is not None and not stat.alive:",
+        "        if stat is not None and ours(stat):\n"
+        "            # Read again before the reap: a kept stat must never have us reap another's.\n"
+        "            _zombies.pop(child, None)\n"
+        "            stat = read_stat(child)\n"
+        "            if stat is None or stat.alive or not ours(stat):",
+        "        if stat is not None:\n"
+        "            _zombies.pop(child, None)\n"
+        "            stat = read_stat(child)\n"
+        "            if stat is None or stat.alive:",
         "left_for_it_to_reap",
     ),
     (
@@ -564,8 +571,8 @@ MUTANTS = [
     (
         "subreaper: a one-thread member's children not read",
         "_orphans.py",
-        "    return [int(child) for child in listing.split()]\n",
-        "    return []\n",
+        "        return _thread_children(stat.pid, stat.pid)\n",
+        "        return []\n",
         "while_its_parent_lives and one-thread",
     ),
     (
