@@ -680,6 +680,80 @@ def test_a_teardown_reads_nothing_of_the_other_trees_leaders(
     assert tracked.survivors() == []
 
 
+async def test_a_subreaper_teardown_reads_nothing_of_the_watchdog(
+    tracked: Tracked, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Red before: the watchdog is a child of ours, of the thread that started the first
+    # tree (or, once that thread has exited, of the main thread), where a subreaper looks
+    # for a tree's re-parented members: each listing read its stat and its environment,
+    # ~0.1 ms of a cooperative teardown's ~1.3 (two or three listings a teardown).
+    available("subreaper")
+    read: list[str] = []
+    read_file = _procfs.read_file
+
+    def watched(path: str, **kwargs: Any) -> bytes:
+        read.append(path)
+        return read_file(path, **kwargs)
+
+    for _ in range(5):
+        async with open_process_tree(
+            ["sh", "-c", "sleep 60 & sleep 61 & wait"], env=tracked.env, containment="subreaper"
+        ) as tree:
+            [watchdog] = [dog.pid for dog in trio_proctree._watchdog.running()]
+            # Where the listings look: else they would not meet it, and this would prove
+            # nothing. (trio mostly reuses the thread that started the watchdog.)
+            if watchdog in adopted_children(also=[tree._core.leader.parent_thread]):
+                monkeypatch.setattr(_procfs, "read_file", watched)
+                break
+    else:
+        pytest.fail("the watchdog was never where a subreaper listing looks")
+    monkeypatch.undo()
+    assert tree.outcome is not None and tree.outcome.containment == "subreaper"
+    assert any(path.startswith(f"/proc/{tree.pid}/") for path in read)  # (it was watched)
+    assert [path for path in read if path.startswith(f"/proc/{watchdog}/")] == []
+    assert tracked.survivors() == []
+
+
+async def test_a_subreaper_listing_reads_each_new_members_stat_once(
+    tracked: Tracked, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The walk that finds the members also pins them: each pidfd opens before the stat is
+    # read, so that one read proves the pin too (it was read twice, ~15-50 us each, on the
+    # path before the stop signal).
+    available("subreaper")
+    reads: list[collections.Counter[int]] = []  # per listing, stat reads per pid
+    read_file = _procfs.read_file
+    track = SubreaperContainment._track_new_members
+
+    def watched(path: str, **kwargs: Any) -> bytes:
+        if reads and (found := re.fullmatch(r"/proc/(\d+)/stat", path)):
+            reads[-1][int(found[1])] += 1
+        return read_file(path, **kwargs)
+
+    def listing(self: SubreaperContainment) -> tuple[int, list[int]]:
+        reads.append(collections.Counter())
+        try:
+            return track(self)
+        finally:
+            reads.append(collections.Counter())  # (reads outside a listing go here)
+
+    monkeypatch.setattr(_procfs, "read_file", watched)
+    monkeypatch.setattr(SubreaperContainment, "_track_new_members", listing)
+    async with open_process_tree(
+        ["sh", "-c", "sleep 60 & sleep 61 & echo $!; wait"],
+        env=tracked.env,
+        stdout=subprocess.PIPE,
+        containment="subreaper",
+    ) as tree:
+        assert tree.stdout is not None
+        [member] = await read_pids(tree.stdout, 1)
+        reads.append(collections.Counter())
+    monkeypatch.undo()
+    assert any(counts[member] for counts in reads)  # (the listings did read it)
+    assert max(max(counts.values(), default=0) for counts in reads) == 1
+    assert tracked.survivors() == []
+
+
 async def test_an_empty_environment_stays_empty_but_for_the_marker(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:

@@ -357,6 +357,9 @@ class MemberTracking:
         self._undecided = False
         #: (pid, starttime) of every member seen, to recognise their zombies later.
         self._seen: set[tuple[int, int]] = set()
+        #: Processes the listing under way pinned as it read them: pidfd, and the stat
+        #: read after it opened (taken by `_open_member`; the rest closed after the listing).
+        self._pinned: dict[int, tuple[int, ProcStat]] = {}
 
     def prepare(self, plan: SpawnPlan) -> SpawnPlan:
         # Registered before the leader starts: if this process is SIGKILLed between the
@@ -408,15 +411,20 @@ class MemberTracking:
 
     def _track_new_members(self) -> tuple[int, list[int]]:
         """Track listed members not tracked yet: (how many were listed, new escapees)."""
-        listed = self._list_members()
         new_escapees: list[int] = []
-        for pid in listed:
-            if pid not in self._members:
-                fd = self._open_member(pid)
-                if fd is not None:
-                    self._members[pid] = fd
-                    if pid in self._escapees:
-                        new_escapees.append(pid)
+        try:
+            listed = self._list_members()
+            for pid in listed:
+                if pid not in self._members:
+                    fd = self._open_member(pid)
+                    if fd is not None:
+                        self._members[pid] = fd
+                        if pid in self._escapees:
+                            new_escapees.append(pid)
+        finally:
+            for fd, _ in self._pinned.values():
+                os.close(fd)
+            self._pinned.clear()
         return len(listed), new_escapees
 
     def _open_member(self, pid: int) -> int | None:
@@ -436,7 +444,11 @@ class MemberTracking:
                 return True
             return False
 
-        if (pinned := pin_process(pid, is_member)) is None:
+        if (pinned := self._pinned.pop(pid, None)) is not None:
+            if not is_member(pinned[1]):
+                os.close(pinned[0])
+                return None
+        elif (pinned := pin_process(pid, is_member)) is None:
             return None
         fd, stat = pinned
         self._seen.add((pid, stat.starttime))

@@ -137,10 +137,10 @@ def descendants(roots: Iterable[int]) -> Iterator[ProcStat]:
         stat = read_stat(pid)
         if stat is not None:
             yield stat
-            pending.extend(_children_of(stat))
+            pending.extend(children_of(stat))
 
 
-def _children_of(stat: ProcStat) -> list[int]:
+def children_of(stat: ProcStat) -> list[int]:
     """`children`, one file read fewer for a process of one thread (most are): its
     thread's children file, without listing its threads first. (A child of a thread
     started since the stat was read is missed by this listing only: members are listed

@@ -274,7 +274,27 @@ class Watchdog:
         assert self._process.stdin is not None
         self._pipe = self._process.stdin.fileno()
         self.pid = self._process.pid
+        #: Says whether ``pid`` is still the watchdog (see `is_watchdog`). Opened while it
+        #: is our unreaped child, so it names the watchdog. (-1: none, out of descriptors.)
+        self._pidfd = -1
+        with contextlib.suppress(OSError):
+            self._pidfd = os.pidfd_open(self.pid)
         logger.debug("watchdog pid %d started", self.pid)
+
+    def is_at(self, pid: int) -> bool:
+        """Whether ``pid`` is this watchdog, not yet reaped (so not a recycled pid)."""
+        if pid != self.pid or self._pidfd < 0:
+            return False
+        try:
+            os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except OSError:  # reaped (by code that waits for any child, say), or fd closed
+            return False
+        return True
+
+    def _close_pidfd(self) -> None:
+        if self._pidfd >= 0:
+            os.close(self._pidfd)
+            self._pidfd = -1
 
     def send(self, lines: list[str]) -> None:
         """Write ``lines`` (the caller holds the module lock: writers never interleave)."""
@@ -287,12 +307,14 @@ class Watchdog:
         assert self._process.stdin is not None
         self._process.stdin.close()
         self._process.returncode = 0  # not ours to reap, nor to warn about
+        self._close_pidfd()
 
     def stop(self) -> None:
         """Close the pipe (the watchdog kills what is still registered) and reap it."""
         assert self._process.stdin is not None
         self._process.stdin.close()
         self._process.wait()
+        self._close_pidfd()
 
 
 _lock = threading.Lock()
@@ -310,6 +332,13 @@ def running() -> list[Watchdog]:
     """This process's watchdog, if it has started one (so leak checks can skip it)."""
     with _lock:
         return list(_current)
+
+
+def is_watchdog(pid: int) -> bool:
+    """Whether ``pid`` is this process's watchdog: a child of ours that is no tree's, and
+    that a subreaper's listings skip (it sits where they look for re-parented members)."""
+    current = _current[:]  # (no lock: a list copy is atomic, and the answer a moment's)
+    return bool(current) and current[0].is_at(pid)
 
 
 def ensure_started() -> None:
@@ -357,6 +386,8 @@ def unregister(*entries: str) -> None:
 
 def _drop() -> None:
     with _lock:
+        for lost in _current:
+            lost._close_pidfd()
         _current.clear()
         _deferred.clear()
 

@@ -610,6 +610,20 @@ MUTANTS = [
         "    if fields is not None:",
         "only_if_its_leader_started",
     ),
+    (
+        "subreaper: the watchdog read like any child of ours",
+        "_subreaper.py",
+        "            if child == leader or is_unreaped_leader(child) or is_watchdog(child):",
+        "            if child == leader or is_unreaped_leader(child):",
+        "test_a_subreaper_teardown_reads_nothing_of_the_watchdog",
+    ),
+    (
+        "subreaper: the walk's pins dropped, each new member pinned again",
+        "_containment.py",
+        "        if (pinned := self._pinned.pop(pid, None)) is not None:",
+        "        if (pinned := self._pinned.pop(pid, None)) is not None and False:",
+        "test_a_subreaper_listing_reads_each_new_members_stat_once",
+    ),
 ]
 
 
