@@ -1437,6 +1437,20 @@ def test_cgroup2_mount_is_found_on_pure_and_hybrid_hosts() -> None:
     assert find_cgroup2_mount(outside + inside) == "/mnt/cgroup"
 
 
+def test_a_file_read_as_made_whole_is_read_to_its_end_when_it_fills_the_first_read(
+    tmp_path: Path,
+) -> None:
+    # A stat read stops after one read that returns less than asked; one that fills it
+    # (no /proc/PID/stat does) is read on to the end, not cut at the buffer's size.
+    for size in (0, 100, 4095, 4096, 4097, 70_000):
+        text = os.urandom(size)
+        (tmp_path / "f").write_bytes(text)
+        assert _procfs.read_file(str(tmp_path / "f"), made_whole=True) == text
+    assert _procfs.read_stat(os.getpid()) == _procfs.parse_stat(
+        os.getpid(), Path(f"/proc/{os.getpid()}/stat").read_bytes()
+    )
+
+
 def test_own_cgroup_is_read_from_the_unified_line() -> None:
     assert own_cgroup("12:pids:/x\n0::/user.slice/app.scope\n") == "/user.slice/app.scope"
     assert own_cgroup("4:memory:/x\n") is None

@@ -191,7 +191,7 @@ def _died_before_exec(pid: int) -> bool:
     not is exiting, never to run a line of the program. Read only for reused cgroups.
     """
     try:
-        data = read_file(f"/proc/{pid}/stat")
+        data = read_file(f"/proc/{pid}/stat", made_whole=True)
     except OSError:  # pragma: no cover - an unreaped child of ours has a /proc entry
         return False
     flags = int(data[data.rindex(b")") + 2 :].split()[6])

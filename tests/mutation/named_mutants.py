@@ -624,6 +624,13 @@ MUTANTS = [
         "        if (pinned := self._pinned.pop(pid, None)) is not None and False:",
         "test_a_subreaper_listing_reads_each_new_members_stat_once",
     ),
+    (
+        "procfs: a stat read cut at its first read",
+        "_procfs.py",
+        "        if made_whole and len(first := os.read(fd, _WHOLE_READ)) < _WHOLE_READ:",
+        "        if made_whole and len(first := os.read(fd, _WHOLE_READ)) <= _WHOLE_READ:",
+        "test_a_file_read_as_made_whole_is_read_to_its_end",
+    ),
 ]
 
 
