@@ -10,6 +10,7 @@ import contextlib
 import ctypes
 import os
 import re
+import select
 import shlex
 import shutil
 import signal
@@ -907,7 +908,8 @@ WATCHDOG_AND_TWO_GROUPS = textwrap.dedent(
     after = boot_ticks()
     later = subprocess.Popen(["sleep", "60"], **quiet)
     _watchdog.register(f"group {ours.pid} {before} {after}", f"group {later.pid} 0 {before - 1}")
-    print(ours.pid, later.pid, flush=True)
+    [dog] = _watchdog.running()
+    print(ours.pid, later.pid, dog.pid, flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
     """
 )
@@ -925,9 +927,16 @@ async def test_the_watchdog_kills_a_group_only_if_its_leader_started_when_regist
         check=False,
         env=tracked.env,
     )
-    ours, later = map(int, said.stdout.split())
+    ours, later, dog = map(int, said.stdout.split())
     try:
-        await until_gone([ours], within=1.0)
+        # Once the watchdog has done its job (it is ours now: we are a subreaper).
+        dog_fd = os.pidfd_open(dog)
+        try:
+            with trio.fail_after(5):
+                await trio.lowlevel.wait_readable(dog_fd)
+        finally:
+            os.close(dog_fd)
+        os.waitpid(dog, 0)  # noqa: ASYNC222 - it has exited: at once
         assert not procs.alive(ours)
         assert procs.alive(later)
     finally:
@@ -975,6 +984,97 @@ async def test_parent_killed_with_sigkill_takes_members_without_environment_alon
                     signal.pidfd_send_signal(fd, signal.SIGKILL)
                 os.close(fd)
     await until_none_survive(tracked, within=1.0)
+    assert tracked.survivors() == []
+
+
+# Registers a process group whose leader has exited, leaving a member running; says the
+# leader's, the member's and the watchdog's pids; dies of SIGKILL once stdin closes.
+GROUP_OUTLIVING_ITS_LEADER = textwrap.dedent(
+    """
+    import os, signal, subprocess, sys
+    from trio_proctree import _watchdog
+    from trio_proctree._spawn import boot_ticks
+
+    before = boot_ticks()
+    leader = subprocess.Popen(
+        ["sh", "-c", "sleep 60 & echo $!; exit 0"], start_new_session=True, stdout=subprocess.PIPE
+    )
+    after = boot_ticks()
+    member = int(leader.stdout.readline())
+    _watchdog.register(f"group {leader.pid} {before} {after}")
+    [dog] = _watchdog.running()
+    print(leader.pid, member, dog.pid, flush=True)
+    sys.stdin.read()
+    os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+def group_signals_through_pidfds() -> bool:
+    """Whether a pidfd can signal the group its process leads (Linux 6.9+)."""
+    probe = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    fd = os.pidfd_open(probe.pid)
+    try:
+        signal.pidfd_send_signal(fd, 0, None, 4)  # PIDFD_SIGNAL_PROCESS_GROUP
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+        probe.kill()
+        probe.wait()
+    return True
+
+
+def pidfds_held(pid: int) -> int:
+    held = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            held += os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:[pidfd]"
+    return held
+
+
+def test_the_watchdog_kills_a_group_whose_leader_init_reaped_first(tracked: Tracked) -> None:
+    # Red before: the watchdog found a group by its leader's pid, and once we are dead the
+    # leader is init's to reap: reaped first, the group's members ran on. (Here the test
+    # process plays init: a subreaper, it adopts the leader and reaps it while the
+    # watchdog is stopped.) A pidfd of the leader, opened as the registration came, still
+    # names its group (Linux 6.9+).
+    if not group_signals_through_pidfds():  # pragma: no cover - Linux before 6.9
+        pytest.skip("no PIDFD_SIGNAL_PROCESS_GROUP here (Linux 6.9+)")
+    become_subreaper()  # the leader, the member and the watchdog come to us
+    parent = subprocess.Popen(
+        [sys.executable, "-c", GROUP_OUTLIVING_ITS_LEADER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+    )
+    assert parent.stdin is not None and parent.stdout is not None
+    leader, member, dog = map(int, parent.stdout.readline().split())
+    member_fd = os.pidfd_open(member)  # (ours: it re-parented to us when the leader exited)
+    try:
+        deadline = time.monotonic() + 5
+        while pidfds_held(dog) < 1:  # the registration has arrived: no event says so
+            assert time.monotonic() < deadline, "the watchdog never pinned the leader"
+            time.sleep(0.001)
+        os.kill(dog, signal.SIGSTOP)  # (our own: our child's child)
+        parent.stdin.close()
+        parent.wait()
+        assert procs.state(leader) == "Z"
+        os.waitpid(leader, 0)  # what init would do: the leader's pid is free now
+        os.kill(dog, signal.SIGCONT)  # it finds its pipe at EOF
+        assert select.select([member_fd], [], [], 1.0)[0], "the member outlived the parent"
+    finally:
+        signal.pidfd_send_signal(member_fd, signal.SIGKILL)  # (if it still runs)
+        os.waitid(os.P_PIDFD, member_fd, os.WEXITED)
+        os.close(member_fd)
+        parent.stdin.close()
+        parent.wait()
+        parent.stdout.close()
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(leader, 0)  # (ours once the parent is gone)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(dog, signal.SIGCONT)
+        os.waitpid(dog, 0)  # ours too: it exits once its job is done
     assert tracked.survivors() == []
 
 

@@ -9,9 +9,12 @@ that pipe reaches EOF — we exited, however — it SIGKILLs what is still regis
 
 - ``cgroup PATH``: the whole cgroup, through ``cgroup.kill``, which it then removes (a
   leader still on its way in through ``/bin/sh`` then cannot join, and runs nothing);
-- ``group PGID EARLIEST LATEST``: the process group, only while its leader (that pid,
-  started within those clock ticks after boot, alive or a zombie) still pins the group
-  id, so a recycled group is never hit;
+- ``group PGID EARLIEST LATEST``: the process group of the leader that has that pid and
+  started within those clock ticks after boot. On Linux 6.9+ the watchdog opens a pidfd
+  of that leader as the registration arrives, and kills the group through it
+  (``PIDFD_SIGNAL_PROCESS_GROUP``): its members die even if init reaped the leader first,
+  and a later group with the same id is never hit. Elsewhere, ``killpg`` only while that
+  leader (alive or a zombie) still pins the group id;
 - ``marker VAR=VALUE``: every process whose environment carries the marker, through
   pidfds (the subreaper containment's escapees). A process caught in the middle of
   ``execve`` shows no environment for a moment: such processes are looked at again,
@@ -39,7 +42,7 @@ import threading
 logger = logging.getLogger("trio_proctree")
 
 _WATCHDOG = r"""
-import os, signal, sys, time
+import os, resource, signal, sys, time
 
 def stat(pid):
     try:
@@ -128,6 +131,49 @@ def kill_group(pgid, earliest, latest):
             os.killpg(pgid, signal.SIGKILL)
         except OSError:
             pass
+
+# Linux 6.9+: a signal to the process group of a pidfd's process, reached through the
+# kernel's object for the group's id, not through the number: it reaches the group's
+# members even once its leader has been reaped (by init, which adopts it as we die, and
+# may reap it before we look), and never a later group that took the same number.
+PIDFD_SIGNAL_PROCESS_GROUP = 4
+
+def group_signals_work():
+    try:
+        fd = os.pidfd_open(os.getpid())
+    except OSError:
+        return False
+    try:
+        signal.pidfd_send_signal(fd, 0, None, PIDFD_SIGNAL_PROCESS_GROUP)  # our own group
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+def pin_leader(entry):
+    # For a group entry, a pidfd of its leader, opened as the registration arrives (the
+    # leader is then our parent's unreaped child, as a rule) and proven by its start time
+    # read after it opened; None for other entries, or if that cannot be had.
+    kind, _, rest = entry.partition(b" ")
+    if kind != b"group" or not GROUP_SIGNALS:
+        return None
+    pgid, earliest, latest = map(int, rest.split())
+    try:
+        fd = os.pidfd_open(pgid)
+    except OSError:
+        return None
+    fields = stat(pgid)
+    if fields is None or not earliest <= int(fields[19]) <= latest:
+        os.close(fd)
+        return None
+    return fd
+
+def kill_pinned_group(fd):
+    try:
+        signal.pidfd_send_signal(fd, signal.SIGKILL, None, PIDFD_SIGNAL_PROCESS_GROUP)
+    except OSError:
+        pass  # nothing is left in that group
 
 def read_environ(path):
     try:
@@ -224,16 +270,27 @@ def kill_marked(entry, deadline):
 
 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
     signal.signal(sig, signal.SIG_IGN)
-live = set()
+# One pidfd per registered group: as many as the hard limit allows (beyond it, a group
+# is killed by its number, while its leader still pins it).
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+try:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+except (OSError, ValueError):
+    pass
+GROUP_SIGNALS = group_signals_work()
+live = {}  # entry -> its leader's pidfd, or None
 for line in sys.stdin.buffer:
     op, entry = line[:1], line[1:].rstrip(b"\n")
     if op == b"+":
-        live.add(entry)
-    else:
-        live.discard(entry)
+        if entry not in live:
+            live[entry] = pin_leader(entry)
+    elif (fd := live.pop(entry, None)) is not None:
+        os.close(fd)
 for entry in sorted(live):
     kind, _, rest = entry.partition(b" ")
-    if kind == b"group":
+    if kind == b"group" and live[entry] is not None:
+        kill_pinned_group(live[entry])
+    elif kind == b"group":
         pgid, earliest, latest = map(int, rest.split())
         kill_group(pgid, earliest, latest)
 cgroups, markers, homes = [], [], []

@@ -631,6 +631,20 @@ MUTANTS = [
         "        if made_whole and len(first := os.read(fd, _WHOLE_READ)) <= _WHOLE_READ:",
         "test_a_file_read_as_made_whole_is_read_to_its_end",
     ),
+    (
+        "watchdog: a group killed by its number alone (missed once init reaps the leader)",
+        "_watchdog.py",
+        '    if kind == b"group" and live[entry] is not None:',
+        '    if kind == b"group" and False:',
+        "test_the_watchdog_kills_a_group_whose_leader_init_reaped_first",
+    ),
+    (
+        "watchdog: a group's leader pinned whenever it started",
+        "_watchdog.py",
+        "    if fields is None or not earliest <= int(fields[19]) <= latest:\n        os.close(fd)",
+        "    if fields is None:\n        os.close(fd)",
+        "test_the_watchdog_kills_a_group_only_if_its_leader_started_when_registered",
+    ),
 ]
 
 
