@@ -29,7 +29,7 @@ nox.options.default_venv_backend = "uv|virtualenv"
 RUFF = "ruff==0.17.6"
 MYPY = "mypy==2.4.1"
 PYRIGHT = "pyright==1.1.414"
-TEST_TOOLS = ["pytest", "pytest-trio", "pytest-timeout", "pytest-xdist", "hypothesis"]
+TEST_TOOLS = ["pytest", "pytest-trio", "pytest-timeout", "pytest-xdist", "hypothesis", "uvloop"]
 
 
 def _add_pyenv_interpreters() -> None:

@@ -47,11 +47,15 @@ def contained(request: pytest.FixtureRequest, tracked: Tracked) -> dict[str, Any
     return {"env": tracked.env, "containment": request.param}
 
 
-@pytest.fixture(params=["asyncio.run", "anyio.run"])
+@pytest.fixture(params=["asyncio.run", "anyio.run", "uvloop.run"])
 def run(request: pytest.FixtureRequest) -> Callable[..., Any]:
-    """Run an asyncio test body under plain asyncio, and under anyio's asyncio backend."""
+    """Run an asyncio test body under plain asyncio, under anyio's asyncio backend, and
+    on uvloop's event loop (libuv's, which many asyncio programs run on)."""
     if request.param == "asyncio.run":
         return lambda main, *args: asyncio.run(main(*args))
+    if request.param == "uvloop.run":
+        uvloop = pytest.importorskip("uvloop")
+        return lambda main, *args: uvloop.run(main(*args))
     anyio = pytest.importorskip("anyio")
     return lambda main, *args: anyio.run(main, *args, backend="asyncio")
 
