@@ -242,3 +242,18 @@ ALIVE_IN_A_CHILD = textwrap.dedent(
             return False
     """
 )
+
+
+def group_signals_through_pidfds() -> bool:
+    """Whether a pidfd can signal the group its process leads (Linux 6.9+)."""
+    probe = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    fd = os.pidfd_open(probe.pid)
+    try:
+        signal.pidfd_send_signal(fd, 0, None, 4)  # PIDFD_SIGNAL_PROCESS_GROUP
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+        probe.kill()
+        probe.wait()
+    return True

@@ -1010,21 +1010,6 @@ GROUP_OUTLIVING_ITS_LEADER = textwrap.dedent(
 )
 
 
-def group_signals_through_pidfds() -> bool:
-    """Whether a pidfd can signal the group its process leads (Linux 6.9+)."""
-    probe = subprocess.Popen(["sleep", "60"], start_new_session=True)
-    fd = os.pidfd_open(probe.pid)
-    try:
-        signal.pidfd_send_signal(fd, 0, None, 4)  # PIDFD_SIGNAL_PROCESS_GROUP
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-        probe.kill()
-        probe.wait()
-    return True
-
-
 def pidfds_held(pid: int) -> int:
     held = 0
     for fd in os.listdir(f"/proc/{pid}/fd"):
@@ -1039,7 +1024,7 @@ def test_the_watchdog_kills_a_group_whose_leader_init_reaped_first(tracked: Trac
     # process plays init: a subreaper, it adopts the leader and reaps it while the
     # watchdog is stopped.) A pidfd of the leader, opened as the registration came, still
     # names its group (Linux 6.9+).
-    if not group_signals_through_pidfds():  # pragma: no cover - Linux before 6.9
+    if not procs.group_signals_through_pidfds():  # pragma: no cover - Linux before 6.9
         pytest.skip("no PIDFD_SIGNAL_PROCESS_GROUP here (Linux 6.9+)")
     become_subreaper()  # the leader, the member and the watchdog come to us
     parent = subprocess.Popen(

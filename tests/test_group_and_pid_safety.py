@@ -20,6 +20,8 @@ import pytest
 import trio
 
 from trio_proctree import CleanupError, _orphans, open_process_tree, run_process_tree
+from trio_proctree._containment import NEED_SCAN, ProcessGroupContainment
+from trio_proctree._leader import Leader
 from trio_proctree._orphans import become_subreaper
 
 from . import procs
@@ -270,13 +272,17 @@ async def test_an_ended_tree_leaves_nothing_of_its_leader_behind(
     assert tracked.survivors() == []
 
 
-@pytest.mark.parametrize("containment", ["cgroup", "subreaper"])
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper", "group"])
 async def test_a_tree_whose_leader_was_reaped_elsewhere_is_still_stopped_gracefully(
     tracked: Tracked, containment: str, tmp_path: Path
 ) -> None:
     # With its leader reaped by someone else, the tree's group id may be anyone's: no
     # killpg. The cgroup (or, under a subreaper, the marker) still says who is a member,
-    # and each gets the stop signal through its pidfd, so it stops gracefully.
+    # and each gets the stop signal through its pidfd, so it stops gracefully. A bare
+    # group gets it through the leader's pidfd, which names the group, not its id (Linux
+    # 6.9+; red before: the group was given up for lost, and its member never stopped).
+    if containment == "group" and not procs.group_signals_through_pidfds():
+        pytest.skip("no PIDFD_SIGNAL_PROCESS_GROUP here (Linux 6.9+)")
     fifo, handled = tmp_path / "fifo", tmp_path / "handled"
     os.mkfifo(fifo)
     member = tmp_path / "member.sh"
@@ -302,6 +308,38 @@ async def test_a_tree_whose_leader_was_reaped_elsewhere_is_still_stopped_gracefu
     assert tree.outcome is not None
     assert not tree.outcome.grace_expired
     assert tree.outcome.signals[0] == signal.SIGTERM
+    assert tracked.survivors() == []
+
+
+def test_an_emptied_group_of_a_reaped_leader_is_never_taken_for_one_with_its_id(
+    tracked: Tracked,
+) -> None:
+    # Once someone else has reaped a group's leader and the group has emptied, its id may
+    # go to another group. A recycled id cannot be had on demand: here the containment is
+    # pointed at the id of a group of our own making instead. Its process is found in
+    # "the tree's" group by the scan, and must not be taken for a member (nor killed): the
+    # tree's own group, reached through the leader's pidfd, has no member left.
+    if not procs.group_signals_through_pidfds():  # pragma: no cover - Linux before 6.9
+        pytest.skip("no PIDFD_SIGNAL_PROCESS_GROUP here (Linux 6.9+)")
+    gone = subprocess.Popen(["true"], start_new_session=True)
+    pidfd = os.pidfd_open(gone.pid)
+    os.waitpid(gone.pid, 0)  # reaped "elsewhere": its group is empty
+    gone.returncode = 0
+    stranger = subprocess.Popen(["sleep", "60"], start_new_session=True, env=tracked.env)
+    try:
+        group = ProcessGroupContainment()
+        group.attach(Leader(gone.pid, None, pidfd), register=False)
+        group._pgid = stranger.pid  # as if the id had been recycled for its group
+        assert group.pending() is NEED_SCAN  # (the scan comes after a yield)
+        assert group.pending() == []
+        assert group.lingering == 0
+        group.kill()  # through the pidfd: the emptied group, never the stranger's
+        group.release()
+        assert procs.alive(stranger.pid)
+    finally:
+        os.close(pidfd)
+        stranger.kill()
+        stranger.wait()
     assert tracked.survivors() == []
 
 

@@ -157,6 +157,24 @@ class Pidfds(dict[int, int]):
             os.close(fd)
 
 
+#: ``pidfd_send_signal``'s flag for the process group led by the pidfd's process (Linux
+#: 6.9+): the kernel finds the group by the object behind its id, not by the number, so a
+#: signal sent so reaches the group's members even once the leader has been reaped, and
+#: never a later group that took the same id. Older kernels refuse it (EINVAL).
+PIDFD_SIGNAL_PROCESS_GROUP = 4
+
+
+def signal_group_of(pidfd: int, sig: int) -> bool:
+    """``sig`` (0: none, only a look) to the process group that the pidfd's process led:
+    whether the group still had a member. Raises OSError where the kernel cannot do it
+    (EINVAL before Linux 6.9; EBADF for a closed pidfd)."""
+    try:
+        signal.pidfd_send_signal(pidfd, sig, None, PIDFD_SIGNAL_PROCESS_GROUP)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def pin_process(pid: int, still_ours: Callable[[ProcStat], bool]) -> tuple[int, ProcStat] | None:
     """A pidfd for ``pid``, and its stat, if it is a live process ``still_ours`` accepts.
 
@@ -232,8 +250,7 @@ class ProcessGroupContainment:
     def signal(self, sig: int, *, escalation: bool = False) -> None:
         if escalation:
             self._step_taken()
-        self._check_pinned()
-        self.signal_pinned(sig, wake=escalation)
+        self._signal(sig, wake=escalation)
 
     def _step_taken(self) -> None:
         """A step of cleanup: who it finds still running, found after the leader exited
@@ -242,14 +259,34 @@ class ProcessGroupContainment:
         self._watched.forget_exited()
         self._lingering.update(pid for pid in self._outliving if pid in self._watched)
 
-    def _check_pinned(self) -> None:
+    def _signal(self, sig: int, *, wake: bool = False) -> None:
+        """The group's signal: by its id while the unreaped leader pins it; else through
+        the leader's pidfd, which still names the group once someone else has reaped the
+        leader, and never a later group that took its id (Linux 6.9+)."""
         assert self._leader is not None
-        if not self._leader.pins_group:
-            # The pgid may belong to a new, unrelated group by now: signalling it could hit
-            # processes outside the tree.
+        if self._leader.pins_group:
+            self.signal_pinned(sig, wake=wake)
+            return
+        try:
+            signal_group_of(self._leader.pidfd, sig)
+            if wake:
+                signal_group_of(self._leader.pidfd, signal.SIGCONT)
+        except OSError as exc:
+            # By its id, the group may be a new, unrelated one by now: signalling it could
+            # hit processes outside the tree.
             raise ContainmentLost(
-                f"cannot signal process group {self._pgid} safely: its leader has been reaped"
-            )
+                f"cannot signal process group {self._pgid} safely: its leader has been "
+                f"reaped, and this kernel cannot reach the group through its pidfd ({exc})"
+            ) from None
+
+    def _group_lives(self) -> bool:
+        """Whether the group that the reaped leader led still has a member (False where
+        the kernel cannot say: then nobody found by its id is taken for a member)."""
+        assert self._leader is not None
+        try:
+            return signal_group_of(self._leader.pidfd, 0)
+        except OSError:
+            return False
 
     def signal_pinned(self, sig: int, *, wake: bool = False) -> None:
         """``killpg``, the caller having just seen the unreaped leader pin the group id
@@ -264,8 +301,7 @@ class ProcessGroupContainment:
 
     def kill(self) -> None:
         self._step_taken()
-        self._check_pinned()
-        self.signal_pinned(signal.SIGKILL)  # (a stopped process dies of it: no SIGCONT)
+        self._signal(signal.SIGKILL)  # (a stopped process dies of it: no SIGCONT)
 
     def watch_leader(self, watched: Pidfds) -> None:
         """Start watching the leader (unless it has been reaped: its pid may be reused)."""
@@ -288,15 +324,28 @@ class ProcessGroupContainment:
             return NEED_SCAN
         snapshot = process_table.snapshot(not_before=self._scan_after)
         self._scan_after = None
-        if not self._leader.pins_group:
-            # Without the pin a process in this pgid may be a stranger: watch nobody new.
+        found: dict[int, int] = {}
+        try:
+            for pid in snapshot.in_group(self._pgid):
+                if (pinned := pin_process(pid, self._in_group)) is not None:
+                    found[pid] = pinned[0]
+        except OSError:  # out of file descriptors, say: none of them is kept
+            for fd in found.values():
+                os.close(fd)
+            raise
+        # Asked after the pgids were read: the id was ours all along if the leader still
+        # pins it, or if the group it led still has a member (while it has one, its id can
+        # be no other group's). Else the leader was reaped elsewhere and the group may have
+        # emptied: the id may be another group's by now, and those found strangers.
+        if found and not self._leader.pins_group and not self._group_lives():
+            for fd in found.values():
+                os.close(fd)
             return []
-        for pid in snapshot.in_group(self._pgid):
-            if (pinned := pin_process(pid, self._in_group)) is not None:
-                # Outliving the leader: on its own before cleanup's first step; after one,
-                # only if still running at the next (it may be dying of this one).
-                (self._outliving if self._stepped else self._lingering).add(pid)
-                self._watched[pid] = pinned[0]
+        for pid, fd in found.items():
+            # Outliving the leader: on its own before cleanup's first step; after one,
+            # only if still running at the next (it may be dying of this one).
+            (self._outliving if self._stepped else self._lingering).add(pid)
+            self._watched[pid] = fd
         return list(self._watched.values())
 
     def _in_group(self, stat: ProcStat) -> bool:

@@ -300,8 +300,9 @@ def kill_open_trees() -> None:
         try:
             core.containment.kill()
         except ContainmentLost:
-            # A bare process group whose leader is reaped cannot be signalled safely any
-            # more; its cleanup already sent SIGKILL, and could not confirm the result.
+            # A bare process group whose leader is reaped, on a kernel that cannot reach
+            # the group through the leader's pidfd (before Linux 6.9), cannot be signalled
+            # safely any more; its cleanup already sent SIGKILL, and could not confirm it.
             logger.debug("%s: not signalled again at interpreter exit", core.label)
             continue
         except OSError as exc:

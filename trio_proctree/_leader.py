@@ -68,7 +68,7 @@ class Leader:
         self._returncode: int | None = None
         self.reaped = False
         #: Someone else (an ``os.wait()`` elsewhere in the program) reaped the leader: its
-        #: process group id is no longer pinned and must not be signalled.
+        #: process group id is no longer pinned and must not be signalled by its number.
         self.lost = False
         _unreaped[pid] = self
 
@@ -102,8 +102,8 @@ class Leader:
             if self.popen is not None:
                 self.popen.returncode = _LOST
             logger.warning(
-                "pid %d was reaped by someone else: its process group can no longer be "
-                "signalled safely",
+                "pid %d was reaped by someone else: its exit status is lost, and its "
+                "process group is reached only through its pidfd from now on (Linux 6.9+)",
                 self.pid,
             )
             return

@@ -67,9 +67,11 @@ def read_file(path: str, *, dir_fd: int | None = None, made_whole: bool = False)
     """
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
-        if made_whole and len(first := os.read(fd, _WHOLE_READ)) < _WHOLE_READ:
-            return first
-        chunks: list[bytes] = [first] if made_whole else []
+        chunks: list[bytes] = []
+        if made_whole:
+            chunks.append(first := os.read(fd, _WHOLE_READ))
+            if len(first) < _WHOLE_READ:
+                return first
         while chunk := os.read(fd, 65536):
             chunks.append(chunk)
         return b"".join(chunks)

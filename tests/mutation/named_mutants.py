@@ -627,8 +627,8 @@ MUTANTS = [
     (
         "procfs: a stat read cut at its first read",
         "_procfs.py",
-        "        if made_whole and len(first := os.read(fd, _WHOLE_READ)) < _WHOLE_READ:",
-        "        if made_whole and len(first := os.read(fd, _WHOLE_READ)) <= _WHOLE_READ:",
+        "            if len(first) < _WHOLE_READ:",
+        "            if len(first) <= _WHOLE_READ:",
         "test_a_file_read_as_made_whole_is_read_to_its_end",
     ),
     (
@@ -644,6 +644,20 @@ MUTANTS = [
         "    if fields is None or not earliest <= int(fields[19]) <= latest:\n        os.close(fd)",
         "    if fields is None:\n        os.close(fd)",
         "test_the_watchdog_kills_a_group_only_if_its_leader_started_when_registered",
+    ),
+    (
+        "group: a reaped leader's group id trusted without asking its group",
+        "_containment.py",
+        "        if found and not self._leader.pins_group and not self._group_lives():",
+        "        if found and not self._leader.pins_group and False:",
+        "test_an_emptied_group_of_a_reaped_leader_is_never_taken_for_one_with_its_id",
+    ),
+    (
+        "group: a reaped leader's group given up, not reached through its pidfd",
+        "_containment.py",
+        "        try:\n            signal_group_of(self._leader.pidfd, sig)",
+        "        try:\n            raise OSError('mutant')\n            signal_group_of(self._leader.pidfd, sig)",
+        "test_a_tree_whose_leader_was_reaped_elsewhere_is_still_stopped_gracefully",
     ),
 ]
 
