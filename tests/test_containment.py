@@ -723,20 +723,25 @@ async def test_a_subreaper_listing_reads_each_new_members_stat_once(
     # path before the stop signal).
     available("subreaper")
     reads: list[collections.Counter[int]] = []  # per listing, stat reads per pid
+    listing_now = False
     read_file = _procfs.read_file
     track = SubreaperContainment._track_new_members
 
     def watched(path: str, **kwargs: Any) -> bytes:
-        if reads and (found := re.fullmatch(r"/proc/(\d+)/stat", path)):
+        if listing_now and (found := re.fullmatch(r"/proc/(\d+)/stat", path)):
             reads[-1][int(found[1])] += 1
         return read_file(path, **kwargs)
 
     def listing(self: SubreaperContainment) -> tuple[int, list[int]]:
+        # (Reads outside the listings do not count: the reaping of dead members reads a
+        # zombie's stat again before it reaps, on purpose.)
+        nonlocal listing_now
         reads.append(collections.Counter())
+        listing_now = True
         try:
             return track(self)
         finally:
-            reads.append(collections.Counter())  # (reads outside a listing go here)
+            listing_now = False
 
     monkeypatch.setattr(_procfs, "read_file", watched)
     monkeypatch.setattr(SubreaperContainment, "_track_new_members", listing)
@@ -748,7 +753,6 @@ async def test_a_subreaper_listing_reads_each_new_members_stat_once(
     ) as tree:
         assert tree.stdout is not None
         [member] = await read_pids(tree.stdout, 1)
-        reads.append(collections.Counter())
     monkeypatch.undo()
     assert any(counts[member] for counts in reads)  # (the listings did read it)
     assert max(max(counts.values(), default=0) for counts in reads) == 1
@@ -921,6 +925,7 @@ async def test_the_watchdog_kills_a_group_only_if_its_leader_started_when_regist
     # A group id is a pid: once its leader is gone, a later group may get it. The watchdog
     # kills a group only while the leader that started in the registered window pins it;
     # a group whose leader started at another time is someone else's.
+    become_subreaper()  # the watchdog comes to us, to be waited for
     said = await trio.run_process(
         [sys.executable, "-c", WATCHDOG_AND_TWO_GROUPS],
         capture_stdout=True,
@@ -1002,8 +1007,13 @@ GROUP_OUTLIVING_ITS_LEADER = textwrap.dedent(
     after = boot_ticks()
     member = int(leader.stdout.readline())
     _watchdog.register(f"group {leader.pid} {before} {after}")
+    # A second group, registered after the first: once the watchdog holds pidfds of both
+    # leaders, it is done with the first registration (the proof included).
+    before = boot_ticks()
+    second = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    _watchdog.register(f"group {second.pid} {before} {boot_ticks()}")
     [dog] = _watchdog.running()
-    print(leader.pid, member, dog.pid, flush=True)
+    print(leader.pid, member, second.pid, dog.pid, flush=True)
     sys.stdin.read()
     os.kill(os.getpid(), signal.SIGKILL)
     """
@@ -1034,12 +1044,14 @@ def test_the_watchdog_kills_a_group_whose_leader_init_reaped_first(tracked: Trac
         env=tracked.env,
     )
     assert parent.stdin is not None and parent.stdout is not None
-    leader, member, dog = map(int, parent.stdout.readline().split())
-    member_fd = os.pidfd_open(member)  # (ours: it re-parented to us when the leader exited)
+    pinned: list[int] = []  # pidfds of the member and the second group's leader
+    leader = dog = 0
     try:
+        leader, member, second, dog = map(int, parent.stdout.readline().split())
+        pinned = [os.pidfd_open(member), os.pidfd_open(second)]  # (ours: children of ours)
         deadline = time.monotonic() + 5
-        while pidfds_held(dog) < 1:  # the registration has arrived: no event says so
-            assert time.monotonic() < deadline, "the watchdog never pinned the leader"
+        while pidfds_held(dog) < 2:  # the registrations have arrived: no event says so
+            assert time.monotonic() < deadline, "the watchdog never pinned the leaders"
             time.sleep(0.001)
         os.kill(dog, signal.SIGSTOP)  # (our own: our child's child)
         parent.stdin.close()
@@ -1047,19 +1059,77 @@ def test_the_watchdog_kills_a_group_whose_leader_init_reaped_first(tracked: Trac
         assert procs.state(leader) == "Z"
         os.waitpid(leader, 0)  # what init would do: the leader's pid is free now
         os.kill(dog, signal.SIGCONT)  # it finds its pipe at EOF
-        assert select.select([member_fd], [], [], 1.0)[0], "the member outlived the parent"
+        for fd in pinned:
+            assert select.select([fd], [], [], 1.0)[0], "the groups outlived the parent"
     finally:
-        signal.pidfd_send_signal(member_fd, signal.SIGKILL)  # (if it still runs)
-        os.waitid(os.P_PIDFD, member_fd, os.WEXITED)
-        os.close(member_fd)
+        for fd in pinned:
+            signal.pidfd_send_signal(fd, signal.SIGKILL)  # (if it still runs)
+            os.waitid(os.P_PIDFD, fd, os.WEXITED)
+            os.close(fd)
         parent.stdin.close()
         parent.wait()
         parent.stdout.close()
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(leader, 0)  # (ours once the parent is gone)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(dog, signal.SIGCONT)
-        os.waitpid(dog, 0)  # ours too: it exits once its job is done
+        if dog:  # ours once the parent is gone, and unreaped: it exits once its job is done
+            os.kill(dog, signal.SIGCONT)  # (in case it is still stopped)
+        for pid in (leader, dog):
+            if pid:
+                with contextlib.suppress(ChildProcessError):  # (the leader: reaped above)
+                    os.waitpid(pid, 0)
+    assert tracked.survivors() == []
+
+
+# Under a hard limit of argv[1] file descriptors, registers as many process groups and a
+# marked process with the watchdog; says their pids and the watchdog's; dies of SIGKILL.
+WATCHDOG_WITH_FEW_FILE_DESCRIPTORS = textwrap.dedent(
+    """
+    import os, resource, signal, subprocess, sys
+    from trio_proctree import _watchdog
+
+    limit = int(sys.argv[1])
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+    quiet = {"start_new_session": True, "stdout": subprocess.DEVNULL}
+    groups = [subprocess.Popen(["sleep", "60"], **quiet) for _ in range(limit)]
+    marked = subprocess.Popen(
+        ["sleep", "60"], env={**os.environ, "TRIO_PROCTREE_TREE_test": "1"}, **quiet
+    )
+    marker = "marker TRIO_PROCTREE_TREE_test=1"
+    _watchdog.register(*(f"group {p.pid} 0 {2**62}" for p in groups), marker)
+    [dog] = _watchdog.running()
+    print(*(p.pid for p in groups), marked.pid, dog.pid, flush=True)
+    for p in groups + [marked]:
+        p.returncode = 0  # (not for it to reap)
+    os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+async def test_a_watchdog_short_of_file_descriptors_still_kills_every_registered_process(
+    tracked: Tracked,
+) -> None:
+    # Red before: the watchdog pinned every group's leader, up to its descriptor limit,
+    # and the work that came after the groups (the marked processes' environments, their
+    # pidfds) had no descriptor left: the marked process ran on. Pins keep a reserve.
+    become_subreaper()  # what the parent started comes to us, to be waited for
+    said = await trio.run_process(
+        [sys.executable, "-c", WATCHDOG_WITH_FEW_FILE_DESCRIPTORS, "120"],
+        capture_stdout=True,
+        check=False,
+        env=tracked.env,
+    )
+    *ours, dog = map(int, said.stdout.split())
+    assert len(ours) == 121
+    pidfds = [os.pidfd_open(pid) for pid in [*ours, dog]]  # (children of ours now)
+    try:
+        with trio.move_on_after(5):
+            for fd in pidfds:
+                await trio.lowlevel.wait_readable(fd)
+        assert [pid for pid in ours if procs.alive(pid)] == []
+    finally:
+        for fd in pidfds:
+            signal.pidfd_send_signal(fd, signal.SIGKILL)  # (if it still runs)
+            os.close(fd)
+        for pid in [*ours, dog]:
+            os.waitpid(pid, 0)  # noqa: ASYNC222 - dead or SIGKILLed: at once
     assert tracked.survivors() == []
 
 
@@ -1531,9 +1601,11 @@ def test_a_file_read_as_made_whole_is_read_to_its_end_when_it_fills_the_first_re
         text = os.urandom(size)
         (tmp_path / "f").write_bytes(text)
         assert _procfs.read_file(str(tmp_path / "f"), made_whole=True) == text
-    assert _procfs.read_stat(os.getpid()) == _procfs.parse_stat(
-        os.getpid(), Path(f"/proc/{os.getpid()}/stat").read_bytes()
-    )
+    with subprocess.Popen(["true"]) as child:
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # a zombie's stat holds still
+        assert _procfs.read_stat(child.pid) == _procfs.parse_stat(
+            child.pid, Path(f"/proc/{child.pid}/stat").read_bytes()
+        )
 
 
 def test_own_cgroup_is_read_from_the_unified_line() -> None:

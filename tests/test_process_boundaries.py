@@ -462,12 +462,14 @@ OUT_OF_FDS_PRELUDE = procs.ALIVE_IN_A_CHILD + textwrap.dedent(
             line += await stream.receive_some()
         return line
 
-    def run_out_of_fds():
+    def run_out_of_fds(leave=0):
         try:
             while True:
                 filler.append(os.open("/dev/null", os.O_RDONLY))
         except OSError:
             pass
+        for _ in range(leave):
+            os.close(filler.pop())
 
     def give_back_fds():
         for fd in filler:
@@ -635,6 +637,58 @@ def test_an_escapee_found_once_descriptors_are_back_gets_the_stop_signal_then(
         )
     )
     assert report["handled"] is True
+    assert report["alive"] == []
+    assert tracked.survivors() == []
+
+
+# Two setsid escapees that write argv[2]0 and argv[2]1 on SIGTERM; the scope ends with the
+# program three file descriptors short of its limit.
+ESCAPEES_FEW_FILE_DESCRIPTORS_LEFT = OUT_OF_FDS_PRELUDE + textwrap.dedent(
+    """
+    escapee = "trap 'echo > {0}; exit 0' TERM; echo $$; while :; do sleep 0.02; done"
+    pids = []
+
+    async def main():
+        policy = Escalation(steps=[(signal.SIGTERM, 0.5)], kill_wait=0.3)
+        escapees = "; ".join(
+            f"setsid -f sh -c {shlex.quote(escapee.format(sys.argv[2] + str(i)))}"
+            for i in range(2)
+        )
+        command = ["sh", "-c", f"{escapees}; exec sleep 60"]
+        async with open_process_tree(
+            command, escalation=policy, stdout=-1, containment=sys.argv[1]
+        ) as tree:
+            said = b""
+            while said.count(b"\\n") < 2:
+                said += await tree.stdout.receive_some()
+            pids.extend(int(pid) for pid in said.split())
+            run_out_of_fds(leave=3)
+
+    error_of(main)
+    print(json.dumps({
+        "alive": [pid for pid in pids if alive(pid)],
+        "handled": [os.path.exists(sys.argv[2] + str(i)) for i in range(2)],
+    }))
+    """
+)
+
+
+def test_short_of_file_descriptors_every_escapee_there_is_room_for_gets_the_stop_signal(
+    tracked: Tracked, tmp_path: Path
+) -> None:
+    # A subreaper listing pins the members it finds as it reads them. Red before: three
+    # descriptors short, the listing's own pins used them up, the listing failed, and
+    # neither escapee got the stop signal (and, before the pins, one of them). Now the
+    # listing is taken again without them, and each member pinned with room for its
+    # checks.
+    available("subreaper")
+    handled = tmp_path / "handled"
+    report = json.loads(
+        procs.run_python(
+            ESCAPEES_FEW_FILE_DESCRIPTORS_LEFT, "subreaper", str(handled), env=tracked.env
+        )
+    )
+    assert report["handled"] == [True, True]
     assert report["alive"] == []
     assert tracked.survivors() == []
 

@@ -35,7 +35,7 @@ import attrs
 
 from . import _spawn_into_cgroup as direct_spawn
 from . import _watchdog as watchdog
-from ._containment import NEED_SCAN, MemberTracking, Pending, signal_pidfd
+from ._containment import NEED_SCAN, MemberTracking, Pending, open_pidfd, signal_pidfd
 from ._leader import Leader
 from ._procfs import ProcStat, read_file, read_stat
 from ._spawn import SpawnPlan
@@ -535,9 +535,8 @@ class CgroupContainment(MemberTracking):
             if pid in self._members or (pid == leader.pid and not leader.lost):
                 continue
             if pins:
-                try:
-                    waited = os.pidfd_open(pid) if track else None
-                except ProcessLookupError:
+                waited = open_pidfd(pid) if track else None
+                if track and waited is None:
                     continue  # exited since the listing
                 try:
                     in_group = os.getpgid(pid) == leader.pid

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import errno
 import logging
 import os
 import select
@@ -184,15 +185,34 @@ def pin_process(pid: int, still_ours: Callable[[ProcStat], bool]) -> tuple[int, 
     says: /proc shows a process whose main thread exited as a zombie while its other
     threads run on.
     """
+    if (fd := open_pidfd(pid)) is None:
+        return None
     try:
-        fd = os.pidfd_open(pid)
+        stat = read_stat(pid)
+        if stat is None or not still_ours(stat) or exited(fd):
+            os.close(fd)
+            return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, stat
+
+
+def open_pidfd(pid: int) -> int | None:
+    """A pidfd for ``pid``; None if no process has that pid (any more). Raises OSError
+    for anything else (out of file descriptors, say).
+
+    A pid whose process is gone while the number lives on as a process group's id (a
+    reaped group leader with members) is EINVAL to kernels before 6.x, ESRCH after.
+    """
+    try:
+        return os.pidfd_open(pid)
     except ProcessLookupError:
         return None
-    stat = read_stat(pid)
-    if stat is None or not still_ours(stat) or exited(fd):
-        os.close(fd)
-        return None
-    return fd, stat
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            return None
+        raise
 
 
 class ProcessGroupContainment:
@@ -462,19 +482,43 @@ class MemberTracking:
         """Track listed members not tracked yet: (how many were listed, new escapees)."""
         new_escapees: list[int] = []
         try:
-            listed = self._list_members()
-            for pid in listed:
-                if pid not in self._members:
-                    fd = self._open_member(pid)
-                    if fd is not None:
-                        self._members[pid] = fd
-                        if pid in self._escapees:
-                            new_escapees.append(pid)
+            try:
+                listed = self._list_members()
+            except OSError:
+                if not self._pinned:
+                    raise
+                # Out of file descriptors, say, with the listing's pins holding some: list
+                # again without pinning on the way, so that the members are then pinned one
+                # at a time, each with the descriptors it needs for its checks, as many as
+                # there is room for (and they get the tree's signals).
+                self._unpin()
+                self._pin_in_listing = False
+                try:
+                    listed = self._list_members()
+                finally:
+                    self._pin_in_listing = True
+            self._track(listed, new_escapees)
         finally:
-            for fd, _ in self._pinned.values():
-                os.close(fd)
-            self._pinned.clear()
+            self._unpin()
         return len(listed), new_escapees
+
+    #: Whether a listing pins the processes it finds as it reads them (`_pinned`).
+    _pin_in_listing = True
+
+    def _unpin(self) -> None:
+        for fd, _ in self._pinned.values():
+            os.close(fd)
+        self._pinned.clear()
+
+    def _track(self, pids: Iterable[int], new_escapees: list[int]) -> None:
+        """Track those of ``pids`` that are members and not tracked yet."""
+        for pid in pids:
+            if pid not in self._members:
+                fd = self._open_member(pid)
+                if fd is not None:
+                    self._members[pid] = fd
+                    if pid in self._escapees:
+                        new_escapees.append(pid)
 
     def _open_member(self, pid: int) -> int | None:
         """A pidfd for ``pid`` if it is a live member, noting whether it is an escapee.
@@ -494,7 +538,12 @@ class MemberTracking:
             return False
 
         if (pinned := self._pinned.pop(pid, None)) is not None:
-            if not is_member(pinned[1]):
+            try:
+                accepted = is_member(pinned[1])
+            except BaseException:
+                os.close(pinned[0])
+                raise
+            if not accepted:
                 os.close(pinned[0])
                 return None
         elif (pinned := pin_process(pid, is_member)) is None:

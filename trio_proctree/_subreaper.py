@@ -28,7 +28,7 @@ from typing import Any
 
 import attrs
 
-from ._containment import MemberTracking, exited, signal_pidfd
+from ._containment import MemberTracking, exited, open_pidfd, signal_pidfd
 from ._leader import is_unreaped_leader
 from ._orphans import adopted_children, become_subreaper, children_of, exited_child
 from ._procfs import ProcStat, read_environ, read_stat
@@ -156,15 +156,22 @@ class SubreaperContainment(MemberTracking):
         proof (`pin_process`), and `_open_member` need not read it again (one /proc read
         fewer a new member, of three; 15-50 us each on a VM, before the stop signal)."""
         pending = list(roots)
+        walked: set[int] = set()  # (a pid may be listed twice: children handed on meanwhile)
         while pending:
-            pid = pending.pop()
-            fd = None
-            if pid not in self._members:
-                try:
-                    fd = os.pidfd_open(pid)
-                except ProcessLookupError:
+            if (pid := pending.pop()) in walked:
+                continue
+            walked.add(pid)
+            fd: int | None = None
+            if pid not in self._members and self._pin_in_listing:
+                fd = open_pidfd(pid)
+                if fd is None:
                     continue  # gone since it was listed: no subtree left either
-            stat = read_stat(pid)
+            try:
+                stat = read_stat(pid)
+            except BaseException:
+                if fd is not None:
+                    os.close(fd)
+                raise
             if fd is not None and (stat is None or exited(fd)):
                 os.close(fd)
                 continue  # it has exited: its children re-parented to us, listed as ours

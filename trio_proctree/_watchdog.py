@@ -156,7 +156,7 @@ def pin_leader(entry):
     # leader is then our parent's unreaped child, as a rule) and proven by its start time
     # read after it opened; None for other entries, or if that cannot be had.
     kind, _, rest = entry.partition(b" ")
-    if kind != b"group" or not GROUP_SIGNALS:
+    if kind != b"group" or not GROUP_SIGNALS or len(pinned) >= PINS_AT_MOST:
         return None
     pgid, earliest, latest = map(int, rest.split())
     try:
@@ -167,7 +167,12 @@ def pin_leader(entry):
     if fields is None or not earliest <= int(fields[19]) <= latest:
         os.close(fd)
         return None
+    pinned.add(fd)
     return fd
+
+def unpin(fd):
+    pinned.discard(fd)
+    os.close(fd)
 
 def kill_pinned_group(fd):
     try:
@@ -270,13 +275,16 @@ def kill_marked(entry, deadline):
 
 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
     signal.signal(sig, signal.SIG_IGN)
-# One pidfd per registered group: as many as the hard limit allows (beyond it, a group
-# is killed by its number, while its leader still pins it).
+# One pidfd per registered group, as many as the hard limit allows but for a reserve:
+# the work at the end opens files too (environments, cgroup files, pidfds of marked
+# processes). A group beyond that is killed by its id, while its leader still pins it.
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 try:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 except (OSError, ValueError):
-    pass
+    hard = soft
+PINS_AT_MOST = hard - 256
+pinned = set()
 GROUP_SIGNALS = group_signals_work()
 live = {}  # entry -> its leader's pidfd, or None
 for line in sys.stdin.buffer:
@@ -285,7 +293,7 @@ for line in sys.stdin.buffer:
         if entry not in live:
             live[entry] = pin_leader(entry)
     elif (fd := live.pop(entry, None)) is not None:
-        os.close(fd)
+        unpin(fd)
 for entry in sorted(live):
     kind, _, rest = entry.partition(b" ")
     if kind == b"group" and live[entry] is not None:

@@ -659,6 +659,20 @@ MUTANTS = [
         "        try:\n            raise OSError('mutant')\n            signal_group_of(self._leader.pidfd, sig)",
         "test_a_tree_whose_leader_was_reaped_elsewhere_is_still_stopped_gracefully",
     ),
+    (
+        "watchdog: pins fill its descriptor table, leaving none for the markers",
+        "_watchdog.py",
+        "PINS_AT_MOST = hard - 256",
+        "PINS_AT_MOST = hard",
+        "test_a_watchdog_short_of_file_descriptors_still_kills_every_registered_process",
+    ),
+    (
+        "subreaper: a listing that failed with pins in hand not taken again without them",
+        "_containment.py",
+        "                if not self._pinned:\n                    raise\n",
+        "                raise\n",
+        "test_short_of_file_descriptors_every_escapee_there_is_room_for_gets_the_stop_signal",
+    ),
 ]
 
 
