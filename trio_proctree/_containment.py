@@ -203,11 +203,12 @@ def open_pidfd(pid: int) -> int | None:
     for anything else (out of file descriptors, say).
 
     A pid whose process is gone while the number lives on as a process group's id (a
-    reaped group leader with members) is EINVAL to kernels before 6.x, ESRCH after.
+    reaped group leader with members), or has been taken as a thread's id, is EINVAL to
+    kernels before 6.15; since, ESRCH and ENOENT (no process, a thread's id).
     """
     try:
         return os.pidfd_open(pid)
-    except ProcessLookupError:
+    except (ProcessLookupError, FileNotFoundError):
         return None
     except OSError as exc:
         if exc.errno == errno.EINVAL:
@@ -291,6 +292,8 @@ class ProcessGroupContainment:
             signal_group_of(self._leader.pidfd, sig)
             if wake:
                 signal_group_of(self._leader.pidfd, signal.SIGCONT)
+        except PermissionError:
+            raise  # members we may not signal (one runs as another user): said as it is
         except OSError as exc:
             # By its id, the group may be a new, unrelated one by now: signalling it could
             # hit processes outside the tree.
@@ -305,6 +308,8 @@ class ProcessGroupContainment:
         assert self._leader is not None
         try:
             return signal_group_of(self._leader.pidfd, 0)
+        except PermissionError:
+            return True  # it has members, if none that we may signal (another user's)
         except OSError:
             return False
 

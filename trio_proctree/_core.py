@@ -146,8 +146,10 @@ class TreeCore:
             returncode = self.leader.reap()  # after the last group signal, never before
             if returncode is not None or self.leader.lost:
                 io.forget_fd(self.leader.pidfd)
-                os.close(self.leader.pidfd)
-                self.leader.pidfd = -1  # closed: never to be waited on again
+                # Never to be used again: -1 before the close, for a thread that reads it
+                # meanwhile (the net at interpreter exit may), not a number reused since.
+                pidfd, self.leader.pidfd = self.leader.pidfd, -1
+                os.close(pidfd)
             if emptied:
                 _open_trees.discard(self)  # else the net at interpreter exit keeps it
             self._record = (

@@ -275,15 +275,16 @@ def kill_marked(entry, deadline):
 
 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
     signal.signal(sig, signal.SIG_IGN)
-# One pidfd per registered group, as many as the hard limit allows but for a reserve:
-# the work at the end opens files too (environments, cgroup files, pidfds of marked
-# processes). A group beyond that is killed by its id, while its leader still pins it.
+# One pidfd per registered group, as many as the hard limit allows but for a reserve (256,
+# or half of a lower limit): the work at the end opens files too (environments, cgroup
+# files, pidfds of marked processes). A group beyond that is killed by its id, while its
+# leader still pins it.
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 try:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 except (OSError, ValueError):
     hard = soft
-PINS_AT_MOST = hard - 256
+PINS_AT_MOST = hard - min(256, hard // 2)
 pinned = set()
 GROUP_SIGNALS = group_signals_work()
 live = {}  # entry -> its leader's pidfd, or None

@@ -662,7 +662,7 @@ MUTANTS = [
     (
         "watchdog: pins fill its descriptor table, leaving none for the markers",
         "_watchdog.py",
-        "PINS_AT_MOST = hard - 256",
+        "PINS_AT_MOST = hard - min(256, hard // 2)",
         "PINS_AT_MOST = hard",
         "test_a_watchdog_short_of_file_descriptors_still_kills_every_registered_process",
     ),
@@ -672,6 +672,13 @@ MUTANTS = [
         "                if not self._pinned:\n                    raise\n",
         "                raise\n",
         "test_short_of_file_descriptors_every_escapee_there_is_room_for_gets_the_stop_signal",
+    ),
+    (
+        "group: a reaped leader's group signalled by its id",
+        "_containment.py",
+        "            signal_group_of(self._leader.pidfd, sig)\n            if wake:",
+        "            os.killpg(self._pgid, sig)\n            if wake:",
+        "test_an_emptied_group_of_a_reaped_leader_is_never_taken_for_one_with_its_id",
     ),
 ]
 
