@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
+
+import pytest
 
 from .conftest import Tracked
 
@@ -56,3 +59,23 @@ def test_unknown_command_is_a_usage_error(tracked: Tracked) -> None:
     result = run_cli("frobnicate", env=tracked.env)
     assert result.returncode == 2
     assert "invalid choice" in result.stderr
+
+
+def test_under_a_proc_of_another_pid_namespace_the_demo_and_orphans_refuse(
+    tracked: Tracked,
+) -> None:
+    # Their counts and listings would be of the outer namespace's processes: no demo
+    # (which would start its uncontained trees first), no list of strangers' pids.
+    if shutil.which("unshare") is None:  # pragma: no cover - util-linux is everywhere
+        pytest.skip("needs unshare(1)")
+    for command in ("demo", "orphans"):
+        result = subprocess.run(
+            ["unshare", "--pid", "--fork", sys.executable, "-m", "trio_proctree", command],
+            capture_output=True, text=True, env=tracked.env, timeout=60, check=False,
+        )  # fmt: skip
+        if result.stderr.startswith("unshare:"):  # pragma: no cover - not root
+            pytest.skip(f"cannot make a pid namespace: {result.stderr!r}")
+        assert result.returncode == 2, (command, result.stdout, result.stderr)
+        assert result.stdout == ""
+        assert "/proc shows another pid namespace" in result.stderr
+    assert tracked.survivors() == []

@@ -826,3 +826,94 @@ def test_in_a_cgroup_namespace_that_hides_our_cgroup_auto_does_not_pick_cgroup(
     assert not report["grace_expired"]  # ...by the stop signal, not after the grace
     assert report["escapees_killed"] == 1
     assert tracked.survivors() == []
+
+
+# Tries every containment, through both drivers, with a command that would leave a mark.
+STARTS_UNDER_A_FOREIGN_PROC = textwrap.dedent(
+    """
+    import asyncio, json, sys, trio
+    import trio_proctree, trio_proctree.asyncio
+
+    command = ["sh", "-c", f"touch {sys.argv[1]}/started-$$"]
+    report = []
+
+    async def with_trio(containment):
+        async with trio_proctree.open_process_tree(command, containment=containment):
+            pass
+
+    async def with_asyncio(containment):
+        await trio_proctree.asyncio.run_process_tree(command, containment=containment)
+
+    for containment in ["auto", "cgroup", "subreaper", "group"]:
+        for run in (lambda: trio.run(with_trio, containment),
+                    lambda: asyncio.run(with_asyncio(containment))):
+            try:
+                run()
+                report.append([containment, "started", ""])
+            except Exception as exc:
+                report.append([containment, type(exc).__name__, str(exc)])
+    print(json.dumps(report))
+    """
+)
+
+
+def test_under_a_proc_of_another_pid_namespace_no_tree_starts(
+    tracked: Tracked, tmp_path: Path
+) -> None:
+    # `unshare --pid --fork` without --mount-proc: /proc still shows the outer namespace,
+    # so every pid read from it (a subreaper's children, a group's members, a start-time
+    # proof) names another process than the same number does here. Red before: trees
+    # started, and a subreaper tree's lingering child was never found (the listing read
+    # the outer init's children), nor stopped.
+    if shutil.which("unshare") is None:  # pragma: no cover - util-linux is everywhere
+        pytest.skip("needs unshare(1)")
+    child = subprocess.run(
+        ["unshare", "--pid", "--fork", *procs.python(), "-c", STARTS_UNDER_A_FOREIGN_PROC,
+         str(tmp_path)],
+        capture_output=True, env=tracked.env, timeout=60, check=False,
+    )  # fmt: skip
+    if child.stderr.startswith(b"unshare:"):  # pragma: no cover - not root
+        pytest.skip(f"cannot make a pid namespace: {child.stderr!r}")
+    assert child.returncode == 0, child.stderr.decode()
+    report = json.loads(child.stdout)
+    assert len(report) == 8  # four containments, two drivers
+    for containment, error, message in report:
+        assert error == "ContainmentUnavailable", (containment, error, message)
+        assert "/proc" in message and "pid namespace" in message
+    assert list(tmp_path.iterdir()) == []  # nothing ever ran
+    assert tracked.survivors() == []
+
+
+# Runs a tree, then forks into a new pid namespace (under the same /proc) and tries again.
+FORKS_INTO_A_NEW_PID_NAMESPACE = textwrap.dedent(
+    """
+    import ctypes, os, sys, trio
+    from trio_proctree import ContainmentUnavailable, run_process_tree
+
+    trio.run(run_process_tree, ["true"])  # /proc is ours here
+    if ctypes.CDLL(None, use_errno=True).unshare(0x20000000) != 0:  # CLONE_NEWPID
+        print("unshare refused:", os.strerror(ctypes.get_errno()))
+        sys.exit(0)
+    child = os.fork()  # the first process of the new namespace
+    if child == 0:
+        try:
+            trio.run(run_process_tree, ["true"])
+            print("started", flush=True)
+        except ContainmentUnavailable as exc:
+            print("refused:", exc, flush=True)
+        os._exit(0)
+    os.waitpid(child, 0)
+    """
+)
+
+
+def test_a_forked_child_in_a_new_pid_namespace_asks_again_whose_proc_it_is(
+    tracked: Tracked,
+) -> None:
+    # The answer is kept per process: the parent's "ours" says nothing of a child that
+    # is the first process of a namespace of its own.
+    output = procs.run_python(FORKS_INTO_A_NEW_PID_NAMESPACE, env=tracked.env)
+    if output.startswith("unshare refused"):  # pragma: no cover - not root
+        pytest.skip(output)
+    assert output.startswith("refused: no containment can be trusted here: /proc shows")
+    assert tracked.survivors() == []

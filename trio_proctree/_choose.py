@@ -12,6 +12,7 @@ from . import _watchdog as watchdog
 from ._cgroup import CgroupContainment, CgroupHome, CgroupUnavailable, cgroup_home
 from ._containment import Containment, ProcessGroupContainment
 from ._orphans import SubreaperUnavailable, check_subreaper_available
+from ._procfs import foreign_proc
 from ._spawn import Spawned, SpawnPlan, spawn
 from ._subreaper import SubreaperContainment
 
@@ -21,7 +22,8 @@ CONTAINMENTS = ("auto", "cgroup", "subreaper", "group")
 
 
 class ContainmentUnavailable(RuntimeError):
-    """The containment asked for cannot be used on this machine (the message says why)."""
+    """The containment asked for cannot be used on this machine (the message says why);
+    raised for every one, even "auto", under a /proc of another pid namespace."""
 
 
 @attrs.frozen
@@ -42,12 +44,17 @@ def choose_containment(mode: str, *, changes_user: bool = False) -> ContainmentC
 
     Raises:
         ValueError: ``mode`` names no containment.
-        ContainmentUnavailable: ``mode`` is not available here.
+        ContainmentUnavailable: ``mode`` is not available here (none is, under a /proc
+            of another pid namespace).
     """
     if mode not in CONTAINMENTS:
         raise ValueError(
             f"containment must be one of {', '.join(map(repr, CONTAINMENTS))}, not {mode!r}"
         )
+    if (foreign := foreign_proc()) is not None:
+        # Every containment reads /proc (the leader's start time, a tree's members): one
+        # that names other processes would have them signalled, and ours missed.
+        raise ContainmentUnavailable(f"no containment can be trusted here: {foreign}")
     if mode in ("auto", "cgroup"):
         try:
             home = _cgroup_home_for(changes_user=changes_user)

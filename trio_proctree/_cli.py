@@ -17,6 +17,7 @@ from ._cmd_run import RunOptions
 from ._cmd_run import run as run_command
 from ._demo import compare, render
 from ._escalation import parse_duration, parse_stop_signal
+from ._procfs import foreign_proc
 
 
 def _seconds(text: str) -> float:
@@ -168,6 +169,10 @@ def _build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
+    if args.command in ("demo", "orphans") and (foreign := foreign_proc()) is not None:
+        # Both count or list processes by what /proc says: there, other processes than
+        # the numbers name here (and the demo would start its uncontained trees first).
+        parser.exit(2, f"trio-proctree {args.command}: {foreign}\n")
     if args.command == "demo":
         render(trio.run(compare), sys.stdout)
         return 0

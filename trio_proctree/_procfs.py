@@ -112,6 +112,46 @@ def _environ_of_other_threads(pid: int) -> bytes | None:
     return None
 
 
+#: The pid of the process that found /proc its pid namespace's (a forked child asks again:
+#: it may be the first process of a new namespace, under a /proc mounted outside it).
+_proc_seen_ours_by: int | None = None
+
+
+def foreign_proc() -> str | None:
+    """Why /proc cannot be trusted to name this process's processes, or None if it can.
+
+    A /proc mounted for another pid namespace (``unshare --pid --fork`` without
+    ``--mount-proc``) lists pids of that namespace: /proc/N is not our process N, so a
+    start-time proof, a subreaper's children, a group's scan would all read strangers,
+    and a pidfd opened for a pid read there would name the wrong process.
+    Asked once per process: a /proc remounted under a running program is not seen.
+    """
+    global _proc_seen_ours_by  # noqa: PLW0603 - one answer per process
+    pid = os.getpid()
+    if _proc_seen_ours_by == pid:
+        return None
+    try:
+        # NSpid lists our pid in each pid namespace from /proc's down to ours: just our
+        # own pid when they are the same. (Where /proc does not show us at all, it is
+        # another namespace's too: /proc/self is not there.)
+        status = read_file("/proc/self/status")
+    except OSError as exc:
+        return f"/proc/self cannot be read ({exc}): is /proc another pid namespace's?"
+    nspid = next(
+        (line.split()[1:] for line in status.splitlines() if line.startswith(b"NSpid:")), None
+    )
+    if nspid is None:  # pragma: no cover - Linux before 4.1: how /proc numbers us
+        nspid = [os.readlink("/proc/self").encode()]
+    if nspid != [str(pid).encode()]:
+        return (
+            "/proc shows another pid namespace than this process's (started with "
+            "`unshare --pid` without `--mount-proc`?): the pids it lists are other "
+            "processes' here; mount a /proc for this namespace"
+        )
+    _proc_seen_ours_by = pid
+    return None
+
+
 def read_stat(pid: int) -> ProcStat | None:
     """The process's stat, or None once it has been reaped (or never existed)."""
     try:

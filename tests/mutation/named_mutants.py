@@ -680,6 +680,27 @@ MUTANTS = [
         "            os.killpg(self._pgid, sig)\n            if wake:",
         "test_an_emptied_group_of_a_reaped_leader_is_never_taken_for_one_with_its_id",
     ),
+    (
+        "procfs: a /proc of another pid namespace trusted",
+        "_choose.py",
+        "    if (foreign := foreign_proc()) is not None:",
+        "    if (foreign := foreign_proc()) is not None and False:",
+        "test_under_a_proc_of_another_pid_namespace_no_tree_starts",
+    ),
+    (
+        "procfs: whose /proc it is asked once, not once per process",
+        "_procfs.py",
+        "    if _proc_seen_ours_by == pid:",
+        "    if _proc_seen_ours_by is not None:",
+        "test_a_forked_child_in_a_new_pid_namespace_asks_again_whose_proc_it_is",
+    ),
+    (
+        "cli: orphans listed from a /proc of another pid namespace",
+        "_cli.py",
+        '    if args.command in ("demo", "orphans") and',
+        '    if args.command in ("demo",) and',
+        "test_under_a_proc_of_another_pid_namespace_the_demo_and_orphans_refuse",
+    ),
 ]
 
 
