@@ -315,6 +315,56 @@ async def test_a_tree_whose_leader_was_reaped_elsewhere_is_still_stopped_gracefu
     assert tracked.survivors() == []
 
 
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper"])
+async def test_a_reaped_leaders_group_member_is_stopped_as_a_member_not_an_escapee(
+    tracked: Tracked, containment: str, tmp_path: Path
+) -> None:
+    # With its leader reaped by someone else, the tree's group is still reached through
+    # the leader's pidfd (Linux 6.9+), and a process the listing finds in it is a member
+    # while that group has one: no marker needed, and no escapee. Red before: each member
+    # was confirmed one by one, as an escapee (counted so); under a subreaper, one whose
+    # environment lacks the tree's marker was taken for a stranger, never signalled, and
+    # outlived cleanup.
+    if not procs.group_signals_through_pidfds():
+        pytest.skip("no PIDFD_SIGNAL_PROCESS_GROUP here (Linux 6.9+)")
+    fifo, handled = tmp_path / "fifo", tmp_path / "handled"
+    os.mkfifo(fifo)
+    member = tmp_path / "member.sh"
+    member.write_text(
+        f"exec 3<> {shlex.quote(str(fifo))}\n"
+        f"trap 'echo handled > {shlex.quote(str(handled))}; exit 0' TERM\n"
+        "echo $$\nread x <&3\n"
+    )
+    # Only the test's own token in its environment: not the tree's marker.
+    token = f"{procs.TOKEN_VAR}={tracked.token}"
+    script = f"env -i {token} /bin/sh {shlex.quote(str(member))} & echo $$; read x; exit 3"
+    member_pid = None
+    try:
+        async with open_process_tree(
+            ["sh", "-c", script],
+            grace=5.0,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=tracked.env,
+            containment=containment,
+        ) as tree:
+            assert tree.stdin is not None and tree.stdout is not None
+            [member_pid] = set(await read_pids(tree.stdout, 2)) - {tree.pid}
+            assert procs.pgid_of(member_pid) == tree.pid
+            await tree.stdin.aclose()
+            os.waitpid(tree.pid, 0)  # noqa: ASYNC222 - it exits at once: "someone else" reaps it
+            assert procs.alive(member_pid)
+        assert handled.read_text() == "handled\n"
+        assert tree.outcome is not None
+        assert not tree.outcome.grace_expired
+        assert tree.outcome.signals[0] == signal.SIGTERM
+        assert tree.outcome.escapees_killed == 0
+    finally:
+        if member_pid is not None and procs.alive(member_pid):
+            os.kill(member_pid, signal.SIGKILL)  # ours, by pid: the red run leaves it
+    assert tracked.survivors() == []
+
+
 def test_an_emptied_group_of_a_reaped_leader_is_never_taken_for_one_with_its_id(
     tracked: Tracked,
 ) -> None:

@@ -584,12 +584,11 @@ class CgroupContainment(MemberTracking):
             self._mark_lingering()
             pins = self.leader.pins_group  # asked again: a listing takes a while
         # The group first, in one call, before anything else is worked out: its members act
-        # on the signal at once, and what is done below is done while they exit. Unless the
-        # leader was reaped elsewhere: then its group id may be anyone's, and the cgroup
-        # alone says who is a member; the listing finds them all, and each is signalled
-        # through a pidfd (and counted as an escapee: the group is unknown).
-        if pins:
-            self._group.signal_pinned(sig, wake=escalation)  # (a step: SIGCONT follows)
+        # on the signal at once, and what is done below is done while they exit. (The
+        # leader reaped elsewhere, its group id may be anyone's: the group is reached
+        # through the leader's pidfd, or, where the kernel cannot, the cgroup alone says
+        # who is a member, and each is signalled through a pidfd, counted as an escapee.)
+        self._signal_group(sig, pins=pins, wake=escalation)  # (a step: SIGCONT follows)
         step = [sig, signal.SIGCONT] if escalation else [sig]
         # The members already seen are surveyed once per escalation (a later step needs
         # no new listing), on every signal a user sends.

@@ -287,7 +287,13 @@ class ProcessGroupContainment:
         assert self._leader is not None
         if self._leader.pins_group:
             self.signal_pinned(sig, wake=wake)
-            return
+        else:
+            self.signal_through_leader(sig, wake=wake)
+
+    def signal_through_leader(self, sig: int, *, wake: bool = False) -> None:
+        """The group's signal through the leader's pidfd, the caller having just seen the
+        leader reaped elsewhere. Raises `ContainmentLost` where the kernel cannot."""
+        assert self._leader is not None
         try:
             signal_group_of(self._leader.pidfd, sig)
             if wake:
@@ -302,7 +308,7 @@ class ProcessGroupContainment:
                 f"reaped, and this kernel cannot reach the group through its pidfd ({exc})"
             ) from None
 
-    def _group_lives(self) -> bool:
+    def group_lives(self) -> bool:
         """Whether the group that the reaped leader led still has a member (False where
         the kernel cannot say: then nobody found by its id is taken for a member)."""
         assert self._leader is not None
@@ -362,7 +368,7 @@ class ProcessGroupContainment:
         # pins it, or if the group it led still has a member (while it has one, its id can
         # be no other group's). Else the leader was reaped elsewhere and the group may have
         # emptied: the id may be another group's by now, and those found strangers.
-        if found and not self._leader.pins_group and not self._group_lives():
+        if found and not self._leader.pins_group and not self.group_lives():
             for fd in found.values():
                 os.close(fd)
             return []
@@ -534,8 +540,12 @@ class MemberTracking:
         leader = self.leader
 
         def is_member(stat: ProcStat) -> bool:
-            # A process in the group is a member only while the unreaped leader pins the pgid.
-            if stat.pgid == leader.pid and leader.pins_group:
+            # A process in the group is a member while the unreaped leader pins the pgid,
+            # or, the leader reaped elsewhere, while the group it led (asked through its
+            # pidfd, after this stat was read) has a member: an emptied group never gets
+            # one again, so its id was ours all along. (Where the kernel cannot say, the
+            # containment confirms each member, as an escapee.)
+            if stat.pgid == leader.pid and (leader.pins_group or self._group.group_lives()):
                 return True
             if self._confirm_escapee(pid, stat):
                 self._escapees.add(pid)
@@ -594,8 +604,7 @@ class MemberTracking:
         # The group in one call; its members start acting on the signal at once... (Unless
         # the leader was reaped elsewhere: its group id may be anyone's by now. Then every
         # member the listing confirms is signalled through its pidfd, as an escapee.)
-        if pins:
-            self._group.signal_pinned(sig, wake=escalation)
+        self._signal_group(sig, pins=pins, wake=escalation)
         if escalation:
             # Replayed to escapees found later (pending() looks for more once every tracked
             # member has exited); kept as soon as the group has it, so that a listing that
@@ -617,6 +626,16 @@ class MemberTracking:
             self._signal_escapees(found, self._sent)
         self._signal_escapees(self._escapees, step)
 
+    def _signal_group(self, sig: int, *, pins: bool, wake: bool = False) -> None:
+        """``sig`` to the tree's group: by its id while the leader pins it; else through
+        the leader's pidfd (Linux 6.9+; on older kernels the listing confirms each member
+        and signals it through a pidfd of its own)."""
+        if pins:
+            self._group.signal_pinned(sig, wake=wake)
+            return
+        with contextlib.suppress(ContainmentLost):
+            self._group.signal_through_leader(sig, wake=wake)
+
     def _mark_lingering(self) -> None:
         """Members other than the leader still running at a step after the leader exited."""
         self._members.forget_exited()
@@ -629,8 +648,7 @@ class MemberTracking:
         # The group first: a killpg needs no file descriptor, so it works even when this
         # process has run out of them, which the hard stop below may not (it opens files).
         # It also reaches a leader that has not joined its cgroup yet.
-        if pins:
-            self._group.kill()
+        self._signal_group(signal.SIGKILL, pins=pins)
         self._sent.append(signal.SIGKILL)
         try:
             self._hard_kill()

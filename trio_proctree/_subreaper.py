@@ -116,10 +116,11 @@ class SubreaperContainment(MemberTracking):
     UNDECIDED_LISTINGS = 50
 
     def _from_this_tree(self, stat: ProcStat) -> bool:
-        """Whether a process re-parented to us came from this tree: in its group (only
-        while the unreaped leader pins the group id), or carrying its marker. A live one
+        """Whether a process re-parented to us came from this tree: in its group (while
+        the unreaped leader pins the group id, or the group it led, asked through its
+        pidfd after this stat was read, has a member), or carrying its marker. A live one
         whose environment cannot be read yet is noted as undecided (`_undecided`)."""
-        if stat.pgid == self.leader.pid and self.leader.pins_group:
+        if stat.pgid == self.leader.pid and (self.leader.pins_group or self._group.group_lives()):
             return True
         verdict = _environment_has(stat.pid, self._marker_entry)
         if verdict is None and stat.alive and _still_undecided(stat, self.UNDECIDED_LISTINGS):

@@ -196,8 +196,8 @@ MUTANTS = [
     (
         "lost leader: its members get no stop signal",
         "_cgroup.py",
+        "        self._signal_group(sig, pins=pins, wake=escalation)  # (a step: SIGCONT follows)",
         "        if pins:\n            self._group.signal_pinned(sig, wake=escalation)",
-        "        self._group.signal(sig)",
         "reaped_elsewhere and cgroup",
     ),
     (
@@ -648,7 +648,7 @@ MUTANTS = [
     (
         "group: a reaped leader's group id trusted without asking its group",
         "_containment.py",
-        "        if found and not self._leader.pins_group and not self._group_lives():",
+        "        if found and not self._leader.pins_group and not self.group_lives():",
         "        if found and not self._leader.pins_group and False:",
         "test_an_emptied_group_of_a_reaped_leader_is_never_taken_for_one_with_its_id",
     ),
@@ -700,6 +700,27 @@ MUTANTS = [
         '    if args.command in ("demo", "orphans") and',
         '    if args.command in ("demo",) and',
         "test_under_a_proc_of_another_pid_namespace_the_demo_and_orphans_refuse",
+    ),
+    (
+        "members: a reaped leader's group members taken for escapees",
+        "_containment.py",
+        "            if stat.pgid == leader.pid and (leader.pins_group or self._group.group_lives()):",
+        "            if stat.pgid == leader.pid and leader.pins_group:",
+        "test_a_reaped_leaders_group_member_is_stopped_as_a_member_not_an_escapee",
+    ),
+    (
+        "members: a reaped leader's group not signalled through its pidfd",
+        "_containment.py",
+        "        with contextlib.suppress(ContainmentLost):\n            self._group.signal_through_leader(sig, wake=wake)",
+        "        return",
+        "test_a_reaped_leaders_group_member_is_stopped_as_a_member_not_an_escapee",
+    ),
+    (
+        "subreaper: a reaped leader's group members left to their marker",
+        "_subreaper.py",
+        "        if stat.pgid == self.leader.pid and (self.leader.pins_group or self._group.group_lives()):",
+        "        if stat.pgid == self.leader.pid and self.leader.pins_group:",
+        "test_a_reaped_leaders_group_member_is_stopped_as_a_member_not_an_escapee",
     ),
 ]
 
