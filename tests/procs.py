@@ -182,10 +182,14 @@ def new_token() -> str:
 
 
 def children_of_self() -> set[int]:
+    return children_of(os.getpid())
+
+
+def children_of(pid: int) -> set[int]:
     found: set[int] = set()
-    for tid in os.listdir(f"/proc/{os.getpid()}/task"):
+    for tid in os.listdir(f"/proc/{pid}/task"):
         try:
-            with open(f"/proc/{os.getpid()}/task/{tid}/children") as f:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
                 found.update(int(p) for p in f.read().split())
         except FileNotFoundError:
             continue

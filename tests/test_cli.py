@@ -70,7 +70,8 @@ def test_under_a_proc_of_another_pid_namespace_the_demo_and_orphans_refuse(
         pytest.skip("needs unshare(1)")
     for command in ("demo", "orphans"):
         result = subprocess.run(
-            ["unshare", "--pid", "--fork", sys.executable, "-m", "trio_proctree", command],
+            ["unshare", "--pid", "--fork", "--kill-child", sys.executable, "-m", "trio_proctree",
+             command],
             capture_output=True, text=True, env=tracked.env, timeout=60, check=False,
         )  # fmt: skip
         if result.stderr.startswith("unshare:"):  # pragma: no cover - not root

@@ -868,8 +868,8 @@ def test_under_a_proc_of_another_pid_namespace_no_tree_starts(
     if shutil.which("unshare") is None:  # pragma: no cover - util-linux is everywhere
         pytest.skip("needs unshare(1)")
     child = subprocess.run(
-        ["unshare", "--pid", "--fork", *procs.python(), "-c", STARTS_UNDER_A_FOREIGN_PROC,
-         str(tmp_path)],
+        ["unshare", "--pid", "--fork", "--kill-child", *procs.python(),
+         "-c", STARTS_UNDER_A_FOREIGN_PROC, str(tmp_path)],
         capture_output=True, env=tracked.env, timeout=60, check=False,
     )  # fmt: skip
     if child.stderr.startswith(b"unshare:"):  # pragma: no cover - not root
@@ -884,13 +884,15 @@ def test_under_a_proc_of_another_pid_namespace_no_tree_starts(
     assert tracked.survivors() == []
 
 
-# Runs a tree, then forks into a new pid namespace (under the same /proc) and tries again.
+# Finds /proc its own, then forks into a new pid namespace (under the same /proc) and
+# tries to start a tree there.
 FORKS_INTO_A_NEW_PID_NAMESPACE = textwrap.dedent(
     """
     import ctypes, os, sys, trio
     from trio_proctree import ContainmentUnavailable, run_process_tree
+    from trio_proctree._procfs import foreign_proc
 
-    trio.run(run_process_tree, ["true"])  # /proc is ours here
+    assert foreign_proc() is None  # /proc is ours here (and no threads yet, to fork)
     if ctypes.CDLL(None, use_errno=True).unshare(0x20000000) != 0:  # CLONE_NEWPID
         print("unshare refused:", os.strerror(ctypes.get_errno()))
         sys.exit(0)
@@ -898,22 +900,77 @@ FORKS_INTO_A_NEW_PID_NAMESPACE = textwrap.dedent(
     if child == 0:
         try:
             trio.run(run_process_tree, ["true"])
-            print("started", flush=True)
+            print(os.getpid(), "started")
         except ContainmentUnavailable as exc:
-            print("refused:", exc, flush=True)
-        os._exit(0)
+            print(os.getpid(), "refused:", exc)
+        sys.exit(0)
     os.waitpid(child, 0)
     """
 )
 
 
+@pytest.mark.parametrize("parent", ["any pid", "pid 1"])
 def test_a_forked_child_in_a_new_pid_namespace_asks_again_whose_proc_it_is(
-    tracked: Tracked,
+    tracked: Tracked, parent: str
 ) -> None:
     # The answer is kept per process: the parent's "ours" says nothing of a child that
-    # is the first process of a namespace of its own.
-    output = procs.run_python(FORKS_INTO_A_NEW_PID_NAMESPACE, env=tracked.env)
+    # is the first process of a namespace of its own, even one with the parent's pid (a
+    # parent that is pid 1 of its own namespace, as in a container).
+    before: list[str] = []
+    if parent == "pid 1":
+        if shutil.which("unshare") is None:  # pragma: no cover - util-linux is everywhere
+            pytest.skip("needs unshare(1)")
+        before = ["unshare", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc"]
+    output = procs.run_python(FORKS_INTO_A_NEW_PID_NAMESPACE, env=tracked.env, before=before)
     if output.startswith("unshare refused"):  # pragma: no cover - not root
         pytest.skip(output)
-    assert output.startswith("refused: no containment can be trusted here: /proc shows")
+    pid, verdict = output.split(" ", 1)
+    assert pid == "1"
+    assert verdict.startswith("refused: no containment can be trusted here: /proc shows")
+    assert tracked.survivors() == []
+
+
+# Run with a /proc mounted for a namespace below ours: it does not show us at all.
+STARTS_UNDER_A_CHILD_NAMESPACES_PROC = textwrap.dedent(
+    """
+    import trio
+    from trio_proctree import ContainmentUnavailable, run_process_tree
+
+    try:
+        trio.run(run_process_tree, ["true"])
+        print("started")
+    except ContainmentUnavailable as exc:
+        print("refused:", exc)
+    """
+)
+
+
+def test_under_a_proc_of_a_child_pid_namespace_no_tree_starts(tracked: Tracked) -> None:
+    # A process that entered another's mount namespace (nsenter --mount), where /proc is
+    # that process's child pid namespace's: /proc/self is not there.
+    if shutil.which("unshare") is None or shutil.which("nsenter") is None:  # pragma: no cover
+        pytest.skip("needs unshare(1) and nsenter(1)")
+    holder = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc",
+         "sh", "-c", "echo ready; exec sleep 60"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=tracked.env,
+    )  # fmt: skip
+    with holder:
+        assert holder.stdout is not None
+        try:
+            if holder.stdout.readline() != b"ready\n":  # pragma: no cover - not root
+                pytest.skip(f"cannot make a pid namespace: {holder.stderr.read()!r}")  # type: ignore[union-attr]
+            [inner] = procs.children_of(holder.pid)
+            output = procs.run_python(
+                STARTS_UNDER_A_CHILD_NAMESPACES_PROC,
+                env=tracked.env,
+                # (--wd: entering a mount namespace moves to its root, and the package
+                # is imported from where the test runs, as in the mutation runner's copy.)
+                before=["nsenter", f"--mount=/proc/{inner}/ns/mnt", f"--wd={os.getcwd()}"],
+            )
+        finally:
+            holder.kill()  # unshare (ours, by pid): --kill-child takes its namespace along
+    assert output.startswith(
+        "refused: no containment can be trusted here: /proc does not show this process"
+    )
     assert tracked.survivors() == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 import uuid
 from typing import Any
@@ -139,3 +140,39 @@ def test_a_process_without_arguments_is_named_by_its_command_name() -> None:
     finally:
         child.wait()
     assert command_line(child.pid) == "?"  # reaped: gone
+
+
+def test_under_a_proc_of_another_pid_namespace_the_check_refuses_rather_than_guess(
+    pytester: pytest.Pytester, tracked: Tracked, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # pytest is pid 1 of its namespace, and /proc/1 the outer init: red before, its
+    # children were taken for the run's descendants, so a leak passed, and an outer
+    # process started during a test was reported (and killed) as its leak.
+    monkeypatch.setenv(procs.TOKEN_VAR, tracked.token)
+    leak = unique_sleep()
+    pytester.makepyfile(
+        f"""
+        import subprocess, pytest
+
+        @pytest.mark.no_process_leaks
+        def test_marked_leak():
+            subprocess.Popen(["sleep", "{leak}"])
+
+        def test_unmarked():
+            pass
+        """
+    )
+    inner = ["unshare", "--pid", "--fork", "--kill-child", sys.executable, "-m", "pytest"]
+    marked = pytester.run(*inner, "-p", "no:cacheprovider")
+    if marked.ret != 0 and "unshare:" in marked.stderr.str():  # pragma: no cover - not root
+        pytest.skip(f"cannot make a pid namespace: {marked.stderr.str()!r}")
+    marked.assert_outcomes(passed=1, failed=1)
+    assert "processes cannot be checked here: /proc shows another pid namespace" in (
+        marked.stdout.str()
+    )
+    everything = pytester.run(*inner, "-p", "no:cacheprovider", "--check-process-leaks")
+    assert everything.ret == pytest.ExitCode.USAGE_ERROR
+    assert "check_process_leaks: processes cannot be checked here: /proc shows" in (
+        everything.stderr.str()
+    )
+    assert tracked.survivors() == []  # (the namespace's processes die with its first)

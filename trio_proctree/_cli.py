@@ -140,7 +140,8 @@ def _build_parser() -> argparse.ArgumentParser:
             group or session leader has exited. PID 1's own services are listed too: use
             --match to look for what you care about.
 
-            Exit status 1 when any is found, 0 when none: usable as a monitoring check.
+            Exit status 1 when any is found, 0 when none: usable as a monitoring check;
+            2 when it cannot look (bad usage, or a /proc of another PID namespace).
             """
         ),
         epilog=textwrap.dedent(

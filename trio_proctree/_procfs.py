@@ -112,9 +112,10 @@ def _environ_of_other_threads(pid: int) -> bytes | None:
     return None
 
 
-#: The pid of the process that found /proc its pid namespace's (a forked child asks again:
-#: it may be the first process of a new namespace, under a /proc mounted outside it).
-_proc_seen_ours_by: int | None = None
+#: Whether this process has found /proc its pid namespace's. Forgotten in a forked child,
+#: which may be the first process of a new namespace under a /proc mounted outside it (and
+#: may even have its parent's pid: the parent was pid 1 of a namespace too, say).
+_proc_is_ours = False
 
 
 def foreign_proc() -> str | None:
@@ -124,32 +125,46 @@ def foreign_proc() -> str | None:
     ``--mount-proc``) lists pids of that namespace: /proc/N is not our process N, so a
     start-time proof, a subreaper's children, a group's scan would all read strangers,
     and a pidfd opened for a pid read there would name the wrong process.
-    Asked once per process: a /proc remounted under a running program is not seen.
+    Once /proc is found ours, that is kept for the process (a /proc remounted under a
+    running program is not seen); a refusal is asked again each time.
+
+    Raises OSError for a /proc that cannot be read for another reason (out of file
+    descriptors, say).
     """
-    global _proc_seen_ours_by  # noqa: PLW0603 - one answer per process
-    pid = os.getpid()
-    if _proc_seen_ours_by == pid:
+    global _proc_is_ours  # noqa: PLW0603 - one answer per process
+    if _proc_is_ours:
         return None
     try:
-        # NSpid lists our pid in each pid namespace from /proc's down to ours: just our
-        # own pid when they are the same. (Where /proc does not show us at all, it is
-        # another namespace's too: /proc/self is not there.)
+        # NStgid lists our pid in each pid namespace from /proc's down to ours: just
+        # getpid() when they are the same.
         status = read_file("/proc/self/status")
-    except OSError as exc:
-        return f"/proc/self cannot be read ({exc}): is /proc another pid namespace's?"
-    nspid = next(
-        (line.split()[1:] for line in status.splitlines() if line.startswith(b"NSpid:")), None
+    except (FileNotFoundError, ProcessLookupError):
+        # /proc does not show this process at all: it is a namespace's below ours, or
+        # beside it.
+        return (
+            "/proc does not show this process: it is mounted for another pid namespace "
+            "(a child namespace's, or an unrelated one); mount a /proc for this one"
+        )
+    ids = next(
+        (line.split()[1:] for line in status.splitlines() if line.startswith(b"NStgid:")), None
     )
-    if nspid is None:  # pragma: no cover - Linux before 4.1: how /proc numbers us
-        nspid = [os.readlink("/proc/self").encode()]
-    if nspid != [str(pid).encode()]:
+    if ids != [str(os.getpid()).encode()]:
         return (
             "/proc shows another pid namespace than this process's (started with "
             "`unshare --pid` without `--mount-proc`?): the pids it lists are other "
             "processes' here; mount a /proc for this namespace"
         )
-    _proc_seen_ours_by = pid
+    _proc_is_ours = True
     return None
+
+
+def _forget_whose_proc() -> None:
+    global _proc_is_ours  # noqa: PLW0603 - one answer per process
+    _proc_is_ours = False
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, where nothing here runs
+    os.register_at_fork(after_in_child=_forget_whose_proc)
 
 
 def read_stat(pid: int) -> ProcStat | None:

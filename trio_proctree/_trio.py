@@ -313,7 +313,8 @@ def open_process_tree(
       ValueError: empty command, bad ``grace``, invalid ``stop_signal``.
       FileNotFoundError: the executable does not exist.
       PermissionError: the executable is not executable.
-      ContainmentUnavailable: the ``containment`` asked for is not available here.
+      ContainmentUnavailable: the ``containment`` asked for is not available here (none
+        is under a /proc of another pid namespace).
       NotImplementedError: on platforms other than Linux.
     """
     policy = resolve_policy(grace, stop_signal, escalation)

@@ -27,7 +27,7 @@ import pytest
 from . import _watchdog
 from ._containment import pin_process, signal_pidfd
 from ._orphans import become_subreaper, children, descendants
-from ._procfs import command_line
+from ._procfs import command_line, foreign_proc
 
 _SNAPSHOT = pytest.StashKey[set[tuple[int, int]]]()
 
@@ -54,6 +54,13 @@ def pytest_configure(config: pytest.Config) -> None:
         "no_process_leaks: fail this test if it leaves a process running (trio_proctree)",
     )
     if _checking_everything(config):
+        # Under a /proc of another pid namespace, this process's descendants would be read
+        # from strangers' entries: leaks would pass, and other processes be reported (and
+        # killed). Said before any test runs; a marked test fails with it (below).
+        if (foreign := foreign_proc()) is not None:
+            raise pytest.UsageError(
+                f"check_process_leaks: processes cannot be checked here: {foreign}"
+            )
         become_subreaper()
 
 
@@ -79,6 +86,8 @@ def _descendants() -> dict[tuple[int, int], str]:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
     if _checked(item):
+        if (foreign := foreign_proc()) is not None:
+            pytest.fail(f"processes cannot be checked here: {foreign}", pytrace=False)
         become_subreaper()
         item.stash[_SNAPSHOT] = set(_descendants())
     return (yield)

@@ -690,8 +690,8 @@ MUTANTS = [
     (
         "procfs: whose /proc it is asked once, not once per process",
         "_procfs.py",
-        "    if _proc_seen_ours_by == pid:",
-        "    if _proc_seen_ours_by is not None:",
+        "    os.register_at_fork(after_in_child=_forget_whose_proc)",
+        "    pass",
         "test_a_forked_child_in_a_new_pid_namespace_asks_again_whose_proc_it_is",
     ),
     (
@@ -721,6 +721,13 @@ MUTANTS = [
         "        if stat.pgid == self.leader.pid and (self.leader.pins_group or self._group.group_lives()):",
         "        if stat.pgid == self.leader.pid and self.leader.pins_group:",
         "test_a_reaped_leaders_group_member_is_stopped_as_a_member_not_an_escapee",
+    ),
+    (
+        "procfs: a /proc that does not show us taken for ours",
+        "_procfs.py",
+        '        return (\n            "/proc does not show this process',
+        '        return None\n        return (\n            "/proc does not show this process',
+        "test_under_a_proc_of_a_child_pid_namespace_no_tree_starts",
     ),
 ]
 
