@@ -296,18 +296,23 @@ def test_a_parent_killed_before_its_leader_joined_the_cgroup_takes_the_tree_alon
     tracked: Tracked,
 ) -> None:
     # Red before: the watchdog wrote cgroup.kill to a cgroup still empty; the leader
-    # joined it afterwards and ran its command, an orphan nothing would stop.
+    # joined it afterwards and ran its command, an orphan nothing would stop. The parent
+    # runs in a cgroup of its own: else another process's sweep of the dead parent's home
+    # (a concurrent test's, say) could stop that orphan first and hide the bug (its
+    # mutant once survived so, under load).
     available("cgroup")
-    parent = subprocess.Popen(
-        [*procs.python(), "-c", DIES_BEFORE_THE_JOIN],
-        stdout=subprocess.PIPE,
-        env=tracked.env,
-    )
-    with parent:
-        assert parent.wait(timeout=30) == -signal.SIGKILL
-    # The leader waits for the watchdog to finish before its exec, then must not get to
-    # run `sleep 60`.
-    assert until_none_survive(tracked, within=5.0) == []
+    with private_cgroup() as cgroup:
+        join = 'echo $$ > "$0/cgroup.procs" && exec "$@"'
+        parent = subprocess.Popen(
+            ["/bin/sh", "-c", join, cgroup, *procs.python(), "-c", DIES_BEFORE_THE_JOIN],
+            stdout=subprocess.PIPE,
+            env=tracked.env,
+        )
+        with parent:
+            assert parent.wait(timeout=30) == -signal.SIGKILL
+        # The leader waits for the watchdog to finish before its exec, then must not get
+        # to run `sleep 60`.
+        assert until_none_survive(tracked, within=5.0) == []
 
 
 # Holds a cgroup tree; says the tree's cgroup and its watchdog's pid, then waits.
@@ -341,13 +346,32 @@ def private_cgroup() -> Iterator[str]:
         clean = True
     finally:
         # What a failed test left in it goes, deepest first; an error here must not hide
-        # the test's own (but fails a test that passed and left something behind).
+        # the test's own (but fails a test that passed and left something behind). Its
+        # processes are all the test's: a failed test's are killed first.
+        if not clean:
+            _kill_everything_in(path)
         for folder, _, _ in sorted(os.walk(path), key=lambda entry: -len(entry[0])):
             try:
                 os.rmdir(folder)
             except OSError:
                 if clean:
                     raise
+
+
+def _kill_everything_in(cgroup: str) -> None:
+    if not procs.populated(cgroup):
+        return
+    with open(os.path.join(cgroup, "cgroup.kill"), "w") as f:
+        f.write("1")
+    events = os.open(os.path.join(cgroup, "cgroup.events"), os.O_RDONLY)
+    try:
+        poller = select.poll()
+        poller.register(events, select.POLLPRI)  # a change of "populated"
+        deadline = time.monotonic() + 5
+        while procs.populated(cgroup) and time.monotonic() < deadline:
+            poller.poll(100)
+    finally:
+        os.close(events)
 
 
 def test_a_parent_killed_with_sigkill_leaves_no_cgroup_behind(tracked: Tracked) -> None:
