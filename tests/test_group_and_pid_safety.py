@@ -276,17 +276,9 @@ async def test_an_ended_tree_leaves_nothing_of_its_leader_behind(
     assert tracked.survivors() == []
 
 
-@pytest.mark.parametrize("containment", ["cgroup", "subreaper", "group"])
-async def test_a_tree_whose_leader_was_reaped_elsewhere_is_still_stopped_gracefully(
-    tracked: Tracked, containment: str, tmp_path: Path
-) -> None:
-    # With its leader reaped by someone else, the tree's group id may be anyone's: no
-    # killpg. The cgroup (or, under a subreaper, the marker) still says who is a member,
-    # and each gets the stop signal through its pidfd, so it stops gracefully. A bare
-    # group gets it through the leader's pidfd, which names the group, not its id (Linux
-    # 6.9+; red before: the group was given up for lost, and its member never stopped).
-    if containment == "group" and not procs.group_signals_through_pidfds():
-        pytest.skip("no PIDFD_SIGNAL_PROCESS_GROUP here (Linux 6.9+)")
+def graceful_member(tmp_path: Path) -> tuple[Path, Path]:
+    """A shell script that says its pid and waits, and on SIGTERM writes the second path
+    and exits (its wait is on a FIFO it holds itself, so no EOF ends it early)."""
     fifo, handled = tmp_path / "fifo", tmp_path / "handled"
     os.mkfifo(fifo)
     member = tmp_path / "member.sh"
@@ -295,6 +287,21 @@ async def test_a_tree_whose_leader_was_reaped_elsewhere_is_still_stopped_gracefu
         f"trap 'echo handled > {shlex.quote(str(handled))}; exit 0' TERM\n"
         "echo $$\nread x <&3\n"
     )
+    return member, handled
+
+
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper", "group"])
+async def test_a_tree_whose_leader_was_reaped_elsewhere_is_still_stopped_gracefully(
+    tracked: Tracked, containment: str, tmp_path: Path
+) -> None:
+    # With its leader reaped by someone else, the tree's group id may be anyone's: no
+    # killpg. The group gets the stop signal through the leader's pidfd, which names the
+    # group, not its id (Linux 6.9+; red before, for a bare group: it was given up for
+    # lost, and its member never stopped); on older kernels the cgroup (or, under a
+    # subreaper, the marker) says who is a member, and each gets it through its pidfd.
+    if containment == "group" and not procs.group_signals_through_pidfds():
+        pytest.skip("no PIDFD_SIGNAL_PROCESS_GROUP here (Linux 6.9+)")
+    member, handled = graceful_member(tmp_path)
     async with open_process_tree(
         ["sh", "-c", f"sh {shlex.quote(str(member))} & echo $$; read x; exit 3"],
         grace=5.0,
@@ -327,14 +334,7 @@ async def test_a_reaped_leaders_group_member_is_stopped_as_a_member_not_an_escap
     # outlived cleanup.
     if not procs.group_signals_through_pidfds():
         pytest.skip("no PIDFD_SIGNAL_PROCESS_GROUP here (Linux 6.9+)")
-    fifo, handled = tmp_path / "fifo", tmp_path / "handled"
-    os.mkfifo(fifo)
-    member = tmp_path / "member.sh"
-    member.write_text(
-        f"exec 3<> {shlex.quote(str(fifo))}\n"
-        f"trap 'echo handled > {shlex.quote(str(handled))}; exit 0' TERM\n"
-        "echo $$\nread x <&3\n"
-    )
+    member, handled = graceful_member(tmp_path)
     # Only the test's own token in its environment: not the tree's marker.
     token = f"{procs.TOKEN_VAR}={tracked.token}"
     script = f"env -i {token} /bin/sh {shlex.quote(str(member))} & echo $$; read x; exit 3"

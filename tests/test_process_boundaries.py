@@ -302,12 +302,7 @@ def test_a_parent_killed_before_its_leader_joined_the_cgroup_takes_the_tree_alon
     # mutant once survived so, under load).
     available("cgroup")
     with private_cgroup() as cgroup:
-        join = 'echo $$ > "$0/cgroup.procs" && exec "$@"'
-        parent = subprocess.Popen(
-            ["/bin/sh", "-c", join, cgroup, *procs.python(), "-c", DIES_BEFORE_THE_JOIN],
-            stdout=subprocess.PIPE,
-            env=tracked.env,
-        )
+        parent = python_in(cgroup, DIES_BEFORE_THE_JOIN, tracked)
         with parent:
             assert parent.wait(timeout=30) == -signal.SIGKILL
         # The leader waits for the watchdog to finish before its exec, then must not get
@@ -358,6 +353,16 @@ def private_cgroup() -> Iterator[str]:
                     raise
 
 
+def python_in(cgroup: str, code: str, tracked: Tracked) -> subprocess.Popen[bytes]:
+    """A Python like this one running ``code``, having joined ``cgroup`` before its exec."""
+    join = 'echo $$ > "$0/cgroup.procs" && exec "$@"'
+    return subprocess.Popen(
+        ["/bin/sh", "-c", join, cgroup, *procs.python(), "-c", code],
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+    )
+
+
 def _kill_everything_in(cgroup: str) -> None:
     if not procs.populated(cgroup):
         return
@@ -385,12 +390,7 @@ def test_a_parent_killed_with_sigkill_leaves_no_cgroup_behind(tracked: Tracked) 
 
 
 def _run_a_parent_killed_with_sigkill(tracked: Tracked, cgroup: str) -> None:
-    join = 'echo $$ > "$0/cgroup.procs" && exec "$@"'
-    parent = subprocess.Popen(
-        ["/bin/sh", "-c", join, cgroup, *procs.python(), "-c", HOLDS_A_CGROUP_TREE],
-        stdout=subprocess.PIPE,
-        env=tracked.env,
-    )
+    parent = python_in(cgroup, HOLDS_A_CGROUP_TREE, tracked)
     with parent:
         assert parent.stdout is not None
         tree, watchdog_pid = parent.stdout.readline().decode().split()
