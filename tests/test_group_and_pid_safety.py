@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +28,7 @@ from trio_proctree._orphans import become_subreaper
 
 from . import procs
 from .conftest import Tracked, read_pids
+from .test_containment import available, until_none_survive
 
 TWO_SLEEPS = ["sh", "-c", "sleep 60 & echo $!; sleep 61 & echo $!; wait"]
 
@@ -362,6 +365,81 @@ async def test_a_reaped_leaders_group_member_is_stopped_as_a_member_not_an_escap
     finally:
         if member_pid is not None and procs.alive(member_pid):
             os.kill(member_pid, signal.SIGKILL)  # ours, by pid: the red run leaves it
+    assert tracked.survivors() == []
+
+
+#: Run by a Python without CAP_KILL (as root): a tree whose leader it reaps itself, leaving
+#: only a member of another user (nobody) in the group, which it may not signal. Prints
+#: the error cleanup raised, the member's pid, whether it lived on, and the outcome.
+WITHOUT_THE_RIGHT_TO_SIGNAL = procs.ALIVE_IN_A_CHILD + textwrap.dedent(
+    """
+        import json, os, subprocess, sys, trio
+        from trio_proctree import open_process_tree
+
+        MEMBER = (
+            "setpriv --reuid=65534 --regid=65534 --clear-groups"
+            " sh -c 'echo $$; exec sleep 60 >/dev/null 2>&1'"
+        )
+
+        async def main(containment):
+            error = None
+            try:
+                async with open_process_tree(
+                    ["sh", "-c", MEMBER + " & read x"],
+                    grace=0.2, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                    containment=containment,
+                ) as tree:
+                    said = b""
+                    while not said.endswith(b"\\n"):  # (said once it runs as nobody)
+                        said += await tree.stdout.receive_some()
+                    member = int(said)
+                    await tree.stdin.aclose()
+                    os.waitpid(tree.pid, 0)  # "someone else" reaps the leader
+            except Exception as exc:
+                error = [type(exc).__name__, type(exc.__cause__).__name__]
+            print(json.dumps([error, member, alive(member), tree.outcome.signals]))
+
+        trio.run(main, sys.argv[1])
+        """
+)
+
+
+@needs_root
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper", "group"])
+async def test_a_reaped_leaders_group_of_another_user_is_still_hard_stopped_by_its_cgroup(
+    tracked: Tracked, containment: str
+) -> None:
+    # The leader reaped elsewhere, the group is signalled through its pidfd; a member this
+    # process may not signal (another user's) makes that EPERM. A cgroup's hard stop needs
+    # no such right: it must still run, and the EPERM be reported (red before: the error
+    # left the SIGKILL step before cgroup.kill, and the member outlived cleanup). Without a
+    # cgroup nothing can stop it, and cleanup says so, with EPERM as the reason.
+    if not procs.group_signals_through_pidfds():  # pragma: no cover - Linux before 6.9
+        pytest.skip("no PIDFD_SIGNAL_PROCESS_GROUP here (Linux 6.9+)")
+    if not shutil.which("setpriv"):  # pragma: no cover
+        pytest.skip("needs setpriv, to give up CAP_KILL and to become nobody")
+    if containment == "cgroup":
+        available("cgroup")
+    output = procs.run_python(
+        WITHOUT_THE_RIGHT_TO_SIGNAL,
+        containment,
+        env=tracked.env,
+        before=["setpriv", "--inh-caps=-kill", "--bounding-set=-kill"],
+    )
+    error, member, lived_on, signals = json.loads(output)
+    try:
+        assert signals == [signal.SIGTERM, signal.SIGCONT, signal.SIGKILL]
+        if containment == "cgroup":
+            assert error == ["PermissionError", "NoneType"]
+            assert not lived_on
+        else:
+            assert error == ["CleanupError", "PermissionError"]
+            assert lived_on
+    finally:
+        if procs.alive(member):
+            os.kill(member, signal.SIGKILL)  # started by this test; we may (CAP_KILL)
+    # (The script's watchdog, which could not kill the member either, then exits.)
+    await until_none_survive(tracked, within=1.0)
     assert tracked.survivors() == []
 
 

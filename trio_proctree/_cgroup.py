@@ -617,9 +617,10 @@ class CgroupContainment(MemberTracking):
                 listing_failed = exc
         if listing_failed is not None:
             self._signal_escapees(self._escapees, step)  # those already known
-            raise listing_failed
+            self._raise_denied(listing_failed)
         self._signal_escapees([pid for pid in self._escapees if pid not in new], step)
         self._catch_up(new, catch_up, pins=pins)
+        self._raise_denied()
 
     def _catch_up(self, new: list[int], signals: list[int], *, pins: bool) -> None:
         """Give escapees just found ``signals``; as one may have forked before its signal
@@ -637,6 +638,7 @@ class CgroupContainment(MemberTracking):
             if self._survey_due:
                 if self.ask_again_within is not None:
                     self._survey_now()  # the leader outlived SURVEY_DELAY
+                    self._raise_denied()
                 else:
                     self.ask_again_within = self.SURVEY_DELAY
             return [self.leader.pidfd]
@@ -656,6 +658,7 @@ class CgroupContainment(MemberTracking):
             # only now the escalation so far).
             new = self._survey(track=True, pins=self.leader.pins_group)
             self._signal_escapees(new, self._sent)
+        self._raise_denied()  # (the members are tracked: the next call waits on them)
         if not self._members:
             # Populated, yet nobody listed: the last members are finishing their exit
             # (a process leaves the listing first). Ask again after the driver yields.

@@ -440,6 +440,9 @@ class MemberTracking:
         #: Processes the listing under way pinned as it read them: pidfd, and the stat
         #: read after it opened (taken by `_open_member`; the rest closed after the listing).
         self._pinned: dict[int, tuple[int, ProcStat]] = {}
+        #: The first refusal to signal (EPERM: a member runs as another user) met by the
+        #: call under way, raised once it has done the rest (`_raise_denied`).
+        self._denied: PermissionError | None = None
 
     def prepare(self, plan: SpawnPlan) -> SpawnPlan:
         # Registered before the leader starts: if this process is SIGKILLed between the
@@ -577,8 +580,29 @@ class MemberTracking:
         for pid in pids:
             fd = self._members.get(pid)
             if fd is not None:
-                for sig in signals:
-                    signal_pidfd(fd, sig)
+                try:
+                    for sig in signals:
+                        signal_pidfd(fd, sig)
+                except PermissionError as exc:
+                    self._deny(exc)  # (the others still get theirs)
+
+    def _deny(self, refusal: PermissionError) -> None:
+        """Keep a refusal to signal, to raise once the call has done the rest: one member
+        we may not signal (another user's: a setuid program, sudo) must not keep the others
+        from their signal, nor the tree from its hard stop (cgroup.kill needs no right to
+        signal anyone)."""
+        if self._denied is None:
+            self._denied = refusal
+
+    def _raise_denied(self, failed: OSError | None = None) -> None:
+        """Raise ``failed``, else the refusal kept (`_deny`), if any."""
+        denied, self._denied = self._denied, None
+        if failed is not None:
+            if denied is not None and failed.__context__ is None:
+                failed.__context__ = denied  # (shown with it, not lost)
+            raise failed
+        if denied is not None:
+            raise denied
 
     #: Learn the members before the group's signal (else after it, overlapping their exit).
     survey_first = False
@@ -619,12 +643,13 @@ class MemberTracking:
                 listing_failed = exc
         if listing_failed is not None:
             self._signal_escapees(self._escapees, step)  # those already known
-            raise listing_failed
+            self._raise_denied(listing_failed)
         if not escalation:
             # A program's signal during cleanup may be the first to find an escapee: it
             # gets the escalation so far first.
             self._signal_escapees(found, self._sent)
         self._signal_escapees(self._escapees, step)
+        self._raise_denied()
 
     def _signal_group(self, sig: int, *, pins: bool, wake: bool = False) -> None:
         """``sig`` to the tree's group: by its id while the leader pins it; else through
@@ -633,8 +658,12 @@ class MemberTracking:
         if pins:
             self._group.signal_pinned(sig, wake=wake)
             return
-        with contextlib.suppress(ContainmentLost):
+        try:
             self._group.signal_through_leader(sig, wake=wake)
+        except ContainmentLost:
+            pass
+        except PermissionError as exc:
+            self._deny(exc)
 
     def _mark_lingering(self) -> None:
         """Members other than the leader still running at a step after the leader exited."""
@@ -652,9 +681,10 @@ class MemberTracking:
         self._sent.append(signal.SIGKILL)
         try:
             self._hard_kill()
-        except OSError:
+        except OSError as exc:
             self._signal_escapees(self._escapees, [signal.SIGKILL])  # those already known
-            raise
+            self._raise_denied(exc)
+        self._raise_denied()
 
     def pending(self) -> Pending:
         self._members.forget_exited()
@@ -663,6 +693,7 @@ class MemberTracking:
         if not self._members:
             listed, new_escapees = self._track_new_members()
             self._signal_escapees(new_escapees, self._sent)
+            self._raise_denied()  # (the members are tracked: the next call waits on them)
             if not self._members and (listed or self._undecided):
                 # Listed, but gone before its pidfd opened: still finishing its exit. Or
                 # a process the listing could not place yet. Ask again after the driver
