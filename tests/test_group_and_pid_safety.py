@@ -475,6 +475,30 @@ def test_an_emptied_group_of_a_reaped_leader_is_never_taken_for_one_with_its_id(
     assert tracked.survivors() == []
 
 
+async def test_a_signal_after_cleanup_of_a_tree_whose_leader_was_reaped_elsewhere_is_a_no_op(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # Once cleanup has run, the tree is gone and what named it is released: its cgroup may
+    # hold the next tree by now, and its leader's pidfd is closed. A signal sent through the
+    # old tree must reach nothing and raise nothing (red before: the next tree in the reused
+    # cgroup got it; a bare group raised ContainmentLost over the closed pidfd).
+    async with open_process_tree(
+        ["sh", "-c", "echo $$; read x"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, **contained
+    ) as old:
+        assert old.stdin is not None and old.stdout is not None
+        await read_pids(old.stdout, 1)
+        await old.stdin.aclose()
+        os.waitpid(old.pid, 0)  # noqa: ASYNC222 - it exits at once: "someone else" reaps it
+    assert old.outcome is not None
+    said_pid = ["sh", "-c", "echo $$; exec sleep 60"]
+    async with open_process_tree(said_pid, stdout=subprocess.PIPE, **contained) as new:
+        assert new.stdout is not None
+        await read_pids(new.stdout, 1)  # (it runs: it is in its cgroup by now)
+        old.send_signal(signal.SIGTERM)
+        assert procs.untouched_child(new.pid)
+    assert tracked.survivors() == []
+
+
 def adopt_an_orphan(env: dict[str, str]) -> int:
     """A process of no tree that re-parents to us (a subreaper) as its parent exits, and
     then exits itself: its pid."""

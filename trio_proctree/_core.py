@@ -88,14 +88,17 @@ class TreeCore:
         #: What cleanup did, kept as it ran out, until `outcome` first reads it.
         self._record: tuple[Teardown, int, int, float, int | None] | None = None
         self._outcome: CleanupOutcome | None = None
+        self._cleaned_up = False
         self.stdin_piped = spawned.stdin is not None
         _open_trees.add(self)
         logger.debug("%s started, contained by %s", self.label, containment.name)
 
     def send_signal(self, sig: SignalLike) -> None:
         sig = parse_signal(sig)
-        if self.leader.reaped:
-            # Once the leader is reaped its group id may be recycled: signal nothing.
+        if self.leader.reaped or self._cleaned_up:
+            # Once cleanup has run, nothing of the tree is left to signal, and what named it
+            # may name another by now: the group id once the leader is reaped, the cgroup
+            # once the next tree has it. (The leader's pidfd is closed, too.)
             return
         self.containment.signal(sig)
 
@@ -143,6 +146,7 @@ class TreeCore:
                 self.containment.release(emptied=emptied)
             except OSError as exc:
                 errors.append(exc)
+            self._cleaned_up = True
             returncode = self.leader.reap()  # after the last group signal, never before
             if returncode is not None or self.leader.lost:
                 io.forget_fd(self.leader.pidfd)
@@ -266,7 +270,7 @@ class TreeView:
         return self._core.outcome
 
     def send_signal(self, sig: SignalLike) -> None:
-        """Send ``sig`` to every process in the tree (a no-op once cleanup has reaped it)."""
+        """Send ``sig`` to every process in the tree (a no-op once cleanup has run)."""
         self._core.send_signal(sig)
 
     def _exit_status_lost(self) -> CleanupError:

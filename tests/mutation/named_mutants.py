@@ -730,6 +730,13 @@ MUTANTS = [
         "test_a_reaped_leaders_group_of_another_user_is_still_hard_stopped_by_its_cgroup",
     ),
     (
+        "core: a signal sent through a tree after its cleanup",
+        "_core.py",
+        "        if self.leader.reaped or self._cleaned_up:",
+        "        if self.leader.reaped:",
+        "test_a_signal_after_cleanup_of_a_tree_whose_leader_was_reaped_elsewhere_is_a_no_op",
+    ),
+    (
         "subreaper: a reaped leader's group members left to their marker",
         "_subreaper.py",
         "        if stat.pgid == self.leader.pid and (self.leader.pins_group or self._group.group_lives()):",
