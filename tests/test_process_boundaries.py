@@ -985,6 +985,7 @@ def test_under_a_proc_of_a_child_pid_namespace_no_tree_starts(tracked: Tracked) 
             if holder.stdout.readline() != b"ready\n":  # pragma: no cover - not root
                 pytest.skip(f"cannot make a pid namespace: {holder.stderr.read()!r}")  # type: ignore[union-attr]
             [inner] = procs.children_of(holder.pid)
+            inner_exit = os.pidfd_open(inner)
             output = procs.run_python(
                 STARTS_UNDER_A_CHILD_NAMESPACES_PROC,
                 env=tracked.env,
@@ -994,6 +995,9 @@ def test_under_a_proc_of_a_child_pid_namespace_no_tree_starts(tracked: Tracked) 
             )
         finally:
             holder.kill()  # unshare (ours, by pid): --kill-child takes its namespace along
+    # (The namespace's process dies of its parent's death an instant after: waited on.)
+    select.select([inner_exit], [], [], 5)
+    os.close(inner_exit)
     assert output.startswith(
         "refused: no containment can be trusted here: /proc does not show this process"
     )
