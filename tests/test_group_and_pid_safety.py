@@ -12,8 +12,9 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -149,6 +150,138 @@ async def test_recycled_pgid_is_never_signalled(
         assert procs.untouched_child(stranger.pid)
     finally:
         stop_stranger(stranger)
+    assert tracked.survivors() == []
+
+
+def a_new_child(known: set[int]) -> Callable[[int], bool]:
+    """Whether a pid is a child of ours not among ``known`` (taken before a tree starts,
+    and after one like it ran, so that the watchdog is known: then it is the leader)."""
+    return lambda pid: (
+        procs.state(pid) is not None
+        and (procs.stat_field(pid, 4) == os.getpid() and pid not in known)
+    )
+
+
+#: Run by a Python of its own: fork a child at the pid given (the kernel hands out the pid
+#: after the one written to ns_last_pid), which starts a session, says its pid and becomes
+#: ``sleep 60``; keep it as a child until stdin closes, then kill it.
+FORK_AT = textwrap.dedent(
+    """
+    import os, signal, sys
+    with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+        f.write(str(int(sys.argv[1]) - 1))
+    child = os.fork()
+    if child == 0:
+        os.setsid()
+        print(os.getpid(), flush=True)
+        os.execvp("sleep", ["sleep", "60"])
+    sys.stdin.read()
+    os.kill(child, signal.SIGKILL)
+    os.waitpid(child, 0)
+    """
+)
+
+
+@contextmanager
+def stranger_at(pid: int, env: dict[str, str]) -> Iterator[int | None]:
+    """A process not ours (another process's child) leading a session of its own at
+    ``pid``, which the kernel has just freed; None if another process took the pid first.
+    Killed on the way out."""
+    with subprocess.Popen(
+        [sys.executable, "-c", FORK_AT, str(pid)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+    ) as holder:
+        assert holder.stdin is not None and holder.stdout is not None
+        try:
+            got = int(holder.stdout.readline())
+            # (Not if the holder itself got the pid, steered there by another test's
+            # steering: then it is a child of ours, which the test is not about.)
+            yield got if got == pid and holder.pid != pid else None
+        finally:
+            holder.stdin.close()  # it kills its child, and exits
+
+
+def untouched_stranger(pid: int) -> bool:
+    """Whether a process not ours runs with no fatal signal on its way to it: as
+    `procs.untouched_child` tells, with /proc to see it stop (no waitid for a stranger)."""
+    os.kill(pid, signal.SIGSTOP)  # (dropped if a fatal signal reached it first)
+    deadline = time.monotonic() + 5
+    while procs.state(pid) not in ("T", "Z", "X", None) and time.monotonic() < deadline:
+        time.sleep(0.001)  # a stranger's stop: no event to wait on
+    stopped = procs.state(pid) == "T"
+    os.kill(pid, signal.SIGCONT)
+    return stopped
+
+
+@needs_root
+async def test_a_leader_reaped_before_its_pidfd_opened_never_lends_its_group_a_strangers(
+    tracked: Tracked, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Other code (a waitpid(-1) in another thread) may reap the leader in the instant
+    # between its start and its pidfd's opening, and the pid go to a new process: the pidfd
+    # then names a stranger, who leads a group of its own. That group must never be taken
+    # for the tree's, nor signalled (red before: cleanup took the stranger for a member
+    # that outlived the leader, and sent its group the stop signal).
+    async with open_process_tree(["true"], env=tracked.env, containment="group"):
+        pass  # (the watchdog runs from now on)
+    real_pidfd_open = os.pidfd_open
+    strangers: list[int | None] = []
+
+    for _ in range(20):  # another process on the machine may take the pid first
+        with contextlib.ExitStack() as holding:
+            leader = a_new_child(procs.children_of_self())
+
+            def reaped_and_recycled_first(pid: int, flags: int = 0, leader: Any = leader) -> int:
+                if not leader(pid):  # (the library's own checks)
+                    return real_pidfd_open(pid, flags)
+                monkeypatch.setattr(os, "pidfd_open", real_pidfd_open)
+                os.waitpid(pid, 0)  # "someone else" reaps the leader (it exits at once)
+                strangers.append(holding.enter_context(stranger_at(pid, tracked.env)))
+                return real_pidfd_open(pid, flags)
+
+            strangers.clear()
+            monkeypatch.setattr(os, "pidfd_open", reaped_and_recycled_first)
+            async with open_process_tree(
+                ["true"], grace=0.2, env=tracked.env, containment="group"
+            ) as tree:
+                pass
+            assert tree.outcome is not None
+            assert tree.outcome.signals == ()
+            if strangers == [tree.pid]:
+                assert untouched_stranger(tree.pid)
+                break
+    else:  # pragma: no cover
+        pytest.skip("could not make the kernel reuse the pid")
+    assert tracked.survivors() == []
+
+
+async def test_a_leader_reaped_before_its_pidfd_opened_is_reported_lost_not_a_failed_spawn(
+    tracked: Tracked, contained: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Reaped by other code before its pidfd opened, and its pid not taken again: the tree
+    # runs on without its leader, as when the leader is reaped later (red before: the spawn
+    # failed with ChildProcessError, from the cleanup of a pidfd that failed to open, which
+    # signalled the freed pid's group by its number and then tried to reap it).
+    async with open_process_tree(["true"], **contained):
+        pass  # (the watchdog runs from now on)
+    real_pidfd_open = os.pidfd_open
+    leader = a_new_child(procs.children_of_self())
+
+    def reaped_first(pid: int, flags: int = 0) -> int:
+        if leader(pid):
+            monkeypatch.setattr(os, "pidfd_open", real_pidfd_open)
+            os.waitpid(pid, 0)  # "someone else" reaps the leader (it exits at once)
+        return real_pidfd_open(pid, flags)
+
+    monkeypatch.setattr(os, "pidfd_open", reaped_first)
+    async with open_process_tree(["true"], grace=0.2, **contained) as tree:
+        assert os.pidfd_open is real_pidfd_open  # (the leader was reaped first)
+        with pytest.raises(CleanupError, match="exit status lost"):
+            await tree.wait()
+    assert tree.outcome is not None
+    assert tree.outcome.signals == ()
     assert tracked.survivors() == []
 
 

@@ -80,6 +80,7 @@ class TreeCore:
             spawned.pidfd,
             spawned.started_within,
             spawned.parent_thread,
+            lost=spawned.lost,
         )
         self.containment = containment
         containment.attach(self.leader)

@@ -53,6 +53,8 @@ class Leader:
         pidfd: int,
         started_within: tuple[int, int] = (0, 0),
         parent_thread: int = 0,
+        *,
+        lost: bool = False,
     ) -> None:
         #: The Popen that started the leader, if one did: told the exit status when it is
         #: settled, so that it never waits for (or reaps) this pid itself.
@@ -70,7 +72,10 @@ class Leader:
         #: Someone else (an ``os.wait()`` elsewhere in the program) reaped the leader: its
         #: process group id is no longer pinned and must not be signalled by its number.
         self.lost = False
-        _unreaped[pid] = self
+        if lost:
+            self._lose(before_its_pidfd=True)
+        else:
+            _unreaped[pid] = self
 
     def _unlist(self) -> None:
         # (Only this leader: a new one of ours may have its pid, if someone else reaped it.)
@@ -93,22 +98,33 @@ class Leader:
             # WNOWAIT: the exit is reported, not consumed (the zombie stays).
             info = os.waitid(os.P_PIDFD, self.pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
-            self.lost = True
-            self._unlist()
-            # Popen must never look at this pid again: it may be another child of ours by
-            # now, and Popen.poll() would reap that one. Marking Popen settled also keeps
-            # it from warning when freed; the value is never shown (ours stays None, or
-            # the status seen before the loss).
-            if self.popen is not None:
-                self.popen.returncode = _LOST
+            self._lose()
+            return
+        if info is not None and self._returncode is None:
+            self._returncode = _decode(info)
+
+    def _lose(self, *, before_its_pidfd: bool = False) -> None:
+        """Note that someone else reaped the leader."""
+        self.lost = True
+        self._unlist()
+        # Popen must never look at this pid again: it may be another child of ours by
+        # now, and Popen.poll() would reap that one. Marking Popen settled also keeps
+        # it from warning when freed; the value is never shown (ours stays None, or
+        # the status seen before the loss).
+        if self.popen is not None:
+            self.popen.returncode = _LOST
+        if before_its_pidfd:
+            logger.warning(
+                "pid %d was reaped by someone else before its pidfd could be opened: its "
+                "exit status is lost, and its process group cannot be reached safely",
+                self.pid,
+            )
+        else:
             logger.warning(
                 "pid %d was reaped by someone else: its exit status is lost, and its "
                 "process group is reached only through its pidfd from now on (Linux 6.9+)",
                 self.pid,
             )
-            return
-        if info is not None and self._returncode is None:
-            self._returncode = _decode(info)
 
     @property
     def exited(self) -> bool:

@@ -103,6 +103,8 @@ class Spawned:
     started_within: tuple[int, int] = (0, 0)
     #: The thread that forked it (its parent, while that thread lives).
     parent_thread: int = 0
+    #: Other code reaped it before its pidfd could be opened (``pidfd`` names no process).
+    lost: bool = False
 
 
 def plan_spawn(command: Command, options: Mapping[str, Any]) -> SpawnPlan:
@@ -342,9 +344,15 @@ def spawn(plan: SpawnPlan) -> Spawned:
     finally:
         for fd in child_ends:
             os.close(fd)
-    # The child is ours and unreaped, so its pid cannot have been recycled yet.
+    # The child is ours and unreaped, so its pid cannot have been recycled yet: unless other
+    # code reaped it in the meantime (a waitpid(-1) in another thread). Then the number may
+    # be a new process's by now, and a pidfd opened by it names a stranger, whose group
+    # would get the tree's signals: the pidfd must name a child of ours, not yet reaped.
+    lost = False
     try:
         pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        lost = True  # reaped already, and the pid not taken again (yet)
     except OSError:
         # Without a pidfd the tree cannot be watched: stop it before it runs away (its
         # group id is pinned by the unreaped leader), and leak nothing.
@@ -356,6 +364,15 @@ def spawn(plan: SpawnPlan) -> Spawned:
         for fd in ours.values():
             os.close(fd)
         raise
+    else:
+        if not _our_unreaped_child(pidfd):
+            os.close(pidfd)
+            lost = True
+    if lost:
+        # The tree goes on without its leader, as when other code reaps it later (its group
+        # is then reached through nothing; its cgroup or its markers still tell its members):
+        # in the pidfd's place, a descriptor that reads as exited and names no process.
+        pidfd = os.eventfd(1, os.EFD_CLOEXEC)
     return Spawned(
         pid,
         popen,
@@ -365,7 +382,17 @@ def spawn(plan: SpawnPlan) -> Spawned:
         ours.get("stderr"),
         started_within,
         threading.get_native_id(),
+        lost,
     )
+
+
+def _our_unreaped_child(pidfd: int) -> bool:
+    """Whether the pidfd's process is a child of ours that has not been reaped."""
+    try:
+        os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
 
 
 def _start_in_cgroup(plan: SpawnPlan, stdio: Mapping[str, Any]) -> int | None:

@@ -737,6 +737,20 @@ MUTANTS = [
         "test_a_signal_after_cleanup_of_a_tree_whose_leader_was_reaped_elsewhere_is_a_no_op",
     ),
     (
+        "spawn: a pidfd opened by the leader's pid trusted to name our child",
+        "_spawn.py",
+        "        if not _our_unreaped_child(pidfd):",
+        "        if False:",
+        "test_a_leader_reaped_before_its_pidfd_opened_never_lends_its_group_a_strangers",
+    ),
+    (
+        "spawn: a leader reaped before its pidfd opened taken for a failed spawn",
+        "_spawn.py",
+        "    except ProcessLookupError:\n        lost = True",
+        "    except ProcessLookupError:\n        raise",
+        "test_a_leader_reaped_before_its_pidfd_opened_is_reported_lost_not_a_failed_spawn",
+    ),
+    (
         "subreaper: a reaped leader's group members left to their marker",
         "_subreaper.py",
         "        if stat.pgid == self.leader.pid and (self.leader.pins_group or self._group.group_lives()):",
