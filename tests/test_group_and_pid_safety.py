@@ -26,6 +26,7 @@ from trio_proctree import CleanupError, _orphans, open_process_tree, run_process
 from trio_proctree._containment import NEED_SCAN, ProcessGroupContainment
 from trio_proctree._leader import Leader
 from trio_proctree._orphans import become_subreaper
+from trio_proctree._subreaper import SubreaperContainment
 
 from . import procs
 from .conftest import Tracked, read_pids
@@ -629,6 +630,46 @@ async def test_a_signal_after_cleanup_of_a_tree_whose_leader_was_reaped_elsewher
         await read_pids(new.stdout, 1)  # (it runs: it is in its cgroup by now)
         old.send_signal(signal.SIGTERM)
         assert procs.untouched_child(new.pid)
+    assert tracked.survivors() == []
+
+
+def test_under_a_subreaper_an_emptied_group_of_a_reaped_leader_is_never_taken_for_one_with_its_id(
+    tracked: Tracked,
+) -> None:
+    # As above, under a subreaper: a process re-parented to us, in a group with the id of
+    # a reaped leader whose own group has emptied, is no member (it carries no marker, and
+    # the tree's group, reached through the leader's pidfd, has none), and is left alone.
+    if not procs.group_signals_through_pidfds():  # pragma: no cover - Linux before 6.9
+        pytest.skip("no PIDFD_SIGNAL_PROCESS_GROUP here (Linux 6.9+)")
+    become_subreaper()
+    gone = subprocess.Popen(["true"], start_new_session=True)
+    pidfd = os.pidfd_open(gone.pid)
+    os.waitpid(gone.pid, 0)  # reaped "elsewhere": its group is empty
+    gone.returncode = 0
+    # A session of its own, said once it has it; its parent exits: it re-parents to us.
+    parent = subprocess.Popen(
+        ["sh", "-c", "setsid sh -c 'echo $$; exec sleep 60 >/dev/null' &"],
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+    )
+    assert parent.stdout is not None
+    stranger = int(parent.stdout.readline())
+    parent.stdout.close()
+    parent.wait()
+    try:
+        assert procs.stat_field(stranger, 4) == os.getpid()  # ours to reap, not to signal
+        assert procs.pgid_of(stranger) == stranger
+        containment = SubreaperContainment()
+        # As if the reaped leader's id had been recycled for the stranger's group.
+        containment.attach(Leader(stranger, None, pidfd))
+        assert containment.pending() in ([], NEED_SCAN)
+        containment.kill()
+        containment.release()
+        assert procs.untouched_child(stranger)
+    finally:
+        os.close(pidfd)
+        os.kill(stranger, signal.SIGKILL)  # ours, by pid
+        os.waitpid(stranger, 0)
     assert tracked.survivors() == []
 
 

@@ -758,6 +758,13 @@ MUTANTS = [
         "test_a_reaped_leaders_group_member_is_stopped_as_a_member_not_an_escapee",
     ),
     (
+        "subreaper: a reaped leader's emptied group taken to live on",
+        "_subreaper.py",
+        "        if stat.pgid == self.leader.pid and (self.leader.pins_group or self._group.group_lives()):",
+        "        if stat.pgid == self.leader.pid and (self.leader.pins_group or True):",
+        "test_under_a_subreaper_an_emptied_group_of_a_reaped_leader_is_never_taken_for_one_with_its_id",
+    ),
+    (
         "procfs: a /proc that does not show us taken for ours",
         "_procfs.py",
         '        return (\n            "/proc does not show this process',
