@@ -22,7 +22,13 @@ from typing import Any
 import pytest
 import trio
 
-from trio_proctree import CleanupError, _orphans, open_process_tree, run_process_tree
+from trio_proctree import (
+    CleanupError,
+    _containment,
+    _orphans,
+    open_process_tree,
+    run_process_tree,
+)
 from trio_proctree._containment import NEED_SCAN, ProcessGroupContainment
 from trio_proctree._leader import Leader
 from trio_proctree._orphans import become_subreaper
@@ -574,6 +580,48 @@ async def test_a_reaped_leaders_group_of_another_user_is_still_hard_stopped_by_i
             os.kill(member, signal.SIGKILL)  # started by this test; we may (CAP_KILL)
     # (The script's watchdog, which could not kill the member either, then exits.)
     await until_none_survive(tracked, within=1.0)
+    assert tracked.survivors() == []
+
+
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper"])
+async def test_a_reaped_leaders_group_is_asked_about_once_a_listing_not_once_a_member(
+    tracked: Tracked, containment: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Whether the group of a leader reaped elsewhere still has a member is a question the
+    # kernel answers by going through the whole group: asked for each member, a teardown
+    # of a large group grew with its square (2,000 members: 2.5-4 times as long). Red
+    # before: asked once per member, in every listing.
+    if not procs.group_signals_through_pidfds():  # pragma: no cover - Linux before 6.9
+        pytest.skip("no PIDFD_SIGNAL_PROCESS_GROUP here (Linux 6.9+)")
+    available(containment)
+    members = 40
+    asked = 0
+    signal_group_of = _containment.signal_group_of
+
+    def counted(pidfd: int, sig: int) -> bool:
+        nonlocal asked
+        asked += sig == 0
+        return signal_group_of(pidfd, sig)
+
+    script = f"for i in $(seq {members}); do sleep 60 & done; echo $$; read x"
+    async with open_process_tree(
+        ["sh", "-c", script],
+        grace=5.0,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+        containment=containment,
+    ) as tree:
+        assert tree.stdin is not None and tree.stdout is not None
+        await read_pids(tree.stdout, 1)
+        await tree.stdin.aclose()
+        os.waitpid(tree.pid, 0)  # noqa: ASYNC222 - it exits at once: "someone else" reaps it
+        assert len(tracked.survivors()) == members
+        monkeypatch.setattr(_containment, "signal_group_of", counted)
+    assert tree.outcome is not None
+    assert tree.outcome.lingering_killed == members
+    assert not tree.outcome.grace_expired  # (the sleeps died of the stop signal)
+    assert 0 < asked < members // 4
     assert tracked.survivors() == []
 
 

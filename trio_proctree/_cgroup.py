@@ -529,9 +529,23 @@ class CgroupContainment(MemberTracking):
         a process that exited, it reads as exited, and the next listing finds the new
         one.) Anything else is confirmed by `_open_member` through a pidfd of its own.
         """
-        leader = self.leader
         new: list[int] = []
-        for pid in self._list_members():
+        listed = self._list_members()
+        try:
+            if not pins:
+                # The leader reaped elsewhere: a process with its group's id is a member
+                # while that group has one, which one question answers for every stat read
+                # before it. The stats are read first, each process pinned.
+                self._pin_listed(listed)
+            self._lives_for_listed = None
+            self._survey_listed(listed, new, track=track, pins=pins)
+        finally:
+            self._unpin()
+        return new
+
+    def _survey_listed(self, listed: list[int], new: list[int], *, track: bool, pins: bool) -> None:
+        leader = self.leader
+        for pid in listed:
             if pid in self._members or (pid == leader.pid and not leader.lost):
                 continue
             if pins:
@@ -554,7 +568,6 @@ class CgroupContainment(MemberTracking):
             self._members[pid] = fd
             if pid in self._escapees:
                 new.append(pid)
-        return new
 
     def kill(self) -> None:
         if self._survey_due:

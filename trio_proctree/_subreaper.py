@@ -115,12 +115,15 @@ class SubreaperContainment(MemberTracking):
     #: process started with an empty environment shows none for good.
     UNDECIDED_LISTINGS = 50
 
-    def _from_this_tree(self, stat: ProcStat) -> bool:
+    def _from_this_tree(self, stat: ProcStat, *, listed: bool = False) -> bool:
         """Whether a process re-parented to us came from this tree: in its group (while
         the unreaped leader pins the group id, or the group it led, asked through its
-        pidfd after this stat was read, has a member), or carrying its marker. A live one
-        whose environment cannot be read yet is noted as undecided (`_undecided`)."""
-        if stat.pgid == self.leader.pid and (self.leader.pins_group or self._group.group_lives()):
+        pidfd after this stat was read, has a member: ``listed``, see `_group_lives`), or
+        carrying its marker. A live one whose environment cannot be read yet is noted as
+        undecided (`_undecided`)."""
+        if stat.pgid == self.leader.pid and (
+            self.leader.pins_group or self._group_lives(listed=listed)
+        ):
             return True
         verdict = _environment_has(stat.pid, self._marker_entry)
         if verdict is None and stat.alive and _still_undecided(stat, self.UNDECIDED_LISTINGS):
@@ -136,14 +139,18 @@ class SubreaperContainment(MemberTracking):
         # A dead child has no subtree left (its children re-parented to us as it exited,
         # and are listed here themselves): it is not read at all.
         roots = [leader] if leader is not None and not exited_child(leader) else []
+        adopted: list[ProcStat] = []
         for child in adopted_children(also=[self.leader.parent_thread]):
             if child == leader or is_unreaped_leader(child) or is_watchdog(child):
                 continue  # a leader (another tree's: started by us, from no tree), or ours
             if exited_child(child):
                 continue
-            stat = read_stat(child)
-            if stat is not None and self._from_this_tree(stat):
-                roots.append(child)
+            if (stat := read_stat(child)) is not None:
+                adopted.append(stat)
+        # Every stat read before any is judged: one question about a reaped leader's group
+        # serves them all (`_group_lives`).
+        self._lives_for_listed = None
+        roots += [stat.pid for stat in adopted if self._from_this_tree(stat, listed=True)]
         members: list[int] = []
         for stat in self._walk(roots):
             if stat.alive:

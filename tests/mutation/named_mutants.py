@@ -704,7 +704,7 @@ MUTANTS = [
     (
         "members: a reaped leader's group members taken for escapees",
         "_containment.py",
-        "            if stat.pgid == leader.pid and (leader.pins_group or self._group.group_lives()):",
+        "            if stat.pgid == leader.pid and (leader.pins_group or self._group_lives(listed=listed)):",
         "            if stat.pgid == leader.pid and leader.pins_group:",
         "test_a_reaped_leaders_group_member_is_stopped_as_a_member_not_an_escapee",
     ),
@@ -753,16 +753,23 @@ MUTANTS = [
     (
         "subreaper: a reaped leader's group members left to their marker",
         "_subreaper.py",
-        "        if stat.pgid == self.leader.pid and (self.leader.pins_group or self._group.group_lives()):",
-        "        if stat.pgid == self.leader.pid and self.leader.pins_group:",
+        "        if stat.pgid == self.leader.pid and (\n            self.leader.pins_group or self._group_lives(listed=listed)\n        ):",
+        "        if stat.pgid == self.leader.pid and (\n            self.leader.pins_group\n        ):",
         "test_a_reaped_leaders_group_member_is_stopped_as_a_member_not_an_escapee",
     ),
     (
         "subreaper: a reaped leader's emptied group taken to live on",
         "_subreaper.py",
-        "        if stat.pgid == self.leader.pid and (self.leader.pins_group or self._group.group_lives()):",
-        "        if stat.pgid == self.leader.pid and (self.leader.pins_group or True):",
+        "        if stat.pgid == self.leader.pid and (\n            self.leader.pins_group or self._group_lives(listed=listed)\n        ):",
+        "        if stat.pgid == self.leader.pid and (\n            self.leader.pins_group or True\n        ):",
         "test_under_a_subreaper_an_emptied_group_of_a_reaped_leader_is_never_taken_for_one_with_its_id",
+    ),
+    (
+        "members: a reaped leader's group asked about once a member",
+        "_containment.py",
+        "        if not listed or self._lives_for_listed is None:",
+        "        if True:",
+        "test_a_reaped_leaders_group_is_asked_about_once_a_listing_not_once_a_member",
     ),
     (
         "procfs: a /proc that does not show us taken for ours",
