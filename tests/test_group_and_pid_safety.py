@@ -502,6 +502,7 @@ async def test_a_reaped_leaders_group_member_is_stopped_as_a_member_not_an_escap
         assert not tree.outcome.grace_expired
         assert tree.outcome.signals[0] == signal.SIGTERM
         assert tree.outcome.escapees_killed == 0
+        assert tree.outcome.lingering_killed == 1  # (it outlived the leader, in its group)
     finally:
         if member_pid is not None and procs.alive(member_pid):
             os.kill(member_pid, signal.SIGKILL)  # ours, by pid: the red run leaves it

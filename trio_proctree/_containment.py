@@ -566,8 +566,9 @@ class MemberTracking:
     def _open_member(self, pid: int) -> int | None:
         """A pidfd for ``pid`` if it is a live member, noting whether it is an escapee.
 
-        In the tree's process group (its pgid pinned by the unreaped leader) it is a
-        member; outside it, the containment has to confirm it.
+        In the tree's process group it is a member while the unreaped leader pins the
+        group's id, or, the leader reaped elsewhere, while the group it led has a member;
+        otherwise the containment has to confirm it.
         """
         leader = self.leader
 
@@ -654,9 +655,10 @@ class MemberTracking:
             # and lingers. Counted before the signal, which some of it may die of at once.
             self._mark_lingering()
         step = [sig, signal.SIGCONT] if escalation else [sig]
-        # The group in one call; its members start acting on the signal at once... (Unless
-        # the leader was reaped elsewhere: its group id may be anyone's by now. Then every
-        # member the listing confirms is signalled through its pidfd, as an escapee.)
+        # The group in one call; its members start acting on the signal at once... (The
+        # leader reaped elsewhere, its group id may be anyone's by now: the group is reached
+        # through the leader's pidfd, or, on kernels that cannot, every member the listing
+        # confirms is signalled through its own pidfd, as an escapee.)
         self._signal_group(sig, pins=pins, wake=escalation)
         if escalation:
             # Replayed to escapees found later (pending() looks for more once every tracked
