@@ -344,15 +344,8 @@ def spawn(plan: SpawnPlan) -> Spawned:
     finally:
         for fd in child_ends:
             os.close(fd)
-    # The child is ours and unreaped, so its pid cannot have been recycled yet: unless other
-    # code reaped it in the meantime (a waitpid(-1) in another thread). Then the number may
-    # be a new process's by now, and a pidfd opened by it names a stranger, whose group
-    # would get the tree's signals: the pidfd must name a child of ours, not yet reaped.
-    lost = False
     try:
-        pidfd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        lost = True  # reaped already, and the pid not taken again (yet)
+        pidfd = _pidfd_of_our_child(pid)
     except OSError:
         # Without a pidfd the tree cannot be watched: stop it before it runs away (its
         # group id is pinned by the unreaped leader), and leak nothing.
@@ -364,11 +357,8 @@ def spawn(plan: SpawnPlan) -> Spawned:
         for fd in ours.values():
             os.close(fd)
         raise
-    else:
-        if not _our_unreaped_child(pidfd):
-            os.close(pidfd)
-            lost = True
-    if lost:
+    lost = pidfd is None
+    if pidfd is None:
         # The tree goes on without its leader, as when other code reaps it later (its group
         # is then reached through nothing; its cgroup or its markers still tell its members):
         # in the pidfd's place, a descriptor that reads as exited and names no process.
@@ -386,13 +376,24 @@ def spawn(plan: SpawnPlan) -> Spawned:
     )
 
 
-def _our_unreaped_child(pidfd: int) -> bool:
-    """Whether the pidfd's process is a child of ours that has not been reaped."""
+def _pidfd_of_our_child(pid: int) -> int | None:
+    """A pidfd for the child just started; None if other code has reaped it already.
+
+    The child is ours and unreaped, so its pid cannot have been recycled yet: unless other
+    code reaped it in the meantime (a waitpid(-1) in another thread). Then the number may
+    be a new process's by now, and a pidfd opened by it names a stranger, whose group
+    would get the tree's signals: the pidfd must name a child of ours, not yet reaped.
+    """
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return None  # reaped already, and the pid not taken again (yet)
     try:
         os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
     except ChildProcessError:
-        return False
-    return True
+        os.close(pidfd)
+        return None
+    return pidfd
 
 
 def _start_in_cgroup(plan: SpawnPlan, stdio: Mapping[str, Any]) -> int | None:

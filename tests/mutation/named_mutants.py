@@ -739,15 +739,15 @@ MUTANTS = [
     (
         "spawn: a pidfd opened by the leader's pid trusted to name our child",
         "_spawn.py",
-        "        if not _our_unreaped_child(pidfd):",
-        "        if False:",
+        "    except ChildProcessError:\n        os.close(pidfd)\n        return None\n    return pidfd",
+        "    except ChildProcessError:\n        pass\n    return pidfd",
         "test_a_leader_reaped_before_its_pidfd_opened_never_lends_its_group_a_strangers",
     ),
     (
         "spawn: a leader reaped before its pidfd opened taken for a failed spawn",
         "_spawn.py",
-        "    except ProcessLookupError:\n        lost = True",
-        "    except ProcessLookupError:\n        raise",
+        "    except ProcessLookupError:\n        return None  # reaped already",
+        "    except ProcessLookupError:\n        raise  # reaped already",
         "test_a_leader_reaped_before_its_pidfd_opened_is_reported_lost_not_a_failed_spawn",
     ),
     (
