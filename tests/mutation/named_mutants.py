@@ -102,8 +102,8 @@ MUTANTS = [
     (
         "group: signalled after the leader was reaped",
         "_core.py",
-        "        if self.leader.reaped:\n            # Once the leader is reaped its group id may be recycled: signal nothing.\n            return",
-        "        if self.leader.reaped:\n            os.killpg(self.leader.pid, sig)\n            return",
+        "        if self.leader.reaped or self._cleaned_up:\n",
+        "        if self.leader.reaped or self._cleaned_up:\n            os.killpg(self.leader.pid, sig)\n",
         "test_recycled_pgid_is_never_signalled",
     ),
     (
