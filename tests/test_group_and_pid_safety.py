@@ -509,24 +509,27 @@ async def test_a_reaped_leaders_group_member_is_stopped_as_a_member_not_an_escap
     assert tracked.survivors() == []
 
 
-#: Run by a Python without CAP_KILL (as root): a tree whose leader it reaps itself, leaving
-#: only a member of another user (nobody) in the group, which it may not signal. Prints
-#: the error cleanup raised, the member's pid, whether it lived on, and the outcome.
+#: Run by a Python without CAP_KILL (as root): a tree with nothing in its group that it may
+#: signal: its leader runs as another user (nobody), or it starts one such member and is
+#: reaped by the script itself. Prints the error cleanup raised, the pid of nobody's
+#: process, whether it lived on, and the signals cleanup sent.
 WITHOUT_THE_RIGHT_TO_SIGNAL = procs.ALIVE_IN_A_CHILD + textwrap.dedent(
     """
         import json, os, subprocess, sys, trio
         from trio_proctree import open_process_tree
 
-        MEMBER = (
+        NOBODY = (
             "setpriv --reuid=65534 --regid=65534 --clear-groups"
             " sh -c 'echo $$; exec sleep 60 >/dev/null 2>&1'"
         )
 
-        async def main(containment):
+        async def main(containment, leader):
             error = None
+            # The leader runs as nobody itself; or it starts nobody's process, and exits.
+            command = "exec " + NOBODY if leader == "nobody" else NOBODY + " & read x"
             try:
                 async with open_process_tree(
-                    ["sh", "-c", MEMBER + " & read x"],
+                    ["sh", "-c", command],
                     grace=0.2, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                     containment=containment,
                 ) as tree:
@@ -534,28 +537,31 @@ WITHOUT_THE_RIGHT_TO_SIGNAL = procs.ALIVE_IN_A_CHILD + textwrap.dedent(
                     while not said.endswith(b"\\n"):  # (said once it runs as nobody)
                         said += await tree.stdout.receive_some()
                     member = int(said)
-                    await tree.stdin.aclose()
-                    os.waitpid(tree.pid, 0)  # "someone else" reaps the leader
+                    if leader == "reaped":
+                        await tree.stdin.aclose()
+                        os.waitpid(tree.pid, 0)  # "someone else" reaps the leader
             except Exception as exc:
                 error = [type(exc).__name__, type(exc.__cause__).__name__]
             print(json.dumps([error, member, alive(member), tree.outcome.signals]))
 
-        trio.run(main, sys.argv[1])
+        trio.run(main, *sys.argv[1:])
         """
 )
 
 
 @needs_root
+@pytest.mark.parametrize("leader", ["reaped", "nobody"])
 @pytest.mark.parametrize("containment", ["cgroup", "subreaper", "group"])
-async def test_a_reaped_leaders_group_of_another_user_is_still_hard_stopped_by_its_cgroup(
-    tracked: Tracked, containment: str
+async def test_a_group_of_another_user_is_still_hard_stopped_by_its_cgroup(
+    tracked: Tracked, containment: str, leader: str
 ) -> None:
-    # The leader reaped elsewhere, the group is signalled through its pidfd; a member this
-    # process may not signal (another user's) makes that EPERM. A cgroup's hard stop needs
-    # no such right: it must still run, and the EPERM be reported (red before: the error
-    # left the SIGKILL step before cgroup.kill, and the member outlived cleanup). Without a
-    # cgroup nothing can stop it, and cleanup says so, with EPERM as the reason.
-    if not procs.group_signals_through_pidfds():  # pragma: no cover - Linux before 6.9
+    # A group whose every process is another user's (here nobody's: a setuid program, say)
+    # makes its signal EPERM, by its id or, the leader reaped elsewhere, through the
+    # leader's pidfd. A cgroup's hard stop needs no right to signal anyone: it must still
+    # run, and the EPERM be reported (red before: the error left the SIGKILL step before
+    # cgroup.kill, and the process outlived cleanup). Without a cgroup nothing can stop
+    # it, and cleanup says so, with EPERM as the reason.
+    if leader == "reaped" and not procs.group_signals_through_pidfds():  # pragma: no cover
         pytest.skip("no PIDFD_SIGNAL_PROCESS_GROUP here (Linux 6.9+)")
     if not shutil.which("setpriv"):  # pragma: no cover
         pytest.skip("needs setpriv, to give up CAP_KILL and to become nobody")
@@ -564,6 +570,7 @@ async def test_a_reaped_leaders_group_of_another_user_is_still_hard_stopped_by_i
     output = procs.run_python(
         WITHOUT_THE_RIGHT_TO_SIGNAL,
         containment,
+        leader,
         env=tracked.env,
         before=["setpriv", "--inh-caps=-kill", "--bounding-set=-kill"],
     )

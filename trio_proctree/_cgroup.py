@@ -35,7 +35,7 @@ import attrs
 
 from . import _spawn_into_cgroup as direct_spawn
 from . import _watchdog as watchdog
-from ._containment import NEED_SCAN, MemberTracking, Pending, open_pidfd, signal_pidfd
+from ._containment import NEED_SCAN, MemberTracking, Pending, open_pidfd
 from ._leader import Leader
 from ._procfs import ProcStat, read_file, read_stat
 from ._spawn import SpawnPlan
@@ -514,7 +514,7 @@ class CgroupContainment(MemberTracking):
                 if fd is None and (fd := self._open_member(pid)) is not None:
                     self._members[pid] = fd
                 if fd is not None:
-                    signal_pidfd(fd, signal.SIGKILL)
+                    self._signal_member(fd, signal.SIGKILL)
         except OSError as exc:
             logger.debug("%s: not looked at after cgroup.kill: %s", self.path, exc)
 

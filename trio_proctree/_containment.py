@@ -610,11 +610,16 @@ class MemberTracking:
         for pid in pids:
             fd = self._members.get(pid)
             if fd is not None:
-                try:
-                    for sig in signals:
-                        signal_pidfd(fd, sig)
-                except PermissionError as exc:
-                    self._deny(exc)  # (the others still get theirs)
+                self._signal_member(fd, *signals)
+
+    def _signal_member(self, fd: int, *signals: int) -> None:
+        """``signals`` through a member's pidfd; a refusal is kept (`_deny`), and the
+        others still get theirs."""
+        try:
+            for sig in signals:
+                signal_pidfd(fd, sig)
+        except PermissionError as exc:
+            self._deny(exc)
 
     def _deny(self, refusal: PermissionError) -> None:
         """Keep a refusal to signal, to raise once the call has done the rest: one member
@@ -630,6 +635,8 @@ class MemberTracking:
         if failed is not None:
             if denied is not None and failed.__context__ is None:
                 failed.__context__ = denied  # (shown with it, not lost)
+            elif denied is not None:
+                logger.error("a signal was refused during cleanup", exc_info=denied)
             raise failed
         if denied is not None:
             raise denied
@@ -686,15 +693,15 @@ class MemberTracking:
         """``sig`` to the tree's group: by its id while the leader pins it; else through
         the leader's pidfd (Linux 6.9+; on older kernels the listing confirms each member
         and signals it through a pidfd of its own)."""
-        if pins:
-            self._group.signal_pinned(sig, wake=wake)
-            return
         try:
-            self._group.signal_through_leader(sig, wake=wake)
+            if pins:
+                self._group.signal_pinned(sig, wake=wake)
+            else:
+                self._group.signal_through_leader(sig, wake=wake)
         except ContainmentLost:
             pass
         except PermissionError as exc:
-            self._deny(exc)
+            self._deny(exc)  # nothing in the group we may signal: the rest still goes
 
     def _mark_lingering(self) -> None:
         """Members other than the leader still running at a step after the leader exited."""

@@ -28,7 +28,7 @@ from typing import Any
 
 import attrs
 
-from ._containment import MemberTracking, exited, open_pidfd, signal_pidfd
+from ._containment import MemberTracking, exited, open_pidfd
 from ._leader import is_unreaped_leader
 from ._orphans import adopted_children, become_subreaper, children_of, exited_child
 from ._procfs import ProcStat, read_environ, read_stat
@@ -213,4 +213,4 @@ class SubreaperContainment(MemberTracking):
                 return
             for pid in targets:
                 killed.add(pid)
-                signal_pidfd(self._members[pid], signal.SIGKILL)
+                self._signal_member(self._members[pid], signal.SIGKILL)
