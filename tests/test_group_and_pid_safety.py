@@ -292,6 +292,84 @@ async def test_a_leader_reaped_before_its_pidfd_opened_is_reported_lost_not_a_fa
     assert tracked.survivors() == []
 
 
+#: Run by a Python of its own: for the pid read from stdin, start a thread at that pid (as
+#: its thread id: the kernel hands out the one after ns_last_pid), say its id, and keep it
+#: until stdin closes.
+THREAD_AT = textwrap.dedent(
+    """
+    import sys, threading
+    pid = int(sys.stdin.readline())
+    with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+        f.write(str(pid - 1))
+    done = threading.Event()
+    thread = threading.Thread(target=done.wait)
+    thread.start()
+    print(thread.native_id, flush=True)
+    sys.stdin.read()
+    done.set()
+    """
+)
+
+
+@needs_root
+async def test_a_leader_reaped_before_its_pidfd_opened_and_its_pid_a_threads_is_lost(
+    tracked: Tracked, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As above, with the pid taken by a thread of another process: pidfd_open refuses a
+    # thread's id (ENOENT since Linux 6.15, EINVAL before), which must read as "no such
+    # process", as a free pid does (red before: the spawn failed with ChildProcessError,
+    # leaking the tree's pipe ends).
+    async with open_process_tree(["true"], env=tracked.env, containment="group"):
+        pass  # (the watchdog runs from now on)
+    real_pidfd_open = os.pidfd_open
+    for _ in range(20):  # another process on the machine may take the pid first
+        with subprocess.Popen(  # noqa: ASYNC220 - it starts at once
+            [sys.executable, "-c", THREAD_AT], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        ) as holder:
+            assert holder.stdin is not None and holder.stdout is not None
+            taken: list[bool] = []
+            leader = a_new_child(procs.children_of_self())
+
+            def reaped_and_taken_by_a_thread(
+                pid: int,
+                flags: int = 0,
+                leader: Any = leader,
+                holder: Any = holder,
+                taken: list[bool] = taken,
+            ) -> int:
+                if not leader(pid):  # (the library's own checks)
+                    return real_pidfd_open(pid, flags)
+                monkeypatch.setattr(os, "pidfd_open", real_pidfd_open)
+                os.waitpid(pid, 0)  # "someone else" reaps the leader (it exits at once)
+                assert holder.stdin is not None and holder.stdout is not None
+                holder.stdin.write(f"{pid}\n".encode())
+                holder.stdin.flush()
+                taken.append(int(holder.stdout.readline()) == pid)
+                return real_pidfd_open(pid, flags)
+
+            fds = procs.open_fds() - {holder.stdin.fileno()}  # (closed before the look)
+            monkeypatch.setattr(os, "pidfd_open", reaped_and_taken_by_a_thread)
+            try:
+                async with open_process_tree(
+                    ["true"],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    env=tracked.env,
+                    containment="group",
+                ) as tree:
+                    pass
+            finally:
+                holder.stdin.close()  # (its thread ends, and it exits)
+            assert procs.open_fds() == fds
+            assert tree.outcome is not None
+            assert tree.outcome.signals == ()
+            if taken == [True]:
+                break
+    else:  # pragma: no cover
+        pytest.skip("could not make the kernel give the pid to a thread")
+    assert tracked.survivors() == []
+
+
 async def test_sibling_with_the_same_command_line_survives(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:

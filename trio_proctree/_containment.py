@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import errno
 import logging
 import os
 import select
@@ -21,6 +20,7 @@ from typing import Protocol
 from . import _watchdog as watchdog
 from ._leader import Leader
 from ._orphans import is_subreaper, reap_orphans
+from ._pidfd import open_pidfd
 from ._procfs import ProcStat, process_table, read_stat
 from ._spawn import SpawnPlan
 
@@ -196,24 +196,6 @@ def pin_process(pid: int, still_ours: Callable[[ProcStat], bool]) -> tuple[int, 
         os.close(fd)
         raise
     return fd, stat
-
-
-def open_pidfd(pid: int) -> int | None:
-    """A pidfd for ``pid``; None if no process has that pid (any more). Raises OSError
-    for anything else (out of file descriptors, say).
-
-    A pid whose process is gone while the number lives on as a process group's id (a
-    reaped group leader with members), or has been taken as a thread's id, is EINVAL to
-    kernels before 6.15; since, ESRCH and ENOENT (no process, a thread's id).
-    """
-    try:
-        return os.pidfd_open(pid)
-    except (ProcessLookupError, FileNotFoundError):
-        return None
-    except OSError as exc:
-        if exc.errno == errno.EINVAL:
-            return None
-        raise
 
 
 class ProcessGroupContainment:

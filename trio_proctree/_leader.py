@@ -16,7 +16,7 @@ import subprocess
 logger = logging.getLogger("trio_proctree")
 
 # What Popen is told when the leader was reaped by someone else (never reported to users).
-_LOST = -255
+LOST = -255
 
 #: Every leader of this process not yet reaped, by pid: a listing of our children (the
 #: subreaper's, to find a tree's re-parented members) passes over the other trees'
@@ -112,7 +112,7 @@ class Leader:
         # it from warning when freed; the value is never shown (ours stays None, or
         # the status seen before the loss).
         if self.popen is not None:
-            self.popen.returncode = _LOST
+            self.popen.returncode = LOST
         if before_its_pidfd:
             logger.warning(
                 "pid %d was reaped by someone else before its pidfd could be opened: its "

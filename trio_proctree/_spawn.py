@@ -25,6 +25,8 @@ from typing import Any, Union, cast
 import attrs
 
 from . import _spawn_into_cgroup as direct
+from ._leader import LOST
+from ._pidfd import open_pidfd
 from ._spawn_into_cgroup import IntoCgroup
 
 StrOrPath = Union[str, bytes, "os.PathLike[str]"]
@@ -360,9 +362,19 @@ def spawn(plan: SpawnPlan) -> Spawned:
     lost = pidfd is None
     if pidfd is None:
         # The tree goes on without its leader, as when other code reaps it later (its group
-        # is then reached through nothing; its cgroup or its markers still tell its members):
+        # then reached through nothing; its cgroup or its markers still tell its members):
         # in the pidfd's place, a descriptor that reads as exited and names no process.
-        pidfd = os.eventfd(1, os.EFD_CLOEXEC)
+        try:
+            pidfd = os.eventfd(1, os.EFD_CLOEXEC)
+        except OSError:
+            # (Out of file descriptors, say.) Nothing to stop: the leader is gone, and its
+            # pid may be anyone's. Popen must never wait for that pid (another child of
+            # ours may have it), and our pipe ends go.
+            if popen is not None:
+                popen.returncode = LOST
+            for fd in ours.values():
+                os.close(fd)
+            raise
     return Spawned(
         pid,
         popen,
@@ -384,10 +396,8 @@ def _pidfd_of_our_child(pid: int) -> int | None:
     be a new process's by now, and a pidfd opened by it names a stranger, whose group
     would get the tree's signals: the pidfd must name a child of ours, not yet reaped.
     """
-    try:
-        pidfd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return None  # reaped already, and the pid not taken again (yet)
+    if (pidfd := open_pidfd(pid)) is None:
+        return None  # reaped already, and the pid not a process's again (yet)
     try:
         os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
     except ChildProcessError:

@@ -746,9 +746,16 @@ MUTANTS = [
     (
         "spawn: a leader reaped before its pidfd opened taken for a failed spawn",
         "_spawn.py",
-        "    except ProcessLookupError:\n        return None  # reaped already",
-        "    except ProcessLookupError:\n        raise  # reaped already",
+        "        return None  # reaped already, and the pid not a process's again (yet)",
+        "        raise ProcessLookupError(pid)",
         "test_a_leader_reaped_before_its_pidfd_opened_is_reported_lost_not_a_failed_spawn",
+    ),
+    (
+        "spawn: a leader's pid now a thread's taken for a failed spawn",
+        "_spawn.py",
+        "    if (pidfd := open_pidfd(pid)) is None:",
+        "    if (pidfd := os.pidfd_open(pid)) is None:",
+        "test_a_leader_reaped_before_its_pidfd_opened_and_its_pid_a_threads_is_lost",
     ),
     (
         "subreaper: a reaped leader's group members left to their marker",
