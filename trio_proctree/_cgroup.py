@@ -35,8 +35,9 @@ import attrs
 
 from . import _spawn_into_cgroup as direct_spawn
 from . import _watchdog as watchdog
-from ._containment import NEED_SCAN, MemberTracking, Pending, open_pidfd
+from ._containment import NEED_SCAN, MemberTracking, Pending
 from ._leader import Leader
+from ._pidfd import open_pidfd
 from ._procfs import ProcStat, read_file, read_stat
 from ._spawn import SpawnPlan
 from ._spawn_into_cgroup import IntoCgroup
