@@ -6,6 +6,7 @@ import contextlib
 import gc
 import json
 import os
+import select
 import shlex
 import shutil
 import signal
@@ -289,6 +290,107 @@ async def test_a_leader_reaped_before_its_pidfd_opened_is_reported_lost_not_a_fa
             await tree.wait()
     assert tree.outcome is not None
     assert tree.outcome.signals == ()
+    assert tracked.survivors() == []
+
+
+#: Run by a Python of its own: a tree whose leader is reaped (by the script) before its
+#: pidfd opens, and whose pid then goes to a stranger leading a session of its own (a
+#: child of a holder process, which leaves it running when it exits); then, the tree still
+#: open, the script is SIGKILLed. Prints the stranger's pid and the watchdog's first.
+DIES_WITH_A_LOST_LEADER = textwrap.dedent(
+    """
+    import os, signal, subprocess, sys, textwrap, trio
+    from trio_proctree import _watchdog, open_process_tree
+
+    HOLDER = textwrap.dedent('''
+        import os, sys
+        pid = int(sys.stdin.readline())
+        with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+            f.write(str(pid - 1))
+        child = os.fork()
+        if child == 0:
+            os.setsid()
+            null = os.open("/dev/null", os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            os.execvp("sleep", ["sleep", "60"])
+        print(child, flush=True)
+    ''')
+
+    def children():  # (of every thread: trio forks from worker threads)
+        found = set()
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/children") as f:
+                found.update(int(pid) for pid in f.read().split())
+        return found
+
+    async def main():
+        async with open_process_tree(["true"], containment="group"):
+            pass  # (the watchdog runs from now on)
+        holder = subprocess.Popen(
+            [sys.executable, "-c", HOLDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        known, real = children(), os.pidfd_open
+
+        def reaped_and_recycled_first(pid, flags=0):
+            if pid in children() - known:  # the leader
+                os.pidfd_open = real
+                os.waitpid(pid, 0)  # "someone else" reaps it
+                holder.stdin.write(f"{pid}\\n".encode())
+                holder.stdin.flush()
+                stranger = int(holder.stdout.readline())
+                [watchdog] = _watchdog.running()
+                print(stranger if stranger == pid else "missed", watchdog.pid, flush=True)
+            return real(pid, flags)
+
+        os.pidfd_open = reaped_and_recycled_first
+        async with open_process_tree(["true"], containment="group"):
+            holder.wait()
+            os.kill(os.getpid(), signal.SIGKILL)  # the tree open: only the watchdog acts
+
+    trio.run(main)
+    """
+)
+
+
+@needs_root
+async def test_a_leader_reaped_before_its_pidfd_opened_is_no_group_for_the_watchdog(
+    tracked: Tracked, tmp_path: Path
+) -> None:
+    # The watchdog kills a registered group once this process dies, if a process with the
+    # group's id started within the clock ticks around the leader's fork. A leader reaped
+    # before its pidfd opened leaves its pid to whoever takes it next, in that same tick
+    # as often as not: its group must not be registered at all (red before: the stranger
+    # that took the pid was killed with our death).
+    for _ in range(20):  # another process on the machine may take the pid first
+        # (Its output to files: the watchdog it leaves behind would hold a pipe open.)
+        out, err = tmp_path / "out", tmp_path / "err"
+        with out.open("wb") as stdout, err.open("wb") as stderr:
+            child = subprocess.run(  # noqa: ASYNC221 - it kills itself at once
+                [*procs.python(), "-c", DIES_WITH_A_LOST_LEADER],
+                stdout=stdout,
+                stderr=stderr,
+                env=tracked.env,
+                timeout=60,
+                check=False,
+            )
+        assert child.returncode == -signal.SIGKILL, err.read_text()
+        said, watchdog = out.read_bytes().split()
+        if said == b"missed":
+            continue
+        stranger = int(said)
+        try:
+            with contextlib.suppress(ProcessLookupError):  # (gone already, then: done)
+                watched = os.pidfd_open(int(watchdog))
+                select.select([watched], [], [], 5)  # it exits once its work is done
+                os.close(watched)
+            assert untouched_stranger(stranger)
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # (the red run kills it)
+                os.kill(stranger, signal.SIGKILL)  # started by this test, by pid
+        break
+    else:  # pragma: no cover
+        pytest.skip("could not make the kernel reuse the pid")
     assert tracked.survivors() == []
 
 

@@ -232,7 +232,10 @@ class ProcessGroupContainment:
         registered before the fork, and reaches even a leader still on its way in)."""
         self._leader = leader
         self._pgid = leader.pid
-        if register:
+        # A leader reaped before its pidfd opened left its pid to whoever took it next, in
+        # the clock tick of its start as often as not: the watchdog would take that one
+        # for the leader, and kill its group with us. Such a group is never registered.
+        if register and not leader.lost:
             # Named with the leader's start time, that the watchdog must not kill a later
             # group that got the same id: as the clock told it around the fork, not as
             # /proc does (a read of the leader's stat while it starts cost 0.1-0.3 ms).

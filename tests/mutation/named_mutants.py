@@ -758,6 +758,13 @@ MUTANTS = [
         "test_a_leader_reaped_before_its_pidfd_opened_and_its_pid_a_threads_is_lost",
     ),
     (
+        "watchdog: the group of a leader reaped before its pidfd opened registered",
+        "_containment.py",
+        "        if register and not leader.lost:",
+        "        if register:",
+        "test_a_leader_reaped_before_its_pidfd_opened_is_no_group_for_the_watchdog",
+    ),
+    (
         "subreaper: a reaped leader's group members left to their marker",
         "_subreaper.py",
         "        if stat.pgid == self.leader.pid and (\n            self.leader.pins_group or self._group_lives(listed=listed)\n        ):",
