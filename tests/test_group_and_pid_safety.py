@@ -30,7 +30,7 @@ from trio_proctree import (
     open_process_tree,
     run_process_tree,
 )
-from trio_proctree._containment import NEED_SCAN, ProcessGroupContainment
+from trio_proctree._containment import NEED_SCAN, ContainmentLost, ProcessGroupContainment
 from trio_proctree._leader import Leader
 from trio_proctree._orphans import become_subreaper
 from trio_proctree._subreaper import SubreaperContainment
@@ -231,7 +231,8 @@ async def test_a_leader_reaped_before_its_pidfd_opened_never_lends_its_group_a_s
     # between its start and its pidfd's opening, and the pid go to a new process: the pidfd
     # then names a stranger, who leads a group of its own. That group must never be taken
     # for the tree's, nor signalled (red before: cleanup took the stranger for a member
-    # that outlived the leader, and sent its group the stop signal).
+    # that outlived the leader, and sent its group the stop signal); and as nothing tells
+    # it from a member, cleanup says what it left alone.
     async with open_process_tree(["true"], env=tracked.env, containment="group"):
         pass  # (the watchdog runs from now on)
     real_pidfd_open = os.pidfd_open
@@ -251,15 +252,23 @@ async def test_a_leader_reaped_before_its_pidfd_opened_never_lends_its_group_a_s
 
             strangers.clear()
             monkeypatch.setattr(os, "pidfd_open", reaped_and_recycled_first)
-            async with open_process_tree(
-                ["true"], grace=0.2, env=tracked.env, containment="group"
-            ) as tree:
-                pass
+            said: list[ContainmentLost] = []
+            try:
+                async with open_process_tree(
+                    ["true"], grace=0.2, env=tracked.env, containment="group"
+                ) as tree:
+                    pass
+            except ContainmentLost as exc:
+                said.append(exc)
             assert tree.outcome is not None
             assert tree.outcome.signals == ()
             if strangers == [tree.pid]:
                 assert untouched_stranger(tree.pid)
+                # Nothing tells it from the tree's own: cleanup says what it left alone.
+                [lost] = said
+                assert "1 process(es) in a group with its id were left alone" in str(lost)
                 break
+            assert said == []  # (nothing in a group with that id: nothing to say)
     else:  # pragma: no cover
         pytest.skip("could not make the kernel reuse the pid")
     assert tracked.survivors() == []

@@ -220,6 +220,9 @@ class ProcessGroupContainment:
         #: linger if still running at the next step (else they were dying of the last).
         self._outliving: set[int] = set()
         self._stepped = False
+        #: Processes found in a group with the tree's id that could be no one's but could
+        #: not be told to be the tree's (`Leader.never_watched`): `release` reports them.
+        self._left_alone = 0
         #: What the parent-death watchdog kills, should we die before cleanup.
         self.backstop: list[str] = []
 
@@ -356,6 +359,10 @@ class ProcessGroupContainment:
         if found and not self._leader.pins_group and not self.group_lives():
             for fd in found.values():
                 os.close(fd)
+            if self._leader.never_watched:
+                # Reaped before its pidfd opened, the leader left nothing that names its
+                # group: these may be the tree's or another program's. Left alone, and said.
+                self._left_alone = max(self._left_alone, len(found))
             return []
         for pid, fd in found.items():
             # Outliving the leader: on its own before cleanup's first step; after one,
@@ -391,6 +398,12 @@ class ProcessGroupContainment:
             )
         if emptied and self.backstop:  # (none where the containment's own covers the tree)
             watchdog.unregister(*self.backstop)
+        if self._left_alone:
+            raise ContainmentLost(
+                f"process group {self._pgid}: its leader was reaped by other code before "
+                f"it could be watched, and {self._left_alone} process(es) in a group with "
+                "its id were left alone: they may be the tree's, or another program's"
+            )
 
 
 class MemberTracking:

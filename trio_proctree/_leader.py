@@ -72,6 +72,9 @@ class Leader:
         #: Someone else (an ``os.wait()`` elsewhere in the program) reaped the leader: its
         #: process group id is no longer pinned and must not be signalled by its number.
         self.lost = False
+        #: Reaped elsewhere before its pidfd opened: its pid, and so its group id, may be
+        #: anyone's, and nothing names its group (``pidfd`` is a stand-in).
+        self.never_watched = lost
         if lost:
             self._lose(before_its_pidfd=True)
         else:

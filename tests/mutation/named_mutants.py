@@ -765,6 +765,13 @@ MUTANTS = [
         "test_a_leader_reaped_before_its_pidfd_opened_is_no_group_for_the_watchdog",
     ),
     (
+        "group: what a leader reaped before its pidfd opened left alone not said",
+        "_containment.py",
+        "                self._left_alone = max(self._left_alone, len(found))",
+        "                pass",
+        "test_a_leader_reaped_before_its_pidfd_opened_never_lends_its_group_a_strangers",
+    ),
+    (
         "subreaper: a reaped leader's group members left to their marker",
         "_subreaper.py",
         "        if stat.pgid == self.leader.pid and (\n            self.leader.pins_group or self._group_lives(listed=listed)\n        ):",
