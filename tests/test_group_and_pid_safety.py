@@ -384,7 +384,7 @@ async def test_a_leader_reaped_before_its_pidfd_opened_is_no_group_for_the_watch
                 check=False,
             )
         assert child.returncode == -signal.SIGKILL, err.read_text()
-        said, watchdog = out.read_bytes().split()
+        said, watchdog = out.read_bytes().split()  # (else the split says what it printed)
         if said == b"missed":
             continue
         stranger = int(said)
@@ -393,7 +393,7 @@ async def test_a_leader_reaped_before_its_pidfd_opened_is_no_group_for_the_watch
                 watched = os.pidfd_open(int(watchdog))
                 select.select([watched], [], [], 5)  # it exits once its work is done
                 os.close(watched)
-            assert untouched_stranger(stranger)
+            assert untouched_stranger(stranger), (procs.state(stranger), err.read_text())
         finally:
             with contextlib.suppress(ProcessLookupError):  # (the red run kills it)
                 os.kill(stranger, signal.SIGKILL)  # started by this test, by pid

@@ -979,13 +979,14 @@ def test_under_a_proc_of_a_child_pid_namespace_no_tree_starts(tracked: Tracked) 
          "sh", "-c", "echo ready; exec sleep 60"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=tracked.env,
     )  # fmt: skip
-    with holder:
+    with holder, contextlib.ExitStack() as stack:
         assert holder.stdout is not None
         try:
             if holder.stdout.readline() != b"ready\n":  # pragma: no cover - not root
                 pytest.skip(f"cannot make a pid namespace: {holder.stderr.read()!r}")  # type: ignore[union-attr]
             [inner] = procs.children_of(holder.pid)
             inner_exit = os.pidfd_open(inner)
+            stack.callback(os.close, inner_exit)
             output = procs.run_python(
                 STARTS_UNDER_A_CHILD_NAMESPACES_PROC,
                 env=tracked.env,
@@ -995,9 +996,8 @@ def test_under_a_proc_of_a_child_pid_namespace_no_tree_starts(tracked: Tracked) 
             )
         finally:
             holder.kill()  # unshare (ours, by pid): --kill-child takes its namespace along
-    # (The namespace's process dies of its parent's death an instant after: waited on.)
-    select.select([inner_exit], [], [], 5)
-    os.close(inner_exit)
+        # (The namespace's process dies of its parent's death an instant after: waited on.)
+        select.select([inner_exit], [], [], 5)
     assert output.startswith(
         "refused: no containment can be trusted here: /proc does not show this process"
     )
