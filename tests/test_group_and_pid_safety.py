@@ -918,6 +918,48 @@ def test_under_a_subreaper_an_emptied_group_of_a_reaped_leader_is_never_taken_fo
     assert tracked.survivors() == []
 
 
+@pytest.mark.parametrize("containment", ["subreaper", "cgroup"])
+async def test_a_reaped_leaders_group_member_that_died_unseen_is_reaped(
+    tracked: Tracked, containment: str
+) -> None:
+    # A member of a reaped leader's group that exited before any listing saw it is a
+    # zombie child of ours (it re-parented to us): cleanup must reap it, as it reaps the
+    # members it saw, for it is in the group the leader's pidfd names (red before, under a
+    # subreaper: it was taken for a stranger's zombie and left, one pid lost for good).
+    if not procs.group_signals_through_pidfds():  # pragma: no cover - Linux before 6.9
+        pytest.skip("no PIDFD_SIGNAL_PROCESS_GROUP here (Linux 6.9+)")
+    available(containment)
+    become_subreaper()  # (a cgroup tree's orphans come to us only under a subreaper)
+    # The member says its pid and exits once the leader has: it waits for EOF on a pipe
+    # whose write end only the leader holds (the member's copy is closed).
+    read_end, write_end = os.pipe()
+    script = f"bash -c 'echo $$; read x <&{read_end}' {write_end}>&- & echo $$; read x"
+    try:
+        async with open_process_tree(
+            ["bash", "-c", script],  # (bash: dash takes no fd above 9 in a redirection)
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=tracked.env,
+            containment=containment,
+            pass_fds=(read_end, write_end),
+        ) as tree:
+            os.close(write_end)  # (the leader's copy is the last)
+            assert tree.stdin is not None and tree.stdout is not None
+            [member] = set(await read_pids(tree.stdout, 2)) - {tree.pid}
+            await tree.stdin.aclose()  # the leader exits, then the member
+            os.waitpid(tree.pid, 0)  # noqa: ASYNC222 - at once: "someone else" reaps it
+            os.waitid(os.P_PID, member, os.WEXITED | os.WNOWAIT)  # noqa: ASYNC222 - ours now
+            assert procs.state(member) == "Z"
+    finally:
+        os.close(read_end)
+    try:
+        assert procs.state(member) is None  # reaped by cleanup
+    finally:
+        with contextlib.suppress(ChildProcessError):  # (gone unless the red run left it)
+            os.waitpid(member, 0)  # noqa: ASYNC222 - a zombie: at once
+    assert tracked.survivors() == []
+
+
 def adopt_an_orphan(env: dict[str, str]) -> int:
     """A process of no tree that re-parents to us (a subreaper) as its parent exits, and
     then exits itself: its pid."""

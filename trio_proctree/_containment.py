@@ -599,10 +599,18 @@ class MemberTracking:
         return fd
 
     def _ours(self, stat: ProcStat) -> bool:
-        """Whether a dead process re-parented to us was a member (to reap it)."""
+        """Whether a dead process re-parented to us was a member (to reap it).
+
+        One in the group is, while the unreaped leader pins its id, or, the leader reaped
+        elsewhere, while the group it led (asked after this stat was read) has a member:
+        a zombie is one until it is reaped. (Asked only for one never seen alive: few.)
+        """
         assert self._leader is not None
-        pinned_member = stat.pgid == self._leader.pid and self._leader.pins_group
-        return pinned_member or (stat.pid, stat.starttime) in self._seen
+        if (stat.pid, stat.starttime) in self._seen:
+            return True
+        return stat.pgid == self._leader.pid and (
+            self._leader.pins_group or self._group.group_lives()
+        )
 
     def _signal_escapees(self, pids: Iterable[int], signals: Iterable[int]) -> None:
         for pid in pids:

@@ -772,6 +772,13 @@ MUTANTS = [
         "test_a_leader_reaped_before_its_pidfd_opened_never_lends_its_group_a_strangers",
     ),
     (
+        "members: a reaped leader's group member that died unseen left unreaped",
+        "_containment.py",
+        "            self._leader.pins_group or self._group.group_lives()\n        )",
+        "            self._leader.pins_group\n        )",
+        "test_a_reaped_leaders_group_member_that_died_unseen_is_reaped",
+    ),
+    (
         "subreaper: a reaped leader's group members left to their marker",
         "_subreaper.py",
         "        if stat.pgid == self.leader.pid and (\n            self.leader.pins_group or self._group_lives(listed=listed)\n        ):",
