@@ -25,12 +25,13 @@ import trio
 
 from trio_proctree import (
     CleanupError,
+    ContainmentLost,
     _containment,
     _orphans,
     open_process_tree,
     run_process_tree,
 )
-from trio_proctree._containment import NEED_SCAN, ContainmentLost, ProcessGroupContainment
+from trio_proctree._containment import NEED_SCAN, ProcessGroupContainment
 from trio_proctree._leader import Leader
 from trio_proctree._orphans import become_subreaper
 from trio_proctree._subreaper import SubreaperContainment

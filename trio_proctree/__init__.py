@@ -1,6 +1,7 @@
 """Tie the lifetime of a subprocess tree (the child and all it starts) to a trio scope."""
 
 from ._choose import ContainmentUnavailable
+from ._containment import ContainmentLost
 from ._escalation import Escalation, Step
 from ._outcome import CleanupError, CleanupOutcome
 from ._run import PIPE_DRAIN_TIMEOUT
@@ -10,6 +11,7 @@ __all__ = [
     "PIPE_DRAIN_TIMEOUT",
     "CleanupError",
     "CleanupOutcome",
+    "ContainmentLost",
     "ContainmentUnavailable",
     "Escalation",
     "ProcessTree",

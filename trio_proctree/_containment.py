@@ -42,7 +42,14 @@ Pending = list[int] | NeedScan
 
 
 class ContainmentLost(OSError):
-    """The tree can no longer be signalled without risking processes outside it."""
+    """The tree can no longer be signalled without risking processes outside it.
+
+    Raised by cleanup (chained onto an exception already in flight, as any cleanup
+    error) when other code in the program reaped the tree's leader and nothing is left
+    that names its process group: on kernels before Linux 6.9 under group containment,
+    or when the leader was reaped before its pidfd could even be opened. What may be
+    the tree's is then left alone, and this says so.
+    """
 
 
 class Containment(Protocol):
