@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import json
 import os
@@ -28,6 +29,7 @@ from trio_proctree import (
     ContainmentLost,
     _containment,
     _orphans,
+    _spawn,
     open_process_tree,
     run_process_tree,
 )
@@ -487,6 +489,55 @@ async def test_a_leader_reaped_before_its_pidfd_opened_and_its_pid_a_threads_is_
                 break
     else:  # pragma: no cover
         pytest.skip("could not make the kernel give the pid to a thread")
+    assert tracked.survivors() == []
+
+
+@pytest.mark.parametrize("reaped_first", [False, True], ids=["ours", "reaped-first"])
+async def test_a_leader_whose_pidfd_cannot_open_is_stopped_only_if_still_ours(
+    tracked: Tracked, monkeypatch: pytest.MonkeyPatch, reaped_first: bool
+) -> None:
+    # Out of file descriptors as the leader's pidfd opens: the spawn fails with that
+    # error, leaking nothing. The leader is stopped and reaped while it is our unreaped
+    # child; if other code reaped it first, its pid may be anyone's (here a stranger's,
+    # leading a group of its own): nothing is signalled or waited for (red before: killpg
+    # and waitpid by that pid, then ChildProcessError in the error's place).
+    async with open_process_tree(["true"], env=tracked.env, containment="group"):
+        pass  # (what the first tree opens for good: the watchdog's pipe)
+    fds = procs.open_fds()
+    for _ in range(20 if reaped_first else 1):  # another process may take the pid first
+        started: list[int] = []
+        strangers: list[int | None] = []
+        with contextlib.ExitStack() as holding:
+
+            def out_of_descriptors(
+                pid: int, started: list[int] = started, strangers: Any = strangers
+            ) -> int | None:
+                started.append(pid)
+                if reaped_first:
+                    os.waitpid(pid, 0)  # "someone else" reaps it (it exits at once)
+                    strangers.append(holding.enter_context(stranger_at(pid, tracked.env)))
+                raise OSError(errno.EMFILE, "Too many open files (injected)")
+
+            monkeypatch.setattr(_spawn, "_pidfd_of_our_child", out_of_descriptors)
+            with pytest.raises(OSError) as raised:
+                await open_process_tree(
+                    ["true"] if reaped_first else ["sleep", "60"],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    env=tracked.env,
+                    containment="group",
+                ).__aenter__()
+            assert raised.value.errno == errno.EMFILE
+            [leader] = started
+            if not reaped_first:
+                assert procs.state(leader) is None  # killed and reaped by the spawn
+            elif strangers == [leader]:
+                assert untouched_stranger(leader)
+        assert procs.open_fds() == fds  # (the stranger's holder gone too)
+        if not reaped_first or strangers == [leader]:
+            break
+    else:  # pragma: no cover
+        pytest.skip("could not make the kernel reuse the pid")
     assert tracked.survivors() == []
 
 

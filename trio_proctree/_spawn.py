@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Union, cast
 
 import attrs
@@ -349,15 +349,7 @@ def spawn(plan: SpawnPlan) -> Spawned:
     try:
         pidfd = _pidfd_of_our_child(pid)
     except OSError:
-        # Without a pidfd the tree cannot be watched: stop it before it runs away (its
-        # group id is pinned by the unreaped leader), and leak nothing.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        if popen is not None:
-            popen.returncode = -signal.SIGKILL  # reaped: Popen must not wait for it
-        for fd in ours.values():
-            os.close(fd)
+        _give_up(pid, popen, ours.values())
         raise
     lost = pidfd is None
     if pidfd is None:
@@ -386,6 +378,34 @@ def spawn(plan: SpawnPlan) -> Spawned:
         threading.get_native_id(),
         lost,
     )
+
+
+def _give_up(pid: int, popen: subprocess.Popen[bytes] | None, fds: Iterable[int]) -> None:
+    """The leader's pidfd could not be opened (out of file descriptors, say): without it
+    the tree cannot be watched. Stop it before it runs away (its group id pinned by the
+    unreaped leader), and leak nothing. Unless other code has reaped it already: then its
+    pid, and group id, may be anyone's, and nothing is signalled or waited for."""
+    reaped_elsewhere = not _unreaped_child(pid)
+    try:
+        if not reaped_elsewhere:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):  # (reaped elsewhere meanwhile)
+                os.waitpid(pid, 0)
+    finally:
+        if popen is not None:  # reaped: Popen must never wait for that pid
+            popen.returncode = LOST if reaped_elsewhere else -signal.SIGKILL
+        for fd in fds:
+            os.close(fd)
+
+
+def _unreaped_child(pid: int) -> bool:
+    """Whether ``pid`` is a child of ours, not reaped (asked by pid: no pidfd to ask by)."""
+    try:
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
 
 
 def _pidfd_of_our_child(pid: int) -> int | None:

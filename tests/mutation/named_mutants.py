@@ -779,6 +779,13 @@ MUTANTS = [
         "test_a_reaped_leaders_group_member_that_died_unseen_is_reaped",
     ),
     (
+        "spawn: a leader without a pidfd killed by its pid though reaped elsewhere",
+        "_spawn.py",
+        "    reaped_elsewhere = not _unreaped_child(pid)",
+        "    reaped_elsewhere = False",
+        "test_a_leader_whose_pidfd_cannot_open_is_stopped_only_if_still_ours",
+    ),
+    (
         "subreaper: a reaped leader's group members left to their marker",
         "_subreaper.py",
         "        if stat.pgid == self.leader.pid and (\n            self.leader.pins_group or self._group_lives(listed=listed)\n        ):",
