@@ -1641,17 +1641,29 @@ def test_stale_cgroup_of_a_dead_owner_is_swept_and_its_processes_killed(
     name = f"trio_proctree-{_cgroup._pid_namespace()}-{pid}-{start}{image}"
     stale = os.path.join(parent, name)
     tree = os.path.join(stale, "tree-0")
-    os.makedirs(tree)
+    # The process starts in a cgroup no sweep looks at, and is moved into the stale home
+    # once it runs: any process's new home sweeps (another test worker's, say), and one
+    # that came first removed the home before the process got in (it failed so, once).
+    staging = os.path.join(parent, f"staging-{tracked.token}")
+    os.mkdir(staging)
     leftover = subprocess.Popen(
-        ["/bin/sh", "-c", _cgroup._JOIN_AND_EXEC, f"{tree}/cgroup.procs", "sleep", "60"],
+        ["/bin/sh", "-c", _cgroup._JOIN_AND_EXEC, f"{staging}/cgroup.procs", "sleep", "60"],
         env=tracked.env,
         start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 5
-        while not _cgroup._procs(tree):  # the wrapper joins the cgroup as it starts
+        while not _cgroup._procs(staging):  # the wrapper joins the cgroup as it starts
             assert time.monotonic() < deadline
             time.sleep(0.001)
+        while True:
+            try:
+                os.makedirs(tree, exist_ok=True)
+                Path(tree, "cgroup.procs").write_text(str(leftover.pid))
+                break
+            except FileNotFoundError:  # swept before the process got in: again
+                assert time.monotonic() < deadline
+        os.rmdir(staging)
         _cgroup._sweep_stale_homes(parent)
         assert leftover.wait(timeout=5) == -signal.SIGKILL
         while os.path.exists(stale):  # rmdir succeeds once the killed process is gone
@@ -1662,6 +1674,8 @@ def test_stale_cgroup_of_a_dead_owner_is_swept_and_its_processes_killed(
         if leftover.poll() is None:  # pragma: no cover - only if the sweep failed
             leftover.kill()
             leftover.wait()
+        if os.path.exists(staging):  # pragma: no cover - only if the join failed
+            remove_cgroup(staging)
     assert os.path.exists(home.path)  # ours, alive, untouched
     assert tracked.survivors() == []
 
