@@ -177,6 +177,24 @@ def kill_survivors(token: str) -> list[int]:
     return sorted(killed)
 
 
+def wait_exited(pid: int, within: float = 5, *, kill: bool = False) -> bool:
+    """Wait on ``pid``'s pidfd, up to ``within`` seconds, until it has exited; whether it
+    has (a process gone already has). ``kill``: SIGKILL it first, through that pidfd (a
+    recycled pid is never hit; a SIGKILL just sent may not have landed yet: the wait
+    is for the exit itself)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        if kill:
+            with contextlib.suppress(ProcessLookupError):  # (exited meanwhile)
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+        return bool(select.select([fd], [], [], within)[0])
+    finally:
+        os.close(fd)
+
+
 def new_token() -> str:
     return uuid.uuid4().hex
 

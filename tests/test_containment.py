@@ -935,21 +935,11 @@ async def test_the_watchdog_kills_a_group_only_if_its_leader_started_when_regist
     ours, later, dog = map(int, said.stdout.split())
     try:
         # Once the watchdog has done its job (it is ours now: we are a subreaper).
-        dog_fd = os.pidfd_open(dog)
-        try:
-            with trio.fail_after(5):
-                await trio.lowlevel.wait_readable(dog_fd)
-        finally:
-            os.close(dog_fd)
+        assert procs.wait_exited(dog)
         os.waitpid(dog, 0)  # noqa: ASYNC222 - it has exited: at once
         # Its SIGKILL, sent an instant before it exited, may not have landed yet: waited
         # for (both leaders are ours now, orphans of the dead parent: we are a subreaper).
-        ours_fd = os.pidfd_open(ours)
-        try:
-            with trio.move_on_after(5):
-                await trio.lowlevel.wait_readable(ours_fd)
-        finally:
-            os.close(ours_fd)
+        assert procs.wait_exited(ours)
         assert not procs.alive(ours)
         assert procs.untouched_child(later)  # (no fatal signal on its way either)
     finally:

@@ -7,7 +7,6 @@ import errno
 import gc
 import json
 import os
-import select
 import shlex
 import shutil
 import signal
@@ -173,6 +172,25 @@ def a_new_child(known: set[int]) -> Callable[[int], bool]:
     )
 
 
+def reap_the_next_leader_as_its_pidfd_opens(
+    monkeypatch: pytest.MonkeyPatch, then: Callable[[int], object] = lambda pid: None
+) -> None:
+    """Have "someone else" reap the next tree's leader the instant before the library
+    opens its pidfd (it must have run already: the watchdog counts as known), and then
+    ``then(pid)`` run: the pid given to a stranger, say. Once only."""
+    real_pidfd_open = os.pidfd_open
+    leader = a_new_child(procs.children_of_self())
+
+    def reaped_first(pid: int, flags: int = 0) -> int:
+        if leader(pid):  # (not the library's own checks of other processes)
+            monkeypatch.setattr(os, "pidfd_open", real_pidfd_open)
+            os.waitpid(pid, 0)  # the leader exits at once
+            then(pid)
+        return real_pidfd_open(pid, flags)
+
+    monkeypatch.setattr(os, "pidfd_open", reaped_first)
+
+
 #: Run by a Python of its own: fork a child at the pid given (the kernel hands out the pid
 #: after the one written to ns_last_pid), which starts a session, says its pid and becomes
 #: ``sleep 60``; keep it as a child until stdin closes, then kill it.
@@ -238,23 +256,16 @@ async def test_a_leader_reaped_before_its_pidfd_opened_never_lends_its_group_a_s
     # it from a member, cleanup says what it left alone.
     async with open_process_tree(["true"], env=tracked.env, containment="group"):
         pass  # (the watchdog runs from now on)
-    real_pidfd_open = os.pidfd_open
     strangers: list[int | None] = []
-
     for _ in range(20):  # another process on the machine may take the pid first
         with contextlib.ExitStack() as holding:
-            leader = a_new_child(procs.children_of_self())
-
-            def reaped_and_recycled_first(pid: int, flags: int = 0, leader: Any = leader) -> int:
-                if not leader(pid):  # (the library's own checks)
-                    return real_pidfd_open(pid, flags)
-                monkeypatch.setattr(os, "pidfd_open", real_pidfd_open)
-                os.waitpid(pid, 0)  # "someone else" reaps the leader (it exits at once)
-                strangers.append(holding.enter_context(stranger_at(pid, tracked.env)))
-                return real_pidfd_open(pid, flags)
-
             strangers.clear()
-            monkeypatch.setattr(os, "pidfd_open", reaped_and_recycled_first)
+            reap_the_next_leader_as_its_pidfd_opens(
+                monkeypatch,
+                then=lambda pid: strangers.append(
+                    holding.enter_context(stranger_at(pid, tracked.env))
+                ),
+            )
             said: list[ContainmentLost] = []
             try:
                 async with open_process_tree(
@@ -287,15 +298,7 @@ async def test_a_leader_reaped_before_its_pidfd_opened_is_reported_lost_not_a_fa
     async with open_process_tree(["true"], **contained):
         pass  # (the watchdog runs from now on)
     real_pidfd_open = os.pidfd_open
-    leader = a_new_child(procs.children_of_self())
-
-    def reaped_first(pid: int, flags: int = 0) -> int:
-        if leader(pid):
-            monkeypatch.setattr(os, "pidfd_open", real_pidfd_open)
-            os.waitpid(pid, 0)  # "someone else" reaps the leader (it exits at once)
-        return real_pidfd_open(pid, flags)
-
-    monkeypatch.setattr(os, "pidfd_open", reaped_first)
+    reap_the_next_leader_as_its_pidfd_opens(monkeypatch)
     async with open_process_tree(["true"], grace=0.2, **contained) as tree:
         assert os.pidfd_open is real_pidfd_open  # (the leader was reaped first)
         with pytest.raises(CleanupError, match="exit status lost"):
@@ -391,22 +394,13 @@ async def test_a_leader_reaped_before_its_pidfd_opened_is_no_group_for_the_watch
         # (Else the unpacking says what it printed.)
         stranger, leader, watchdog = map(int, out.read_bytes().split())
         try:
-            with contextlib.suppress(ProcessLookupError):  # (gone already, then: done)
-                watched = os.pidfd_open(watchdog)
-                select.select([watched], [], [], 5)  # it exits once its work is done
-                os.close(watched)
+            assert procs.wait_exited(watchdog)  # it exits once its work is done
             if stranger == leader:
                 assert untouched_stranger(stranger), (procs.state(stranger), err.read_text())
         finally:
-            with contextlib.suppress(ProcessLookupError):  # (the red run kills it)
-                # Started by this test; killed through a pidfd, and its death waited for (a
-                # SIGKILL just sent may not have landed when the survivors are looked for).
-                gone = os.pidfd_open(stranger)
-                try:
-                    signal.pidfd_send_signal(gone, signal.SIGKILL)
-                    select.select([gone], [], [], 5)
-                finally:
-                    os.close(gone)
+            # Started by this test (the red run kills it): its death waited for, as a
+            # SIGKILL just sent may not have landed when the survivors are looked for.
+            assert procs.wait_exited(stranger, kill=True)
         if stranger == leader:
             break
     else:  # pragma: no cover
@@ -443,34 +437,20 @@ async def test_a_leader_reaped_before_its_pidfd_opened_and_its_pid_a_threads_is_
     # leaking the tree's pipe ends).
     async with open_process_tree(["true"], env=tracked.env, containment="group"):
         pass  # (the watchdog runs from now on)
-    real_pidfd_open = os.pidfd_open
     for _ in range(20):  # another process on the machine may take the pid first
         with subprocess.Popen(  # noqa: ASYNC220 - it starts at once
             [sys.executable, "-c", THREAD_AT], stdin=subprocess.PIPE, stdout=subprocess.PIPE
         ) as holder:
             assert holder.stdin is not None and holder.stdout is not None
             taken: list[bool] = []
-            leader = a_new_child(procs.children_of_self())
 
-            def reaped_and_taken_by_a_thread(
-                pid: int,
-                flags: int = 0,
-                leader: Any = leader,
-                holder: Any = holder,
-                taken: list[bool] = taken,
-            ) -> int:
-                if not leader(pid):  # (the library's own checks)
-                    return real_pidfd_open(pid, flags)
-                monkeypatch.setattr(os, "pidfd_open", real_pidfd_open)
-                os.waitpid(pid, 0)  # "someone else" reaps the leader (it exits at once)
-                assert holder.stdin is not None and holder.stdout is not None
+            def to_a_thread(pid: int, holder: Any = holder, taken: list[bool] = taken) -> None:
                 holder.stdin.write(f"{pid}\n".encode())
                 holder.stdin.flush()
                 taken.append(int(holder.stdout.readline()) == pid)
-                return real_pidfd_open(pid, flags)
 
             fds = procs.open_fds() - {holder.stdin.fileno()}  # (closed before the look)
-            monkeypatch.setattr(os, "pidfd_open", reaped_and_taken_by_a_thread)
+            reap_the_next_leader_as_its_pidfd_opens(monkeypatch, then=to_a_thread)
             try:
                 async with open_process_tree(
                     ["true"],
