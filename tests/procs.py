@@ -252,6 +252,11 @@ def run_python(
     return child.stdout.decode()
 
 
+#: A command prefix (``setpriv``): what it runs as root may signal only its own user's
+#: processes, as any user without CAP_KILL.
+WITHOUT_CAP_KILL = ("setpriv", "--inh-caps=-kill", "--bounding-set=-kill")
+
+
 #: For scripts run by `run_python` that report on processes before they exit: the same
 #: test as `alive` (a zombie is not alive), with nothing to import.
 ALIVE_IN_A_CHILD = textwrap.dedent(

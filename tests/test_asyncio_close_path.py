@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +27,7 @@ from trio_proctree.asyncio import ProcessTree, open_process_tree
 from . import procs
 from .conftest import Tracked
 from .test_cleanup_errors import fail_first_stop_signal
+from .test_containment import available
 
 # Ignores SIGTERM, so cleanup sits out the whole grace and needs SIGKILL.
 IGNORES_TERM = ["sh", "-c", "trap '' TERM; echo ready; sleep 60"]
@@ -330,7 +333,7 @@ EXIT_NET = textwrap.dedent(
         deadline = time.monotonic() + 1
         while state(member) not in (None, "Z") and time.monotonic() < deadline:
             time.sleep(0.01)
-        print(f"leader={state(leader)} member={state(member)}", flush=True)
+        print(f"{leader} {member} leader={state(leader)} member={state(member)}", flush=True)
 
     atexit.register(report)
 
@@ -338,8 +341,10 @@ EXIT_NET = textwrap.dedent(
     from trio_proctree.asyncio import open_process_tree
 
     async def hold(started):
+        # The member says its pid once it runs (as another user, behind that prefix).
+        member = (sys.argv[2:] or [""])[0] + "sh -c 'echo $$; exec sleep 60 2>/dev/null'"
         async with open_process_tree(
-            ["sh", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE,
+            ["sh", "-c", member + " & wait"], stdout=subprocess.PIPE,
             containment=sys.argv[1],
         ) as tree:
             started.set_result((tree.pid, int(await tree.stdout.readline())))
@@ -369,6 +374,41 @@ def test_trees_open_at_interpreter_exit_are_killed_and_reaped(
     assert b"leader=None member=" in result.stdout, result
     member_state = result.stdout.split(b"member=")[1].strip()
     assert member_state in (b"None", b"Z"), result
+    assert tracked.survivors() == []
+
+
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper"])
+def test_a_tree_open_at_interpreter_exit_with_a_member_it_may_not_signal_is_still_reaped(
+    tracked: Tracked, containment: str
+) -> None:
+    # Run by a Python without CAP_KILL, the tree's member is nobody's (a setuid program,
+    # say): the hard stop at exit is refused for it (a cgroup's kills it all the same). The
+    # leader, ours, was SIGKILLed: it must still be reaped, not left a zombie for init
+    # (red before: the refusal skipped the reap).
+    if not shutil.which("setpriv"):  # pragma: no cover
+        pytest.skip("needs setpriv, to give up CAP_KILL and to become nobody")
+    if containment == "cgroup":
+        available("cgroup")
+    as_nobody = "setpriv --reuid=65534 --regid=65534 --clear-groups "
+    result = subprocess.run(
+        [*procs.WITHOUT_CAP_KILL, sys.executable, "-c", EXIT_NET, containment, as_nobody],
+        capture_output=True,
+        env=tracked.env,
+        timeout=30,
+        check=False,
+    )
+    member = int(result.stdout.split()[1])  # (the leader's pid comes first)
+    try:
+        assert b"leader=None member=" in result.stdout, result
+        member_state = result.stdout.split(b"member=")[1].strip()
+        if containment == "cgroup":
+            assert member_state in (b"None", b"Z"), result
+        else:  # nothing could stop it: nobody's, and no cgroup
+            assert member_state == b"S", result
+    finally:
+        if procs.alive(member):
+            os.kill(member, signal.SIGKILL)  # started by this test; we may (CAP_KILL)
+    procs.wait_exited(member, within=1.0)
     assert tracked.survivors() == []
 
 

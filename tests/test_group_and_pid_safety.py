@@ -801,7 +801,7 @@ async def test_a_group_of_another_user_is_still_hard_stopped_by_its_cgroup(
         containment,
         leader,
         env=tracked.env,
-        before=["setpriv", "--inh-caps=-kill", "--bounding-set=-kill"],
+        before=procs.WITHOUT_CAP_KILL,
     )
     error, member, lived_on, signals = json.loads(output)
     try:

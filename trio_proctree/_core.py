@@ -311,10 +311,11 @@ def kill_open_trees() -> None:
             # the group through the leader's pidfd (before Linux 6.9), cannot be signalled
             # safely any more; its cleanup already sent SIGKILL, and could not confirm it.
             logger.debug("%s: not signalled again at interpreter exit", core.label)
-            continue
         except OSError as exc:
+            # Some of it, maybe: a refused signal (another user's member) is raised only
+            # once the rest of the tree had its SIGKILL. Its leader is reaped all the same,
+            # or it stays a zombie for good where init does not reap.
             logger.warning("%s: could not kill at interpreter exit: %s", core.label, exc)
-            continue
         # By pidfd, never Popen.wait(): if someone else reaped the leader, its pid may
         # belong to another of our children by now.
         core.leader.reap_within(core.policy.kill_wait)

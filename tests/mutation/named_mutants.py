@@ -79,6 +79,14 @@ MUTANTS = [
         "test_trees_open_at_interpreter_exit",
     ),
     (
+        "close: a refused SIGKILL at interpreter exit skips the leader's reap",
+        "_core.py",
+        '            logger.warning("%s: could not kill at interpreter exit: %s", core.label, exc)\n',
+        '            logger.warning("%s: could not kill at interpreter exit: %s", core.label, exc)\n'
+        "            continue\n",
+        "test_a_tree_open_at_interpreter_exit_with_a_member_it_may_not_signal",
+    ),
+    (
         "escalation: no SIGCONT after the stop signal",
         "_containment.py",
         "            if wake:\n                os.killpg(self._pgid, signal.SIGCONT)\n",
