@@ -521,6 +521,88 @@ async def test_a_leader_whose_pidfd_cannot_open_is_stopped_only_if_still_ours(
     assert tracked.survivors() == []
 
 
+#: Run by a Python of its own: a tree whose leader forks a member (which writes its pid to
+#: the file given) and is reaped by the script before its pidfd opens, when the stand-in
+#: for that pidfd cannot open either (out of file descriptors). Prints the error's errno,
+#: the member's pid and whether it had exited within a second; then, the spawn failed,
+#: the script is SIGKILLed.
+FAILS_WITH_A_LOST_LEADER = textwrap.dedent(
+    """
+    import errno, os, select, signal, sys, trio
+    from trio_proctree import open_process_tree
+
+    containment, member_file = sys.argv[1:]
+
+    async def main():
+        async with open_process_tree(["true"], containment=containment):
+            pass  # (the watchdog runs from now on)
+        real_pidfd_open, real_eventfd = os.pidfd_open, os.eventfd
+
+        def reaped_first(pid, flags=0):
+            os.pidfd_open = real_pidfd_open
+            os.waitpid(pid, 0)  # "someone else" reaps it (it exits once its member runs)
+            return real_pidfd_open(pid, flags)
+
+        def out_of_descriptors(*args):
+            os.eventfd = real_eventfd
+            raise OSError(errno.EMFILE, "Too many open files (injected)")
+
+        os.pidfd_open, os.eventfd = reaped_first, out_of_descriptors
+        member = f"sh -c 'echo $$ > {member_file}; exec sleep 60' </dev/null >/dev/null 2>&1"
+        try:
+            await open_process_tree(
+                ["sh", "-c", f"{member} & until test -s {member_file}; do :; done"],
+                containment=containment,
+            ).__aenter__()
+        except OSError as exc:
+            error = exc.errno
+        async with open_process_tree(["true"], containment=containment):
+            pass  # (what the watchdog was told meanwhile is written with this tree's start)
+        with open(member_file) as f:
+            member = int(f.read())
+        pidfd = real_pidfd_open(member)
+        print(error, member, bool(select.select([pidfd], [], [], 1.0)[0]), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)  # only the watchdog acts now
+
+    trio.run(main)
+    """
+)
+
+
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper"])
+async def test_a_failed_spawn_whose_leader_had_started_a_member_leaves_nothing_running(
+    tracked: Tracked, tmp_path: Path, containment: str
+) -> None:
+    # The leader, reaped by other code before its pidfd opened, had started a member; then
+    # the pidfd's stand-in cannot open (out of file descriptors) and the spawn fails with
+    # that error. The member must not be left running: a cgroup's is killed at once;
+    # otherwise the watchdog still knows the tree, and kills it should we die (red before:
+    # the failed spawn unregistered the tree, and the member outlived us).
+    if containment == "cgroup":
+        available("cgroup")
+    out, err = tmp_path / "out", tmp_path / "err"
+    with out.open("wb") as stdout, err.open("wb") as stderr:
+        child = subprocess.run(  # noqa: ASYNC221 - it kills itself within a second
+            [*procs.python(), "-c", FAILS_WITH_A_LOST_LEADER, containment, str(tmp_path / "m")],
+            stdout=stdout,
+            stderr=stderr,
+            env=tracked.env,
+            timeout=60,
+            check=False,
+        )
+    assert child.returncode == -signal.SIGKILL, err.read_text()
+    error, member, exited_before_our_death = out.read_text().split()
+    try:
+        assert int(error) == errno.EMFILE
+        if containment == "cgroup":
+            assert exited_before_our_death == "True"
+        assert procs.wait_exited(int(member), within=1.0)
+    finally:
+        procs.wait_exited(int(member), kill=True)  # (started by this test)
+    await until_none_survive(tracked, within=1.0)
+    assert tracked.survivors() == []
+
+
 async def test_sibling_with_the_same_command_line_survives(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:

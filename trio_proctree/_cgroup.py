@@ -736,9 +736,12 @@ class CgroupContainment(MemberTracking):
             self._events_fd = -1
         super().release(emptied=emptied)
         if self._leader is None:
-            # The spawn failed: nothing runs in it. Not kept for reuse: the failure may have
-            # been the cgroup's own (removed under us, say).
-            with contextlib.suppress(OSError):  # (else left for the sweep)
+            # The spawn failed. Not kept for reuse: the failure may have been the cgroup's
+            # own (removed under us, say). If its leader ran (not ``emptied``), what it
+            # started is in here, and nothing else: all of it is killed.
+            with contextlib.suppress(OSError):  # (else left for the sweep, and the watchdog)
+                if not emptied:
+                    _kill(self.path)
                 os.rmdir(self.path)
             return
         # Emptied is known from pending(); nothing re-enters an empty cgroup by itself. One

@@ -13,7 +13,7 @@ from ._cgroup import CgroupContainment, CgroupHome, CgroupUnavailable, cgroup_ho
 from ._containment import Containment, ProcessGroupContainment
 from ._orphans import SubreaperUnavailable, check_subreaper_available
 from ._procfs import foreign_proc
-from ._spawn import Spawned, SpawnPlan, spawn
+from ._spawn import Spawned, SpawnPlan, StartedUnwatched, spawn
 from ._subreaper import SubreaperContainment
 
 logger = logging.getLogger("trio_proctree")
@@ -93,6 +93,12 @@ def start_tree(plan: SpawnPlan, choice: ContainmentChoice) -> tuple[Spawned, Con
     containment = choice.make()
     try:
         return spawn(containment.prepare(plan)), containment
+    except StartedUnwatched as started:
+        # Its leader ran, and may have started others: not known to be empty, the tree
+        # is hard-stopped where that is safe, and the watchdog keeps it (else it would
+        # outlive our death unseen).
+        containment.release(emptied=False)
+        raise started.error from None
     except BaseException:
         containment.release()
         raise

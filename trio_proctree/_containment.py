@@ -760,8 +760,10 @@ class MemberTracking:
             # The group's orphans are among those reaped below (`_ours`).
             self._group.release(emptied=emptied, reap=False)
         if self._leader is None:
-            # The spawn failed: nothing was started; only the backstop was registered.
-            watchdog.unregister(*self.backstop)
+            # The spawn failed. Only the backstop was registered; and unless something
+            # ran (not ``emptied``), it is not needed.
+            if emptied:
+                watchdog.unregister(*self.backstop)
             return
         reap_orphans(self._leader.pid, self._ours, parent_thread=self._leader.parent_thread)
         if emptied:

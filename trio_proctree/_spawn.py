@@ -109,6 +109,15 @@ class Spawned:
     lost: bool = False
 
 
+class StartedUnwatched(Exception):
+    """The spawn failed with ``error`` after the leader had run (and been reaped by other
+    code): what it started may run still, and only its containment can tell."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(error)
+        self.error = error
+
+
 def plan_spawn(command: Command, options: Mapping[str, Any]) -> SpawnPlan:
     """Check ``command`` and ``options`` (those of `trio.lowlevel.open_process`).
 
@@ -358,15 +367,15 @@ def spawn(plan: SpawnPlan) -> Spawned:
         # in the pidfd's place, a descriptor that reads as exited and names no process.
         try:
             pidfd = os.eventfd(1, os.EFD_CLOEXEC)
-        except OSError:
-            # (Out of file descriptors, say.) Nothing to stop: the leader is gone, and its
-            # pid may be anyone's. Popen must never wait for that pid (another child of
-            # ours may have it), and our pipe ends go.
+        except OSError as exc:
+            # (Out of file descriptors, say.) The leader is gone, and its pid may be
+            # anyone's: Popen must never wait for that pid (another child of ours may have
+            # it), and our pipe ends go. What it started is its containment's to stop.
             if popen is not None:
                 popen.returncode = LOST
             for fd in ours.values():
                 os.close(fd)
-            raise
+            raise StartedUnwatched(exc) from None
     return Spawned(
         pid,
         popen,

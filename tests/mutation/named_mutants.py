@@ -79,6 +79,13 @@ MUTANTS = [
         "test_trees_open_at_interpreter_exit",
     ),
     (
+        "spawn: a failed spawn whose leader had run taken for one that started nothing",
+        "_choose.py",
+        "        containment.release(emptied=False)\n",
+        "        containment.release()\n",
+        "test_a_failed_spawn_whose_leader_had_started_a_member",
+    ),
+    (
         "close: a refused SIGKILL at interpreter exit skips the leader's reap",
         "_core.py",
         '            logger.warning("%s: could not kill at interpreter exit: %s", core.label, exc)\n',
