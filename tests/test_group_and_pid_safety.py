@@ -902,25 +902,41 @@ async def test_a_group_of_another_user_is_still_hard_stopped_by_its_cgroup(
     assert tracked.survivors() == []
 
 
-@pytest.mark.parametrize("containment", ["cgroup", "subreaper"])
+@pytest.mark.parametrize(
+    ("containment", "pinning"),
+    # (A subreaper's listing reads stats it has anyway, pinning nothing first.)
+    [("cgroup", "pins"), ("subreaper", "pins"), ("cgroup", "runs-out")],
+)
 async def test_a_reaped_leaders_group_is_asked_about_once_a_listing_not_once_a_member(
-    tracked: Tracked, containment: str, monkeypatch: pytest.MonkeyPatch
+    tracked: Tracked, containment: str, monkeypatch: pytest.MonkeyPatch, pinning: str
 ) -> None:
     # Whether the group of a leader reaped elsewhere still has a member is a question the
     # kernel answers by going through the whole group: asked for each member, a teardown
     # of a large group grew with its square (2,000 members: 2.5-4 times as long). Red
-    # before: asked once per member, in every listing.
+    # before: asked once per member, in every listing. To ask once, every listed process
+    # is pinned first; out of file descriptors meanwhile ("runs-out"), each is pinned and
+    # asked about as it is looked at, and the teardown goes on as before.
     if not procs.group_signals_through_pidfds():  # pragma: no cover - Linux before 6.9
         pytest.skip("no PIDFD_SIGNAL_PROCESS_GROUP here (Linux 6.9+)")
     available(containment)
     members = 40
     asked = 0
     signal_group_of = _containment.signal_group_of
+    pin_process = _containment.pin_process
+    pinned_for_the_listing = 0
 
     def counted(pidfd: int, sig: int) -> bool:
         nonlocal asked
         asked += sig == 0
         return signal_group_of(pidfd, sig)
+
+    def running_out(pid: int, still_ours: Callable[[Any], bool]) -> Any:
+        nonlocal pinned_for_the_listing
+        if still_ours.__qualname__.startswith("MemberTracking._pin_listed."):
+            pinned_for_the_listing += 1
+            if pinned_for_the_listing == 3:  # (the first listing's third process)
+                raise OSError(errno.EMFILE, "Too many open files (injected)")
+        return pin_process(pid, still_ours)
 
     script = f"for i in $(seq {members}); do sleep 60 & done; echo $$; read x"
     async with open_process_tree(
@@ -937,10 +953,19 @@ async def test_a_reaped_leaders_group_is_asked_about_once_a_listing_not_once_a_m
         os.waitpid(tree.pid, 0)  # noqa: ASYNC222 - it exits at once: "someone else" reaps it
         assert len(tracked.survivors()) == members
         monkeypatch.setattr(_containment, "signal_group_of", counted)
+        if pinning == "runs-out":
+            monkeypatch.setattr(_containment, "pin_process", running_out)
+            fds = procs.open_fds()
     assert tree.outcome is not None
     assert tree.outcome.lingering_killed == members
+    assert tree.outcome.escapees_killed == 0  # (members all, not confirmed one by one)
     assert not tree.outcome.grace_expired  # (the sleeps died of the stop signal)
-    assert 0 < asked < members // 4
+    if pinning == "pins":
+        assert 0 < asked < members // 4
+    else:
+        assert pinned_for_the_listing >= 3
+        assert asked >= members // 4  # (once a member, in that listing)
+        assert procs.open_fds() - fds == set()  # (no pin left open)
     assert tracked.survivors() == []
 
 

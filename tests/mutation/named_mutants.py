@@ -79,6 +79,13 @@ MUTANTS = [
         "test_trees_open_at_interpreter_exit",
     ),
     (
+        "cgroup: out of file descriptors while pinning a lost leader's listing, it fails",
+        "_containment.py",
+        "        except OSError:\n            self._unpin()\n",
+        "        except OSError:\n            self._unpin()\n            raise\n",
+        "test_a_reaped_leaders_group_is_asked_about_once and runs-out",
+    ),
+    (
         "spawn: a failed spawn whose leader had run taken for one that started nothing",
         "_choose.py",
         "        containment.release(emptied=False)\n",
