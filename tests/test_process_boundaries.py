@@ -126,6 +126,58 @@ def test_a_home_made_in_another_pid_namespace_is_never_swept(tracked: Tracked) -
     assert tracked.survivors() == []
 
 
+@pytest.mark.parametrize("since", ["nothing", "a-process-moved-in"])
+def test_a_home_of_an_ended_pid_namespace_is_swept(tracked: Tracked, since: str) -> None:
+    # A container that held trees ended at once (its init SIGKILLed, its watchdog first):
+    # its home was never removed. A pid namespace with no process left has no owner of
+    # anything, so from the initial namespace, which sees every process, its home is
+    # stale (red before: homes of other namespaces were never swept, and piled up). Its
+    # trees died with the namespace: a process found in one since was put there by
+    # someone else, and is left alone, with the home.
+    available("cgroup")
+    if shutil.which("unshare") is None:  # pragma: no cover - util-linux is everywhere
+        pytest.skip("needs unshare(1)")
+    if os.stat("/proc/self/ns/pid").st_ino != _cgroup.INITIAL_PID_NAMESPACE:  # pragma: no cover
+        pytest.skip("only the initial pid namespace sees every process")
+    holder = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", *procs.python(), "-c", HOLDS_A_TREE],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=tracked.env,
+    )
+    with holder:
+        assert holder.stdout is not None
+        tree = holder.stdout.readline().decode().strip()
+        if not tree:  # pragma: no cover - unshare refused (not root, say)
+            pytest.skip(f"cannot make a pid namespace: {holder.stderr.read()!r}")  # type: ignore[union-attr]
+        home = os.path.dirname(tree)
+        [init] = procs.children_of(holder.pid)  # the namespace's Python, its pid 1
+        [watchdog] = procs.children_of(init) - set(_cgroup._procs(tree))
+        # (Started by this test, by pid, as they are seen from here.)
+        assert procs.wait_exited(watchdog, kill=True)
+        assert procs.wait_exited(init, kill=True)  # the kernel kills the rest with it
+        assert holder.wait(timeout=30) != 0
+    assert os.path.isdir(home)  # left behind: nothing was there to remove it
+    if since == "nothing":
+        _cgroup._sweep_stale_homes(os.path.dirname(home))
+        assert not os.path.exists(home)
+    else:
+        with subprocess.Popen(["sleep", "60"]) as moved_in:
+            try:
+                with open(os.path.join(tree, "cgroup.procs"), "w") as procs_file:
+                    procs_file.write(str(moved_in.pid))
+                _cgroup._sweep_stale_homes(os.path.dirname(home))
+                # (A cgroup.kill would land in microseconds.)
+                assert not procs.wait_exited(moved_in.pid, within=0.2)
+                assert os.path.isdir(tree)
+            finally:
+                moved_in.kill()  # (and waited for, as the with block ends)
+        _cgroup._sweep_stale_homes(os.path.dirname(home))  # (empty now: it goes)
+        assert not os.path.exists(home)
+    assert tracked.survivors() == []
+
+
 # Runs a tree, exec's itself, and runs another: same pid, same start time, a new home.
 # (Started as ``python -c CODE CODE``: the second CODE is how it finds itself again.)
 EXECS_ITSELF = textwrap.dedent(

@@ -326,6 +326,10 @@ def _make_home(pid: int) -> CgroupHome:
     return CgroupHome(path, relative.replace("//", "/"))
 
 
+#: The initial pid namespace's inode (``PROC_PID_INIT_INO``): the same on every boot.
+INITIAL_PID_NAMESPACE = 0xEFFFFFFC
+
+
 def _pid_namespace() -> int:
     """Our pid namespace, by inode: a home's pid means something only inside it."""
     return os.stat("/proc/self/ns/pid").st_ino
@@ -337,14 +341,16 @@ def _sweep_stale_homes(parent: str) -> None:
     What still runs in them outlived its owner: the parent-death backstop should have
     killed it, and this does, before removing the directories. A home of this very
     process but not its current one was made by an image it exec'd away from, and is
-    stale too. Only homes made in our pid namespace are looked at: the owner of
-    another's may well be alive, under a pid that means nothing (or someone else) here.
+    stale too. A home made in another pid namespace is looked at only once that
+    namespace has no process left (`_live_pid_namespaces`): until then its owner may
+    well be alive, under a pid that means nothing (or someone else) here.
     """
     try:
         entries = os.listdir(parent)
     except OSError:
         return
     namespace = _pid_namespace()
+    live_namespaces: set[int] | None = None
     for name in entries:
         if not name.startswith(_HOME_PREFIX):
             continue
@@ -353,14 +359,19 @@ def _sweep_stale_homes(parent: str) -> None:
             continue
         try:
             ns_text, pid_text, start_text = fields[:3]
-            owner, start = int(pid_text), int(start_text)
-            if int(ns_text) != namespace:
-                continue
+            home_namespace, owner, start = int(ns_text), int(pid_text), int(start_text)
         except ValueError:
             continue  # not a home of ours (nor of this version)
         home = os.path.join(parent, name)
-        stat = read_stat(owner)
-        if stat is not None and stat.starttime == start:
+        if home_namespace != namespace:
+            if live_namespaces is None:
+                live_namespaces = _live_pid_namespaces()
+            if home_namespace in live_namespaces:
+                continue  # (or it cannot be told: every namespace is then taken for live)
+            # Every process of it has died, its owner with them: its trees died with them
+            # (a namespace's processes die with its init), and what may have been put in
+            # their cgroups since is not its.
+        elif (stat := read_stat(owner)) is not None and stat.starttime == start:
             current = _homes.get(owner)
             if owner != os.getpid() or (current is not None and current.path == home):
                 continue  # its owner still runs
@@ -369,6 +380,8 @@ def _sweep_stale_homes(parent: str) -> None:
         for tree in _subdirs(home):
             try:
                 if _populated(os.path.join(tree, "cgroup.events")):
+                    if home_namespace != namespace:
+                        continue  # (left, with the home: not its owner's)
                     logger.warning("killing what outlived its owner in %s", tree)
                     _kill(tree)
                 _remove_inner(tree)  # (kept cgroups keep what members made, until reused)
@@ -380,6 +393,37 @@ def _sweep_stale_homes(parent: str) -> None:
         except OSError:
             continue
         logger.debug("removed stale cgroup home %s", home)
+
+
+class _AllNamespaces(set[int]):
+    """Stands for every pid namespace: none can be told ended."""
+
+    def __contains__(self, namespace: object) -> bool:
+        return True
+
+
+def _live_pid_namespaces() -> set[int]:
+    """The pid namespaces (by inode) with a process in them.
+
+    Only the initial namespace sees every process (with /proc its own: checked before
+    any tree starts), and only a reader that may look at every process's namespace
+    (root) sees each one's; otherwise every namespace is taken for live. A namespace
+    lives exactly while its init does, and its init is in it: a process of a namespace
+    nested in it shows that one, but cannot outlive the init of ours.
+    """
+    if _pid_namespace() != INITIAL_PID_NAMESPACE:
+        return _AllNamespaces()
+    found: set[int] = {INITIAL_PID_NAMESPACE}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or entry == "1":  # (init is in ours: it may be unreadable)
+            continue
+        try:
+            found.add(os.stat(f"/proc/{entry}/ns/pid").st_ino)
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # exited (a zombie has no namespaces left)
+        except OSError:
+            return _AllNamespaces()  # (not ours to look at)
+    return found
 
 
 def _subdirs(path: str) -> list[str]:

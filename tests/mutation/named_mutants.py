@@ -86,6 +86,21 @@ MUTANTS = [
         "test_a_reaped_leaders_group_is_asked_about_once and runs-out",
     ),
     (
+        "cgroup: homes of other pid namespaces never swept, even once they ended",
+        "_cgroup.py",
+        "    found: set[int] = {INITIAL_PID_NAMESPACE}\n",
+        "    return _AllNamespaces()\n    found: set[int] = {INITIAL_PID_NAMESPACE}\n",
+        "test_a_home_of_an_ended_pid_namespace_is_swept",
+    ),
+    (
+        "cgroup: what was put in an ended pid namespace's home is killed by the sweep",
+        "_cgroup.py",
+        "                    if home_namespace != namespace:\n"
+        "                        continue  # (left, with the home: not its owner's)\n",
+        "",
+        "test_a_home_of_an_ended_pid_namespace_is_swept",
+    ),
+    (
         "spawn: a failed spawn whose leader had run taken for one that started nothing",
         "_choose.py",
         "        containment.release(emptied=False)\n",
