@@ -521,37 +521,45 @@ async def test_a_leader_whose_pidfd_cannot_open_is_stopped_only_if_still_ours(
     assert tracked.survivors() == []
 
 
-#: Run by a Python of its own: a tree whose leader forks a member (which writes its pid to
-#: the file given) and is reaped by the script before its pidfd opens, when the stand-in
-#: for that pidfd cannot open either (out of file descriptors). Prints the error's errno,
-#: the member's pid and whether it had exited within a second; then, the spawn failed,
-#: the script is SIGKILLed.
-FAILS_WITH_A_LOST_LEADER = textwrap.dedent(
+#: Run by a Python of its own: a tree whose leader starts a member in a session of its own
+#: (which writes its pid to the file given) and exits, when the spawn then runs out of
+#: file descriptors: for the leader's pidfd ("pidfd"), or, the leader reaped by the
+#: script before its pidfd opened, for the stand-in for that pidfd ("stand-in"). Prints
+#: the error's errno, the member's pid and whether it had exited within a second; then,
+#: the spawn failed, the script is SIGKILLed.
+FAILS_AFTER_THE_LEADER_RAN = textwrap.dedent(
     """
     import errno, os, select, signal, sys, trio
     from trio_proctree import open_process_tree
 
-    containment, member_file = sys.argv[1:]
+    containment, member_file, failing = sys.argv[1:]
 
     async def main():
         async with open_process_tree(["true"], containment=containment):
             pass  # (the watchdog runs from now on)
         real_pidfd_open, real_eventfd = os.pidfd_open, os.eventfd
 
+        def out_of_descriptors(*args):
+            os.pidfd_open, os.eventfd = real_pidfd_open, real_eventfd
+            raise OSError(errno.EMFILE, "Too many open files (injected)")
+
         def reaped_first(pid, flags=0):
             os.pidfd_open = real_pidfd_open
             os.waitpid(pid, 0)  # "someone else" reaps it (it exits once its member runs)
             return real_pidfd_open(pid, flags)
 
-        def out_of_descriptors(*args):
-            os.eventfd = real_eventfd
-            raise OSError(errno.EMFILE, "Too many open files (injected)")
+        def once_the_leader_exited(pid, flags=0):
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # (not reaped)
+            out_of_descriptors()
 
-        os.pidfd_open, os.eventfd = reaped_first, out_of_descriptors
+        if failing == "pidfd":
+            os.pidfd_open = once_the_leader_exited
+        else:
+            os.pidfd_open, os.eventfd = reaped_first, out_of_descriptors
         member = f"sh -c 'echo $$ > {member_file}; exec sleep 60' </dev/null >/dev/null 2>&1"
         try:
             await open_process_tree(
-                ["sh", "-c", f"{member} & until test -s {member_file}; do :; done"],
+                ["sh", "-c", f"setsid -f {member}; until test -s {member_file}; do :; done"],
                 containment=containment,
             ).__aenter__()
         except OSError as exc:
@@ -569,21 +577,32 @@ FAILS_WITH_A_LOST_LEADER = textwrap.dedent(
 )
 
 
+@pytest.mark.parametrize("failing", ["pidfd", "stand-in"])
 @pytest.mark.parametrize("containment", ["cgroup", "subreaper"])
 async def test_a_failed_spawn_whose_leader_had_started_a_member_leaves_nothing_running(
-    tracked: Tracked, tmp_path: Path, containment: str
+    tracked: Tracked, tmp_path: Path, containment: str, failing: str
 ) -> None:
-    # The leader, reaped by other code before its pidfd opened, had started a member; then
-    # the pidfd's stand-in cannot open (out of file descriptors) and the spawn fails with
-    # that error. The member must not be left running: a cgroup's is killed at once;
+    # The leader had started a member in a session of its own (out of its group) when the
+    # spawn ran out of file descriptors: for the leader's pidfd, or, the leader reaped by
+    # other code before its pidfd opened, for the stand-in for it. The spawn fails with
+    # that error; the member must not be left running: a cgroup's is killed at once;
     # otherwise the watchdog still knows the tree, and kills it should we die (red before:
     # the failed spawn unregistered the tree, and the member outlived us).
     if containment == "cgroup":
         available("cgroup")
+    if not shutil.which("setsid"):  # pragma: no cover - util-linux is everywhere
+        pytest.skip("needs setsid(1)")
     out, err = tmp_path / "out", tmp_path / "err"
     with out.open("wb") as stdout, err.open("wb") as stderr:
         child = subprocess.run(  # noqa: ASYNC221 - it kills itself within a second
-            [*procs.python(), "-c", FAILS_WITH_A_LOST_LEADER, containment, str(tmp_path / "m")],
+            [
+                *procs.python(),
+                "-c",
+                FAILS_AFTER_THE_LEADER_RAN,
+                containment,
+                str(tmp_path / "m"),
+                failing,
+            ],
             stdout=stdout,
             stderr=stderr,
             env=tracked.env,

@@ -178,6 +178,45 @@ def test_a_home_of_an_ended_pid_namespace_is_swept(tracked: Tracked, since: str)
     assert tracked.survivors() == []
 
 
+@pytest.mark.parametrize("hidepid", ["invisible", "off"])
+def test_under_a_proc_that_hides_processes_no_pid_namespace_is_taken_for_ended(
+    hidepid: str,
+) -> None:
+    # With hidepid, a process its reader may not trace is missing from /proc, as if it had
+    # exited: a namespace whose processes are all hidden would be taken for ended, and its
+    # live owner's home swept (found in review). Then every namespace is taken for live.
+    if shutil.which("unshare") is None:  # pragma: no cover - util-linux is everywhere
+        pytest.skip("needs unshare(1)")
+    if os.stat("/proc/self/ns/pid").st_ino != _cgroup.INITIAL_PID_NAMESPACE:  # pragma: no cover
+        pytest.skip("only the initial pid namespace sees every process")
+    look = (
+        "from trio_proctree import _cgroup; "
+        "print(_cgroup._live_pid_namespaces().__contains__(0))"  # (no namespace has inode 0)
+    )
+    child = subprocess.run(
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            f'mount -t proc -o hidepid={hidepid} proc /proc && exec "$@"',
+            "sh",
+            *procs.python(),
+            "-c",
+            look,
+        ],
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    if child.returncode != 0 and b"unshare" in child.stderr:  # pragma: no cover - not root
+        pytest.skip(f"cannot make a mount namespace: {child.stderr!r}")
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.decode().strip() == ("True" if hidepid == "invisible" else "False")
+
+
 # Runs a tree, exec's itself, and runs another: same pid, same start time, a new home.
 # (Started as ``python -c CODE CODE``: the second CODE is how it finds itself again.)
 EXECS_ITSELF = textwrap.dedent(

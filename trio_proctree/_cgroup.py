@@ -38,7 +38,7 @@ from . import _watchdog as watchdog
 from ._containment import NEED_SCAN, MemberTracking, Pending
 from ._leader import Leader
 from ._pidfd import open_pidfd
-from ._procfs import ProcStat, read_file, read_stat
+from ._procfs import ProcStat, proc_hides_processes, read_file, read_stat
 from ._spawn import SpawnPlan
 from ._spawn_into_cgroup import IntoCgroup
 
@@ -406,21 +406,26 @@ def _live_pid_namespaces() -> set[int]:
     """The pid namespaces (by inode) with a process in them.
 
     Only the initial namespace sees every process (with /proc its own: checked before
-    any tree starts), and only a reader that may look at every process's namespace
-    (root) sees each one's; otherwise every namespace is taken for live. A namespace
-    lives exactly while its init does, and its init is in it: a process of a namespace
-    nested in it shows that one, but cannot outlive the init of ours.
+    any tree starts), and only through a /proc that hides none (no ``hidepid``), to a
+    reader that may look at every process's namespace (root); otherwise every namespace
+    is taken for live. A namespace lives exactly while its init does, and its init is in
+    it: a process of a namespace nested in it shows that one, but cannot outlive the
+    init of ours.
     """
-    if _pid_namespace() != INITIAL_PID_NAMESPACE:
+    if _pid_namespace() != INITIAL_PID_NAMESPACE or proc_hides_processes():
         return _AllNamespaces()
     found: set[int] = {INITIAL_PID_NAMESPACE}
-    for entry in os.listdir("/proc"):
+    try:
+        entries = os.listdir("/proc")
+    except OSError:  # (out of file descriptors, say)
+        return _AllNamespaces()
+    for entry in entries:
         if not entry.isdigit() or entry == "1":  # (init is in ours: it may be unreadable)
             continue
         try:
             found.add(os.stat(f"/proc/{entry}/ns/pid").st_ino)
         except (FileNotFoundError, ProcessLookupError):
-            continue  # exited (a zombie has no namespaces left)
+            continue  # exited and reaped
         except OSError:
             return _AllNamespaces()  # (not ours to look at)
     return found
@@ -783,9 +788,14 @@ class CgroupContainment(MemberTracking):
             # The spawn failed. Not kept for reuse: the failure may have been the cgroup's
             # own (removed under us, say). If its leader ran (not ``emptied``), what it
             # started is in here, and nothing else: all of it is killed.
-            with contextlib.suppress(OSError):  # (else left for the sweep, and the watchdog)
-                if not emptied:
+            if not emptied:
+                try:
                     _kill(self.path)
+                except OSError as exc:  # (out of file descriptors, say)
+                    logger.warning(
+                        "cgroup %s not killed: %s; left for the watchdog", self.path, exc
+                    )
+            with contextlib.suppress(OSError):  # (else left for the sweep, and the watchdog)
                 os.rmdir(self.path)
             return
         # Emptied is known from pending(); nothing re-enters an empty cgroup by itself. One

@@ -158,6 +158,29 @@ def foreign_proc() -> str | None:
     return None
 
 
+def proc_hides_processes() -> bool:
+    """Whether /proc is mounted to hide processes its reader may not trace (``hidepid``):
+    then a pid missing from it may be a live process's."""
+    try:
+        mounts = read_file("/proc/self/mountinfo")
+    except OSError:
+        return True  # (cannot tell)
+    hides = True  # (no /proc mount found: cannot tell)
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 5 or fields[4] != b"/proc" or b"-" not in fields:
+            continue
+        after = fields[fields.index(b"-") + 1 :]
+        if len(after) < 3 or after[0] != b"proc":
+            continue
+        # The last one mounted there is the one seen. hidepid: 0/off shows every process.
+        hides = any(
+            option.startswith(b"hidepid=") and option not in (b"hidepid=0", b"hidepid=off")
+            for option in after[2].split(b",")
+        )
+    return hides
+
+
 def _forget_whose_proc() -> None:
     global _proc_is_ours  # noqa: PLW0603 - one answer per process
     _proc_is_ours = False

@@ -110,8 +110,8 @@ class Spawned:
 
 
 class StartedUnwatched(Exception):
-    """The spawn failed with ``error`` after the leader had run (and been reaped by other
-    code): what it started may run still, and only its containment can tell."""
+    """The spawn failed with ``error`` after the leader had run (its program started):
+    what it started may run still, and only its containment can tell."""
 
     def __init__(self, error: OSError) -> None:
         super().__init__(error)
@@ -357,9 +357,10 @@ def spawn(plan: SpawnPlan) -> Spawned:
             os.close(fd)
     try:
         pidfd = _pidfd_of_our_child(pid)
-    except OSError:
+    except OSError as exc:
         _give_up(pid, popen, ours.values())
-        raise
+        # Its group is dead; what left the group is its containment's to stop.
+        raise StartedUnwatched(exc) from None
     lost = pidfd is None
     if pidfd is None:
         # The tree goes on without its leader, as when other code reaps it later (its group

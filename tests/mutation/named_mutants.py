@@ -93,12 +93,26 @@ MUTANTS = [
         "test_a_home_of_an_ended_pid_namespace_is_swept",
     ),
     (
+        "cgroup: a /proc that hides processes trusted to show every live pid namespace",
+        "_cgroup.py",
+        "    if _pid_namespace() != INITIAL_PID_NAMESPACE or proc_hides_processes():\n",
+        "    if _pid_namespace() != INITIAL_PID_NAMESPACE:\n",
+        "test_under_a_proc_that_hides_processes",
+    ),
+    (
         "cgroup: what was put in an ended pid namespace's home is killed by the sweep",
         "_cgroup.py",
         "                    if home_namespace != namespace:\n"
         "                        continue  # (left, with the home: not its owner's)\n",
         "",
         "test_a_home_of_an_ended_pid_namespace_is_swept",
+    ),
+    (
+        "spawn: a leader whose pidfd cannot open taken for one that started nothing",
+        "_spawn.py",
+        "        raise StartedUnwatched(exc) from None\n    lost = pidfd is None\n",
+        "        raise\n    lost = pidfd is None\n",
+        "test_a_failed_spawn_whose_leader_had_started_a_member and pidfd",
     ),
     (
         "spawn: a failed spawn whose leader had run taken for one that started nothing",
