@@ -341,13 +341,18 @@ EXIT_NET = textwrap.dedent(
     from trio_proctree.asyncio import open_process_tree
 
     async def hold(started):
-        # The member says its pid once it runs (as another user, behind that prefix).
-        member = (sys.argv[2:] or [""])[0] + "sh -c 'echo $$; exec sleep 60 2>/dev/null'"
+        # The member says its pid once it runs. Behind a prefix (as another user, say),
+        # the leader exits once it has started it, which is then ours (as a subreaper's).
+        prefix = (sys.argv[2:] or [""])[0]
+        member = prefix + "sh -c 'echo $$; exec sleep 60 2>/dev/null'"
         async with open_process_tree(
-            ["sh", "-c", member + " & wait"], stdout=subprocess.PIPE,
+            ["sh", "-c", member + (" &" if prefix else " & wait")], stdout=subprocess.PIPE,
             containment=sys.argv[1],
         ) as tree:
-            started.set_result((tree.pid, int(await tree.stdout.readline())))
+            pids = (tree.pid, int(await tree.stdout.readline()))
+            if prefix:
+                await tree.wait()
+            started.set_result(pids)
             await asyncio.Event().wait()
 
     loop = asyncio.new_event_loop()
@@ -382,9 +387,9 @@ def test_a_tree_open_at_interpreter_exit_with_a_member_it_may_not_signal_is_stil
     tracked: Tracked, containment: str
 ) -> None:
     # Run by a Python without CAP_KILL, the tree's member is nobody's (a setuid program,
-    # say): the hard stop at exit is refused for it (a cgroup's kills it all the same). The
-    # leader, ours, was SIGKILLed: it must still be reaped, not left a zombie for init
-    # (red before: the refusal skipped the reap).
+    # say), and, its leader exited, ours: the hard stop at exit is refused for it (a
+    # cgroup's kills it all the same). The leader must still be reaped, not left a zombie
+    # for init (red before: the refusal skipped the reap).
     if not shutil.which("setpriv"):  # pragma: no cover
         pytest.skip("needs setpriv, to give up CAP_KILL and to become nobody")
     if containment == "cgroup":
