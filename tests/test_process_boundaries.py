@@ -84,6 +84,8 @@ HOLDS_A_TREE = textwrap.dedent(
         command = ["sh", "-c", "echo ready; exec sleep 60"]
         async with open_process_tree(command, containment="cgroup", stdout=-1) as tree:
             assert await tree.stdout.receive_some() == b"ready\\n"  # in its cgroup by now
+            async with open_process_tree(["true"], containment="cgroup"):
+                pass  # (its cgroup is kept for the next tree: empty)
             print(tree._core.containment.path, flush=True)
             await trio.to_thread.run_sync(sys.stdin.readline)
 
@@ -112,14 +114,17 @@ def test_a_home_made_in_another_pid_namespace_is_never_swept(tracked: Tracked) -
             pytest.skip(f"cannot make a pid namespace: {holder.stderr.read()!r}")  # type: ignore[union-attr]
         members = _cgroup._procs(tree)
         assert len(members) == 1  # its sleep, by its pid here
+        home = os.path.dirname(tree)
+        trees = sorted(_cgroup._subdirs(home))
+        assert len(trees) == 2  # (the one kept empty, too)
         pidfd = os.pidfd_open(members[0])
         try:
-            _cgroup._sweep_stale_homes(os.path.dirname(os.path.dirname(tree)))
+            _cgroup._sweep_stale_homes(os.path.dirname(home))
             # A cgroup.kill would land in microseconds; its pidfd stays unreadable.
             assert select.select([pidfd], [], [], 0.2)[0] == []
         finally:
             os.close(pidfd)
-        assert os.path.isdir(tree)
+        assert sorted(_cgroup._subdirs(home)) == trees  # not even the empty one removed
         holder.stdin.write(b"\n")
         holder.stdin.close()
         assert holder.wait(timeout=30) == 0

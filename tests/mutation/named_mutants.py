@@ -447,8 +447,8 @@ MUTANTS = [
     (
         "sweep: homes of another pid namespace taken for stale",
         "_cgroup.py",
-        "            if int(ns_text) != namespace:",
-        "            if False:",
+        "        if home_namespace != namespace:\n            if live_namespaces is None:",
+        "        if False:\n            if live_namespaces is None:",
         "another_pid_namespace",
     ),
     (
