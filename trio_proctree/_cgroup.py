@@ -789,12 +789,11 @@ class CgroupContainment(MemberTracking):
             # own (removed under us, say). If its leader ran (not ``emptied``), what it
             # started is in here, and nothing else: all of it is killed.
             if not emptied:
+                # (The watchdog has been told to kill it too; this is sooner.)
                 try:
                     _kill(self.path)
                 except OSError as exc:  # (out of file descriptors, say)
-                    logger.warning(
-                        "cgroup %s not killed: %s; left for the watchdog", self.path, exc
-                    )
+                    logger.debug("cgroup %s not killed here: %s", self.path, exc)
             with contextlib.suppress(OSError):  # (else left for the sweep, and the watchdog)
                 os.rmdir(self.path)
             return

@@ -760,10 +760,14 @@ class MemberTracking:
             # The group's orphans are among those reaped below (`_ours`).
             self._group.release(emptied=emptied, reap=False)
         if self._leader is None:
-            # The spawn failed. Only the backstop was registered; and unless something
-            # ran (not ``emptied``), it is not needed.
+            # The spawn failed. Only the backstop was registered: not needed unless the
+            # leader had run (not ``emptied``). Then what it started is killed now, by the
+            # watchdog: the failure is most often running out of file descriptors, which
+            # finding the tree's processes takes, and the watchdog has its own.
             if emptied:
                 watchdog.unregister(*self.backstop)
+            elif not watchdog.kill_now(*self.backstop):
+                logger.warning("no watchdog to stop what a failed spawn started: %s", self.backstop)
             return
         reap_orphans(self._leader.pid, self._ours, parent_thread=self._leader.parent_thread)
         if emptied:

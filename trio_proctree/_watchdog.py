@@ -22,6 +22,9 @@ that pipe reaches EOF — we exited, however — it SIGKILLs what is still regis
 - ``home PATH``: our directory of tree cgroups, removed last, with the emptied cgroups
   kept in it for reuse (a home with a tree still running in it stays, for the sweep).
 
+An entry can also be killed at once (`kill_now`), and forgotten: a tree whose spawn failed
+after its leader ran, when this process may be out of the file descriptors it takes.
+
 Trees are registered when they start, in one write. Unregistrations are kept back and
 go with the next registration (or at exit): a write wakes the watchdog, which costs tens
 of microseconds on the path that ends a tree, and an entry left registered a little longer
@@ -273,6 +276,17 @@ def kill_marked(entry, deadline):
         if not hit:
             return
 
+def kill_now(entry):
+    # A tree whose spawn failed after its leader ran: its process may be out of file
+    # descriptors, which we are not.
+    kind, _, rest = entry.partition(b" ")
+    if kind == b"cgroup":
+        path = os.fsdecode(rest)
+        kill_cgroup(path)
+        remove_cgroups([path])
+    elif kind == b"marker":
+        kill_marked(rest, deadline=time.monotonic() + 0.5)
+
 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
     signal.signal(sig, signal.SIG_IGN)
 # One pidfd per registered group, as many as the hard limit allows but for a reserve (256,
@@ -293,8 +307,11 @@ for line in sys.stdin.buffer:
     if op == b"+":
         if entry not in live:
             live[entry] = pin_leader(entry)
-    elif (fd := live.pop(entry, None)) is not None:
+        continue
+    if (fd := live.pop(entry, None)) is not None:
         unpin(fd)
+    if op == b"!":
+        kill_now(entry)
 for entry in sorted(live):
     kind, _, rest = entry.partition(b" ")
     if kind == b"group" and live[entry] is not None:
@@ -448,6 +465,24 @@ def unregister(*entries: str) -> None:
             _current[0].send(lines)
         except OSError:
             _current.clear()
+
+
+def kill_now(*entries: str) -> bool:
+    """Have the watchdog kill ``entries`` now, and forget them: what a tree whose spawn
+    failed after its leader ran may have started (that failure is most often running out
+    of file descriptors, which the watchdog, a process of its own, has not). Whether
+    there was a watchdog to tell."""
+    with _lock:
+        if not _current:
+            return False
+        lines = [*_deferred, *("!" + entry for entry in entries)]
+        _deferred.clear()
+        try:
+            _current[0].send(lines)
+        except OSError:
+            _current.clear()
+            return False
+    return True
 
 
 def _drop() -> None:

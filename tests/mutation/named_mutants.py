@@ -115,6 +115,13 @@ MUTANTS = [
         "test_a_failed_spawn_whose_leader_had_started_a_member and pidfd",
     ),
     (
+        "watchdog: a failed spawn's members left running until we die",
+        "_containment.py",
+        "            elif not watchdog.kill_now(*self.backstop):\n",
+        "            elif False:\n",
+        "test_a_failed_spawn_whose_leader_had_started_a_member",
+    ),
+    (
         "spawn: a failed spawn whose leader had run taken for one that started nothing",
         "_choose.py",
         "        containment.release(emptied=False)\n",
