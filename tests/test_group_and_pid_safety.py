@@ -521,6 +521,31 @@ async def test_a_leader_whose_pidfd_cannot_open_is_stopped_only_if_still_ours(
     assert tracked.survivors() == []
 
 
+async def test_a_pidfd_that_cannot_be_asked_about_its_process_is_not_leaked(
+    tracked: Tracked, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The leader's pidfd opens, but asking the kernel through it fails (EINVAL: Linux 5.3
+    # has pidfd_open but not waitid(P_PIDFD)): the spawn fails with that error, the leader
+    # is stopped, and its pidfd closed (red before: left open).
+    async with open_process_tree(["true"], env=tracked.env, containment="group"):
+        pass  # (what the first tree opens for good: the watchdog's pipe)
+    fds = procs.open_fds()
+    real_waitid = os.waitid
+
+    def unsupported(idtype: int, id: int, options: int) -> Any:
+        if idtype == os.P_PIDFD and options & os.WNOWAIT:
+            monkeypatch.setattr(os, "waitid", real_waitid)
+            raise OSError(errno.EINVAL, "Invalid argument (injected)")
+        return real_waitid(idtype, id, options)
+
+    monkeypatch.setattr(os, "waitid", unsupported)
+    with pytest.raises(OSError) as raised:
+        await open_process_tree(["sleep", "60"], env=tracked.env, containment="group").__aenter__()
+    assert raised.value.errno == errno.EINVAL
+    assert procs.open_fds() == fds
+    assert tracked.survivors() == []
+
+
 #: Run by a Python of its own: a tree whose leader starts a member in a session of its own
 #: (which writes its pid to the file given) and exits, when the spawn then runs out of
 #: file descriptors: for the leader's pidfd ("pidfd"; and then for the cgroup's own kill

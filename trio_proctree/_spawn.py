@@ -433,6 +433,9 @@ def _pidfd_of_our_child(pid: int) -> int | None:
     except ChildProcessError:
         os.close(pidfd)
         return None
+    except BaseException:  # (EINVAL: a kernel without waitid(P_PIDFD), say)
+        os.close(pidfd)
+        raise
     return pidfd
 
 

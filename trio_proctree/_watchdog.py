@@ -45,7 +45,7 @@ import threading
 logger = logging.getLogger("trio_proctree")
 
 _WATCHDOG = r"""
-import os, resource, signal, sys, time
+import os, queue, resource, signal, sys, threading, time
 
 def stat(pid):
     try:
@@ -103,13 +103,15 @@ def remove_cgroups(paths):
     # runs once, after the parent has gone, and usually takes a few ms (bounded: at a
     # normal exit the interpreter waits for us).
     deadline = time.monotonic() + 2
-    while paths and time.monotonic() < deadline:
-        time.sleep(0.005)
+    while True:
         for path in list(paths):
             if removed(path):
                 paths.remove(path)
             else:
                 kill_cgroup(path)
+        if not paths or time.monotonic() >= deadline:
+            return
+        time.sleep(0.005)
 
 def removed(path):
     # Cgroups the members made inside it first, the deepest first.
@@ -276,16 +278,22 @@ def kill_marked(entry, deadline):
         if not hit:
             return
 
-def kill_now(entry):
-    # A tree whose spawn failed after its leader ran: its process may be out of file
-    # descriptors, which we are not.
-    kind, _, rest = entry.partition(b" ")
-    if kind == b"cgroup":
-        path = os.fsdecode(rest)
-        kill_cgroup(path)
-        remove_cgroups([path])
-    elif kind == b"marker":
-        kill_marked(rest, deadline=time.monotonic() + 0.5)
+def kill_now():
+    # Trees whose spawn failed after their leader ran (that process may be out of file
+    # descriptors, which we are not), in a thread of their own: the waits here (a cgroup's
+    # removal, a marked process caught in execve) must not keep the pipe unread, which
+    # would hold up our parent's writes, and the kill of everything should it die.
+    while (entry := urgent.get()) is not None:
+        kind, _, rest = entry.partition(b" ")
+        if kind == b"cgroup":
+            path = os.fsdecode(rest)
+            kill_cgroup(path)
+            remove_cgroups([path])
+        elif kind == b"marker":
+            kill_marked(rest, deadline=time.monotonic() + 0.5)
+
+urgent = queue.SimpleQueue()
+killing_now = threading.Thread(target=kill_now)
 
 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
     signal.signal(sig, signal.SIG_IGN)
@@ -311,7 +319,10 @@ for line in sys.stdin.buffer:
     if (fd := live.pop(entry, None)) is not None:
         unpin(fd)
     if op == b"!":
-        kill_now(entry)
+        if not killing_now.is_alive():
+            killing_now.start()
+        urgent.put(entry)
+urgent.put(None)  # (what is queued is done, while the rest is killed below)
 for entry in sorted(live):
     kind, _, rest = entry.partition(b" ")
     if kind == b"group" and live[entry] is not None:
