@@ -115,6 +115,14 @@ MUTANTS = [
         "test_a_failed_spawn_whose_leader_had_started_a_member and pidfd",
     ),
     (
+        "spawn: a pidfd that cannot be asked about its process left open",
+        "_spawn.py",
+        "    except BaseException:  # (EINVAL: a kernel without waitid(P_PIDFD), say)\n"
+        "        os.close(pidfd)\n",
+        "    except BaseException:  # (EINVAL: a kernel without waitid(P_PIDFD), say)\n",
+        "test_a_pidfd_that_cannot_be_asked_about_its_process_is_not_leaked",
+    ),
+    (
         "watchdog: a failed spawn's members left running until we die",
         "_containment.py",
         "            elif not watchdog.kill_now(*self.backstop):\n",
@@ -797,8 +805,8 @@ MUTANTS = [
     (
         "spawn: a pidfd opened by the leader's pid trusted to name our child",
         "_spawn.py",
-        "    except ChildProcessError:\n        os.close(pidfd)\n        return None\n    return pidfd",
-        "    except ChildProcessError:\n        pass\n    return pidfd",
+        "    except ChildProcessError:\n        os.close(pidfd)\n        return None\n",
+        "    except ChildProcessError:\n        pass\n",
         "test_a_leader_reaped_before_its_pidfd_opened_never_lends_its_group_a_strangers",
     ),
     (
