@@ -349,6 +349,8 @@ remove_cgroups(cgroups)
 deadline = time.monotonic() + 0.5
 for marker in markers:
     kill_marked(marker, deadline)
+if killing_now.is_alive():
+    killing_now.join()  # (the cgroups it removes are in a home)
 for home in homes:
     removed(home)
 """
