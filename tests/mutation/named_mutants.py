@@ -391,6 +391,8 @@ MUTANTS = [
         "_watchdog.py",
         "remove_cgroups(cgroups)\ndeadline = time.monotonic() + 0.5\n"
         "for marker in markers:\n    kill_marked(marker, deadline)\n"
+        "if killing_now.is_alive():\n"
+        "    killing_now.join()  # (the cgroups it removes are in a home)\n"
         'for home in homes:\n    removed(home)\n"""',
         "deadline = time.monotonic() + 0.5\n"
         'for marker in markers:\n    kill_marked(marker, deadline)\n"""',
