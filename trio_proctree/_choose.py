@@ -94,9 +94,8 @@ def start_tree(plan: SpawnPlan, choice: ContainmentChoice) -> tuple[Spawned, Con
     try:
         return spawn(containment.prepare(plan)), containment
     except StartedUnwatched as started:
-        # Its leader ran, and may have started others: not known to be empty, the tree
-        # is hard-stopped where that is safe, and the watchdog keeps it (else it would
-        # outlive our death unseen).
+        # Its leader ran, and may have started others: not known to be empty, what of
+        # the tree its containment can tell is killed now (else it would run on unseen).
         containment.release(emptied=False)
         raise started.error from None
     except BaseException:
