@@ -736,6 +736,28 @@ def test_other_platforms_are_refused_clearly(monkeypatch: pytest.MonkeyPatch) ->
         open_process_tree(["sleep", "1"])
 
 
+def test_a_kernel_without_waitid_on_pidfds_is_refused_clearly(
+    tracked: Tracked, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Linux 5.3 has pidfd_open but not waitid(P_PIDFD) (5.4), which every tree waits and
+    # reaps through: refused before anything starts, saying so (red before: each spawn
+    # started its leader, killed it, and failed with a bare EINVAL).
+    real_waitid = os.waitid
+
+    def without_p_pidfd(idtype: int, id: int, options: int) -> Any:
+        if idtype == os.P_PIDFD:
+            raise OSError(errno.EINVAL, "Invalid argument (injected)")
+        return real_waitid(idtype, id, options)
+
+    monkeypatch.setattr(os, "waitid", without_p_pidfd)
+    monkeypatch.setattr(_spawn, "_require_pidfd", _spawn._require_pidfd.__wrapped__)
+    children = procs.children_of_self()
+    with pytest.raises(NotImplementedError, match=r"waitid\(P_PIDFD\) \(Linux 5\.4"):
+        open_process_tree(["sleep", "60"], env=tracked.env)
+    assert procs.children_of_self() == children
+    assert tracked.survivors() == []
+
+
 async def test_a_leader_reaped_by_someone_else_is_reported_not_mistaken(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:

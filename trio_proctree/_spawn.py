@@ -59,9 +59,21 @@ def require_supported_platform() -> None:
 @functools.cache
 def _require_pidfd() -> None:
     try:
-        os.close(os.pidfd_open(os.getpid()))
+        pidfd = os.pidfd_open(os.getpid())
     except (AttributeError, OSError) as exc:
         raise NotImplementedError("trio_proctree needs pidfd_open (Linux 5.3 or newer)") from exc
+    try:
+        # Every tree is waited for and reaped through its leader's pidfd. Asked of our own
+        # (not a child of ours), the kernel that has it says ECHILD; Linux 5.3, EINVAL.
+        os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        pass
+    except (AttributeError, OSError) as exc:
+        raise NotImplementedError(
+            "trio_proctree needs waitid(P_PIDFD) (Linux 5.4 or newer)"
+        ) from exc
+    finally:
+        os.close(pidfd)
 
 
 @attrs.frozen

@@ -115,6 +115,15 @@ MUTANTS = [
         "test_a_failed_spawn_whose_leader_had_started_a_member and pidfd",
     ),
     (
+        "spawn: a kernel without waitid(P_PIDFD) let through",
+        "_spawn.py",
+        "    except (AttributeError, OSError) as exc:\n        raise NotImplementedError(\n"
+        '            "trio_proctree needs waitid',
+        "    except (AttributeError, OSError) as exc:\n        return\n        raise NotImplementedError(\n"
+        '            "trio_proctree needs waitid',
+        "test_a_kernel_without_waitid_on_pidfds_is_refused_clearly",
+    ),
+    (
         "spawn: a pidfd that cannot be asked about its process left open",
         "_spawn.py",
         "    except BaseException:  # (EINVAL: a kernel without waitid(P_PIDFD), say)\n"
