@@ -548,15 +548,14 @@ async def test_a_pidfd_that_cannot_be_asked_about_its_process_is_not_leaked(
 
 #: Run by a Python of its own: a tree whose leader starts a member in a session of its own
 #: (which writes its pid to the file given) and exits, when the spawn then runs out of
-#: file descriptors: for the leader's pidfd ("pidfd"; and then for the cgroup's own kill
-#: too: "pidfd, and cgroup.kill"), or, the leader reaped by the script before its pidfd
-#: opened, for the stand-in for that pidfd ("stand-in"). Prints
+#: file descriptors: for the leader's pidfd ("pidfd"), or, the leader reaped by the
+#: script before its pidfd opened, for the stand-in for that pidfd ("stand-in"). Prints
 #: the error's errno, the member's pid and whether it had exited within a second; then,
 #: the spawn failed, the script is SIGKILLed.
 FAILS_AFTER_THE_LEADER_RAN = textwrap.dedent(
     """
     import errno, os, select, signal, sys, trio
-    from trio_proctree import _cgroup, open_process_tree
+    from trio_proctree import open_process_tree
 
     containment, member_file, failing = sys.argv[1:]
 
@@ -578,15 +577,7 @@ FAILS_AFTER_THE_LEADER_RAN = textwrap.dedent(
             os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # (not reaped)
             out_of_descriptors()
 
-        if failing == "pidfd, and cgroup.kill":  # (its opening, say)
-            real_kill = _cgroup._kill
-
-            def refused(path):
-                _cgroup._kill = real_kill
-                raise OSError(errno.EMFILE, "Too many open files (injected)")
-
-            _cgroup._kill = refused
-        if failing.startswith("pidfd"):
+        if failing == "pidfd":
             os.pidfd_open = once_the_leader_exited
         else:
             os.pidfd_open, os.eventfd = reaped_first, out_of_descriptors
@@ -611,16 +602,8 @@ FAILS_AFTER_THE_LEADER_RAN = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize(
-    ("containment", "failing"),
-    [
-        ("cgroup", "pidfd"),
-        ("cgroup", "stand-in"),
-        ("cgroup", "pidfd, and cgroup.kill"),
-        ("subreaper", "pidfd"),
-        ("subreaper", "stand-in"),
-    ],
-)
+@pytest.mark.parametrize("failing", ["pidfd", "stand-in"])
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper"])
 async def test_a_failed_spawn_whose_leader_had_started_a_member_leaves_nothing_running(
     tracked: Tracked, tmp_path: Path, containment: str, failing: str
 ) -> None:

@@ -94,24 +94,32 @@ HOLDS_A_TREE = textwrap.dedent(
 )
 
 
-def test_a_home_made_in_another_pid_namespace_is_never_swept(tracked: Tracked) -> None:
-    # Red before: its owner's pid meant another process (or none) here, so its home was
-    # taken for a dead owner's and its running tree was killed.
+@contextlib.contextmanager
+def tree_in_a_pid_namespace(tracked: Tracked) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """`HOLDS_A_TREE` run in a pid namespace of its own (``unshare --pid``): its holder
+    (``unshare``) and the path of the tree's cgroup, once the tree runs in it."""
     available("cgroup")
     if shutil.which("unshare") is None:  # pragma: no cover - util-linux is everywhere
         pytest.skip("needs unshare(1)")
-    holder = subprocess.Popen(
+    with subprocess.Popen(
         ["unshare", "--pid", "--fork", "--mount-proc", *procs.python(), "-c", HOLDS_A_TREE],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=tracked.env,
-    )
-    with holder:
-        assert holder.stdout is not None and holder.stdin is not None
+    ) as holder:
+        assert holder.stdout is not None and holder.stderr is not None
         tree = holder.stdout.readline().decode().strip()
         if not tree:  # pragma: no cover - unshare refused (not root, say)
-            pytest.skip(f"cannot make a pid namespace: {holder.stderr.read()!r}")  # type: ignore[union-attr]
+            pytest.skip(f"cannot make a pid namespace: {holder.stderr.read()!r}")
+        yield holder, tree
+
+
+def test_a_home_made_in_another_pid_namespace_is_never_swept(tracked: Tracked) -> None:
+    # Red before: its owner's pid meant another process (or none) here, so its home was
+    # taken for a dead owner's and its running tree was killed.
+    with tree_in_a_pid_namespace(tracked) as (holder, tree):
+        assert holder.stdin is not None
         members = _cgroup._procs(tree)
         assert len(members) == 1  # its sleep, by its pid here
         home = os.path.dirname(tree)
@@ -139,23 +147,9 @@ def test_a_home_of_an_ended_pid_namespace_is_swept(tracked: Tracked, since: str)
     # stale (red before: homes of other namespaces were never swept, and piled up). Its
     # trees died with the namespace: a process found in one since was put there by
     # someone else, and is left alone, with the home.
-    available("cgroup")
-    if shutil.which("unshare") is None:  # pragma: no cover - util-linux is everywhere
-        pytest.skip("needs unshare(1)")
     if os.stat("/proc/self/ns/pid").st_ino != _cgroup.INITIAL_PID_NAMESPACE:  # pragma: no cover
         pytest.skip("only the initial pid namespace sees every process")
-    holder = subprocess.Popen(
-        ["unshare", "--pid", "--fork", "--mount-proc", *procs.python(), "-c", HOLDS_A_TREE],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=tracked.env,
-    )
-    with holder:
-        assert holder.stdout is not None
-        tree = holder.stdout.readline().decode().strip()
-        if not tree:  # pragma: no cover - unshare refused (not root, say)
-            pytest.skip(f"cannot make a pid namespace: {holder.stderr.read()!r}")  # type: ignore[union-attr]
+    with tree_in_a_pid_namespace(tracked) as (holder, tree):
         home = os.path.dirname(tree)
         [init] = procs.children_of(holder.pid)  # the namespace's Python, its pid 1
         [watchdog] = procs.children_of(init) - set(_cgroup._procs(tree))

@@ -786,15 +786,9 @@ class CgroupContainment(MemberTracking):
         super().release(emptied=emptied)
         if self._leader is None:
             # The spawn failed. Not kept for reuse: the failure may have been the cgroup's
-            # own (removed under us, say). If its leader ran (not ``emptied``), what it
-            # started is in here, and nothing else: all of it is killed.
-            if not emptied:
-                # (The watchdog has been told to kill it too; this is sooner.)
-                try:
-                    _kill(self.path)
-                except OSError as exc:  # (out of file descriptors, say)
-                    logger.debug("cgroup %s not killed here: %s", self.path, exc)
-            with contextlib.suppress(OSError):  # (else left for the sweep, and the watchdog)
+            # own (removed under us, say). If its leader ran (not ``emptied``), the
+            # watchdog kills what it started, and removes the cgroup.
+            with contextlib.suppress(OSError):  # (else left for the sweep, or the watchdog)
                 os.rmdir(self.path)
             return
         # Emptied is known from pending(); nothing re-enters an empty cgroup by itself. One

@@ -41,6 +41,7 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Iterable
 
 logger = logging.getLogger("trio_proctree")
 
@@ -458,9 +459,7 @@ def register(*entries: str) -> None:
     try:
         watchdog = _watchdog()
         with _lock:
-            lines = [*_deferred, *("+" + entry for entry in entries)]
-            _deferred.clear()
-            watchdog.send(lines)
+            _write(watchdog, ("+" + entry for entry in entries))
     except OSError as exc:
         # A lost watchdog must not stop trees from running: their cleanup still holds.
         logger.warning("parent-death backstop unavailable: %s", exc)
@@ -472,10 +471,8 @@ def unregister(*entries: str) -> None:
         _deferred.extend("-" + entry for entry in entries)
         if len(_deferred) < _DEFER_AT_MOST or not _current:
             return
-        lines = list(_deferred)
-        _deferred.clear()
         try:
-            _current[0].send(lines)
+            _write(_current[0], ())
         except OSError:
             _current.clear()
 
@@ -488,14 +485,19 @@ def kill_now(*entries: str) -> bool:
     with _lock:
         if not _current:
             return False
-        lines = [*_deferred, *("!" + entry for entry in entries)]
-        _deferred.clear()
         try:
-            _current[0].send(lines)
+            _write(_current[0], ("!" + entry for entry in entries))
         except OSError:
             _current.clear()
             return False
     return True
+
+
+def _write(watchdog: Watchdog, lines: Iterable[str]) -> None:
+    """Write the unregistrations kept back, then ``lines`` (the caller holds `_lock`)."""
+    batch = [*_deferred, *lines]
+    _deferred.clear()
+    watchdog.send(batch)
 
 
 def _drop() -> None:

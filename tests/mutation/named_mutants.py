@@ -383,8 +383,8 @@ MUTANTS = [
     (
         "watchdog: trees never registered",
         "_watchdog.py",
-        "            _deferred.clear()\n            watchdog.send(lines)\n",
-        "            _deferred.clear()\n",
+        '            _write(watchdog, ("+" + entry for entry in entries))\n',
+        "            pass\n",
         "parent_killed",
     ),
     (
