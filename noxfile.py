@@ -136,10 +136,11 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict and pyright (strict) on the package, for the oldest supported Python."""
+    """For the oldest supported Python: mypy --strict on the package, the tests and the
+    benchmarks; pyright strict on the package and on tests/typed_usage.py."""
     # exceptiongroup: trio's own backport, imported on 3.10, which both checkers target;
-    # pytest: the package ships a pytest plugin.
-    session.install("-e", ".", MYPY, PYRIGHT, "exceptiongroup", "pytest")
+    # the test tools: the tests are checked too (and the package ships a pytest plugin).
+    session.install("-e", ".[anyio]", MYPY, PYRIGHT, "exceptiongroup", *TEST_TOOLS)
     session.run("mypy", "--strict")
     session.run("pyright")
 

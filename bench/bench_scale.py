@@ -10,6 +10,7 @@ Ratios measured in one run against two baselines, rounds interleaved and summed:
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import resource
 import subprocess
@@ -82,9 +83,9 @@ async def main(rounds: int) -> None:
         times = await interleaved(
             rounds if count < 500 else max(1, rounds // 3),
             {
-                "bare": lambda count=count: bare_many(count),
-                "killpg": lambda count=count: killpg_many(count),
-                "proctree": lambda count=count: proctree_many(count),
+                "bare": functools.partial(bare_many, count),
+                "killpg": functools.partial(killpg_many, count),
+                "proctree": functools.partial(proctree_many, count),
             },
         )
         means = {name: sum(side) / len(side) for name, side in times.items()}

@@ -212,7 +212,10 @@ async def main(rounds: int, many: int, grace: float) -> None:
     print(f"Python {sys.version.split()[0]}, trio {trio.__version__}, {os.cpu_count()} cores")
     print(f"containment: {CONTAINMENT}")
     print(f"{'benchmark':<44} {'killpg':>12} {'proctree':>12} {'sums':>7} {'medians':>7}   target")
-    sides = {"killpg": killpg_teardown, "ours": proctree_teardown}
+    sides: dict[str, Callable[[], Awaitable[float]]] = {
+        "killpg": killpg_teardown,
+        "ours": proctree_teardown,
+    }
     floor = CONTAINMENT in ("auto", "cgroup") and cgroup_available()
     if floor:
         sides["floor"] = floor_teardown

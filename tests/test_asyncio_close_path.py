@@ -29,6 +29,9 @@ from .conftest import Tracked
 from .test_cleanup_errors import fail_first_stop_signal
 from .test_containment import available
 
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import ExceptionGroup
+
 # Ignores SIGTERM, so cleanup sits out the whole grace and needs SIGKILL.
 IGNORES_TERM = ["sh", "-c", "trap '' TERM; echo ready; sleep 60"]
 
@@ -176,15 +179,17 @@ def test_a_timeout_still_becomes_timeout_error_despite_a_cleanup_error(
     assert tracked.survivors() == []
 
 
-@pytest.mark.skipif(sys.version_info < (3, 11), reason="asyncio.timeout is Python 3.11+")
 def test_asyncio_timeout_converts_despite_a_cleanup_error(
     run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
 ) -> None:
+    if sys.version_info < (3, 11):
+        pytest.skip("asyncio.timeout is Python 3.11+")
+
     async def main() -> None:
         scope, tree = await started_tree(tracked, contained, grace=0.2)
         injected = fail_first_stop_signal(tree)
         with pytest.raises(TimeoutError) as caught:
-            async with asyncio.timeout(0.05):  # type: ignore[attr-defined]
+            async with asyncio.timeout(0.05):
                 await tree.aclose()
         assert caught.value.__cause__ is not None
         assert caught.value.__cause__.__cause__ is injected
@@ -257,7 +262,7 @@ def test_cancel_before_the_first_step_still_reaps_the_tree(
     # Mutant: making aclose a coroutine function that starts the cleanup lazily.
     async def main() -> None:
         async with open_process_tree(["sleep", "60"], grace=0.5, **contained) as tree:
-            task = asyncio.get_running_loop().create_task(tree.aclose())  # type: ignore[arg-type]
+            task = asyncio.get_running_loop().create_task(tree.aclose())
             task.cancel()  # before it ever runs
             with pytest.raises(asyncio.CancelledError):
                 await task
@@ -273,18 +278,20 @@ def test_cancel_before_the_first_step_still_reaps_the_tree(
     assert tracked.survivors() == []
 
 
-@pytest.mark.skipif(sys.version_info < (3, 11), reason="TaskGroup is Python 3.11+")
 def test_task_group_aborting_right_after_scheduling_the_close(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:
+    if sys.version_info < (3, 11):
+        pytest.skip("TaskGroup is Python 3.11+")
+
     async def fail() -> None:
         raise KeyError("sibling")
 
     async def main() -> ProcessTree:
         async with open_process_tree(["sleep", "60"], grace=0.5, **contained) as tree:
-            with pytest.raises(ExceptionGroup):  # noqa: F821 - Python 3.11+
-                async with asyncio.TaskGroup() as group:  # type: ignore[attr-defined]
-                    group.create_task(tree.aclose())  # type: ignore[arg-type]
+            with pytest.raises(ExceptionGroup):
+                async with asyncio.TaskGroup() as group:
+                    group.create_task(tree.aclose())
                     group.create_task(fail())
             for _ in range(500):
                 if tree.outcome is not None:

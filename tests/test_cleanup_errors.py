@@ -15,12 +15,15 @@ from typing import Any
 import pytest
 import trio
 
+import trio_proctree.asyncio
 from trio_proctree import CleanupError, Escalation, ProcessTree, open_process_tree
 
 from .conftest import Tracked
 
 
-def fail_first_stop_signal(tree: ProcessTree) -> PermissionError:
+def fail_first_stop_signal(
+    tree: ProcessTree | trio_proctree.asyncio.ProcessTree,
+) -> PermissionError:
     """Make the tree's first SIGTERM fail with EPERM; return the error it will raise."""
     error = PermissionError(1, "Operation not permitted (injected)")
     containment: Any = tree._core.containment
@@ -81,9 +84,9 @@ async def test_cancellation_wins_and_carries_the_cleanup_error(
             seen.append(exc)
             raise
     assert scope.cancelled_caught
-    [exc] = seen
-    assert isinstance(exc, trio.Cancelled)
-    assert exc.__cause__ is injected
+    [cancelled] = seen
+    assert isinstance(cancelled, trio.Cancelled)
+    assert cancelled.__cause__ is injected
     # The scope swallows the Cancelled and its __cause__ with it: the log keeps the error.
     logged = [r for r in caplog.records if r.exc_info and r.exc_info[1] is injected]
     assert len(logged) == 1

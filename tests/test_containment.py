@@ -959,7 +959,7 @@ async def test_a_leaders_start_time_is_within_the_clock_ticks_read_around_its_fo
     available(containment)
     for _ in range(20):
         async with open_process_tree(["true"], env=tracked.env, containment=containment) as tree:
-            earliest, latest = tree._core.leader.started_within  # type: ignore[attr-defined]
+            earliest, latest = tree._core.leader.started_within
             assert earliest <= procs.starttime(tree.pid) <= latest
     assert tracked.survivors() == []
 
@@ -1406,7 +1406,7 @@ async def test_a_subreaper_teardown_reads_the_children_of_two_threads_of_ours(
     for thread in idle:
         thread.start()
     read: list[str] = []
-    read_file = _orphans.read_file
+    read_file = _orphans.read_file  # type: ignore[attr-defined]  # (patched where it is used)
 
     def watched(path: str, **kwargs: Any) -> bytes:
         read.append(path)
@@ -1419,7 +1419,7 @@ async def test_a_subreaper_teardown_reads_the_children_of_two_threads_of_ours(
             lingers, grace=0.5, env=tracked.env, containment="subreaper"
         ) as tree:
             await tree.wait()
-        forked_by = tree._core.leader.parent_thread  # type: ignore[attr-defined]
+        forked_by = tree._core.leader.parent_thread
     finally:
         finish.set()
         for thread in idle:
@@ -1756,8 +1756,8 @@ async def test_an_adopted_escapee_whose_main_thread_exited_is_still_stopped(
     # stranger by its environment, which its exited main thread showed empty. And (cgroup)
     # cgroup.kill does not kill it: Linux sends its SIGKILL to the exited main thread
     # alone, where nothing takes it; only a signal to the process (pidfd, kill) does.
-    escapee = main_thread_gone_escapee(ignores_sigterm=ignores_sigterm)
-    command = ["sh", "-c", f"{shlex.join(escapee)} & read x"]
+    escapes = main_thread_gone_escapee(ignores_sigterm=ignores_sigterm)
+    command = ["sh", "-c", f"{shlex.join(escapes)} & read x"]
     with contextlib.ExitStack() as pins:
         async with open_process_tree(
             command,

@@ -100,6 +100,7 @@ async def test_a_tree_starts_in_a_cgroup_its_last_tree_killed_itself(tracked: Tr
     # must still run its command (through /bin/sh, which can join). Red without the check.
     with open("/proc/self/mountinfo") as f:
         mount = find_cgroup2_mount(f.read())
+    assert mount is not None
     kills_its_own_cgroup = 'echo 1 > "$0$(sed -n "s/^0:://p" /proc/self/cgroup)/cgroup.kill"'
     async with open_process_tree(
         ["sh", "-c", kills_its_own_cgroup, mount], env=tracked.env, containment="cgroup"
@@ -134,7 +135,7 @@ async def test_a_leader_starts_as_subprocess_starts_it(
 ) -> None:
     command, options = SAME_AS_SUBPROCESS[case]
     options = {**options, "cwd": tmp_path, "env": {**contained["env"], **options.get("env", {})}}
-    capture = {"capture_stdout": True, "capture_stderr": "stderr" not in options}
+    capture: dict[str, Any] = {"capture_stdout": True, "capture_stderr": "stderr" not in options}
     expected = await trio.run_process(command, **capture, **options)
     result = await run_process_tree(
         command, containment=contained["containment"], **capture, **options
@@ -326,7 +327,7 @@ async def test_options_popen_refuses_are_refused_the_same(
 ) -> None:
     # Red before (direct starts): pass_fds=None was taken, and the process started.
     with pytest.raises(TypeError):
-        await trio.run_process(["true"], pass_fds=None)
+        await trio.run_process(["true"], pass_fds=None)  # type: ignore[call-overload]
     with pytest.raises(TypeError):
         await run_process_tree(["true"], pass_fds=None, **contained)
     assert tracked.survivors() == []

@@ -784,7 +784,7 @@ async def test_an_ended_tree_leaves_nothing_of_its_leader_behind(
         if reaped_elsewhere:
             os.waitpid(tree.pid, 0)  # noqa: ASYNC222 - it exits at once
             assert tree.returncode is None  # (our first look: it finds the leader lost)
-    leader = weakref.ref(tree._core.leader)  # type: ignore[attr-defined]
+    leader = weakref.ref(tree._core.leader)
     del tree
     # trio's run loop holds what it last resumed this task with until the task yields
     # again: after a wait of cleanup's that ran into its deadline (on a loaded machine),

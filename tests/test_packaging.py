@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ast
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,9 +19,8 @@ def nox_pythons() -> list[str]:
     raise AssertionError("noxfile.py has no PYTHONS list")
 
 
-@pytest.mark.skipif(sys.version_info < (3, 11), reason="tomllib is Python 3.11+")
 def test_classifiers_and_requires_python_match_the_nox_matrix() -> None:
-    import tomllib  # noqa: PLC0415 - 3.11+
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is Python 3.11+")
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     pythons = nox_pythons()

@@ -642,7 +642,7 @@ def test_out_of_file_descriptors_the_group_is_still_killed(
     assert len(report["pids"]) == 2
     assert report["alive"] == []
     assert report["returncode"] == 0  # the stop signal got through: the shell's trap ran
-    said = ("CleanupError", "OSError")  # said, not swallowed
+    said: tuple[str, ...] = ("CleanupError", "OSError")  # said, not swallowed
     if containment == "cgroup":
         # Unless nothing failed: cgroup.events is held open, so the check that the tree is
         # empty needs no new file descriptor, and a tree that empties with its leader (no

@@ -162,9 +162,9 @@ async def test_a_member_that_outlives_the_stopped_leader_counts_as_lingering(
 ) -> None:
     # The leader takes 0.1 s to stop after SIGTERM; its child ignores SIGTERM (inherited
     # across exec) and is still running after the leader exited, until SIGKILL.
-    child = "trap '' TERM; echo $$; exec sleep 60"
+    ignores_term = "trap '' TERM; echo $$; exec sleep 60"
     async with open_process_tree(
-        ["sh", "-c", f"trap 'sleep 0.1; exit 0' TERM; sh -c {shlex.quote(child)} & wait"],
+        ["sh", "-c", f"trap 'sleep 0.1; exit 0' TERM; sh -c {shlex.quote(ignores_term)} & wait"],
         grace=0.5,
         stdout=subprocess.PIPE,
         **contained,
@@ -217,7 +217,7 @@ async def test_cancellation_while_spawning_still_stops_the_tree(
     # without that hold, a spawn finishing in the same scheduler batch as the cancel would
     # legitimately enter the block first (a cancel is seen at a checkpoint, not before).
     cancel_issued = threading.Event()
-    real_start_tree = trio_proctree._trio.start_tree
+    real_start_tree = trio_proctree._trio.start_tree  # type: ignore[attr-defined]
 
     def start_tree_then_hold(*args: Any) -> Any:
         started = real_start_tree(*args)

@@ -262,13 +262,14 @@ class _TreeScope:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         traceback: TracebackType | None,
-    ) -> bool:
+    ) -> None:
+        # None, not bool: type checkers then know that the block's exception always goes
+        # on, so a function that returns from inside the block is not "missing a return".
         assert self._tree is not None
         if exc is None:
             await self._tree._run_cleanup()
         else:
             await self._tree._aclose_under(exc)
-        return False
 
 
 def open_process_tree(

@@ -27,7 +27,7 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -234,13 +234,14 @@ class ProcessTree(TreeView):
             asyncio.get_running_loop().remove_reader(self._core.leader.pidfd)
             self._exited.set_result(None)
 
-    def aclose(self) -> Awaitable[None]:
+    def aclose(self) -> Coroutine[Any, Any, None]:
         """Start the cleanup now, and return an awaitable that waits for it to finish.
 
         A plain method, not a coroutine function: the cleanup starts when this is called,
         even if what it returns is never awaited, or is cancelled before its first step.
-        Idempotent: later calls wait for the same cleanup. The caller's cancellation does
-        not stop it: it is re-raised once the cleanup is over, bounded by
+        What it returns is a coroutine, so ``asyncio.create_task(tree.aclose())`` works (and
+        type-checks). Idempotent: later calls wait for the same cleanup. The caller's
+        cancellation does not stop it: it is re-raised once the cleanup is over, bounded by
         ``escalation.worst_case`` (grace + 2 s by default).
 
         Raises:
@@ -423,13 +424,14 @@ class _TreeScope:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         traceback: TracebackType | None,
-    ) -> bool:
+    ) -> None:
+        # None, not bool: type checkers then know that the block's exception always goes
+        # on, so a function that returns from inside the block is not "missing a return".
         assert self._tree is not None
         if exc is None:
             await self._tree.aclose()
         else:
             await self._tree._close_under(exc)
-        return False
 
 
 def open_process_tree(

@@ -65,10 +65,10 @@ MUTANTS = [
     (
         "close: aclose a coroutine function starting the cleanup lazily",
         "asyncio.py",
-        "    def aclose(self) -> Awaitable[None]:",
+        "    def aclose(self) -> Coroutine[Any, Any, None]:",
         "    async def aclose(self) -> None:  # type: ignore\n"
         "        return await self._await_cleanup(self._start_cleanup())\n\n"
-        "    def _unused(self) -> Awaitable[None]:",
+        "    def _unused(self) -> Coroutine[Any, Any, None]:",
         "test_cancel_before_the_first_step",
     ),
     (
