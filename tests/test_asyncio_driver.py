@@ -341,3 +341,35 @@ def test_bad_request_fails_early_and_leaks_nothing(
         asyncio.run(run_it())
     assert procs.children_of_self() == children
     assert procs.open_fds() == fds
+
+
+@pytest.mark.parametrize("stream", ["stdin", "stdout", "stderr"])
+def test_run_process_tree_refuses_a_pipe_it_cannot_hand_back(stream: str) -> None:
+    # asyncio has no nursery.start(): the error must not send the caller looking for one
+    # (red before: it did, in trio's words).
+    async def run_it() -> None:
+        pipe: dict[str, Any] = {stream: subprocess.PIPE}
+        await run_process_tree(["true"], **pipe)
+
+    children = procs.children_of_self()
+    with pytest.raises(ValueError, match="open_process_tree") as caught:
+        asyncio.run(run_it())
+    assert "nursery" not in str(caught.value)
+    assert procs.children_of_self() == children
+
+
+def test_an_asyncio_tree_says_what_it_is_and_how_it_stands(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    async def main() -> None:
+        async with open_process_tree(["sh", "-c", "exit 3"], **contained) as tree:
+            name = f"<trio_proctree.asyncio.ProcessTree pid {tree.pid} (sh -c 'exit 3')"
+            assert repr(tree) in (
+                f"{name}: running>",
+                f"{name}: exited with status 3>",
+            )
+            assert await tree.wait() == 3
+            assert repr(tree) == f"{name}: exited with status 3>"
+
+    asyncio.run(main())
+    assert tracked.survivors() == []

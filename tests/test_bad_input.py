@@ -63,11 +63,18 @@ BAD_REQUESTS = [
         ["sleep", "1"], {"stop_signal": signal.SIGSTOP}, ValueError, "SIGSTOP", id="sigstop"
     ),
     pytest.param(["sleep", "1"], {"text": True}, TypeError, "text", id="text-mode"),
+    # Popen's old recipes for a group of its own: the leader has one already, and its own
+    # setsid()/setpgid() would fail in the child with an opaque "preexec_fn" error.
+    pytest.param(["true"], {"preexec_fn": os.setsid}, ValueError, "setsid", id="preexec-setsid"),
+    pytest.param(["true"], {"preexec_fn": os.setpgrp}, ValueError, "setpgrp", id="preexec-setpgrp"),
     pytest.param(
         ["no-such-program-xyz"], {}, FileNotFoundError, "no-such-program-xyz", id="missing"
     ),
     pytest.param(["/no/such/dir/prog"], {}, FileNotFoundError, "prog", id="missing-path"),
     pytest.param(["true"], {"cwd": "/no/such/dir"}, FileNotFoundError, "directory", id="bad-cwd"),
+    pytest.param(  # as subprocess says it (chdir's ENOTDIR): the path exists
+        ["true"], {"cwd": "/etc/passwd"}, NotADirectoryError, "not a directory", id="file-cwd"
+    ),
     pytest.param(
         ["sleep"], {"env": {"PATH": "/nonexistent"}}, FileNotFoundError, "PATH", id="env-path"
     ),

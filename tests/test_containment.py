@@ -9,6 +9,7 @@ import concurrent.futures
 import contextlib
 import ctypes
 import os
+import pwd
 import re
 import select
 import shlex
@@ -1815,4 +1816,31 @@ async def test_a_leader_running_as_another_user_is_not_put_in_our_cgroup(
         assert tree.stdout is not None
         assert await tree.stdout.receive_some() == b"nobody\n"
         assert tree.containment == "subreaper"
+    assert tracked.survivors() == []
+
+
+@pytest.mark.parametrize(
+    "as_ourselves",
+    [
+        {"user": os.getuid()},
+        {"user": pwd.getpwuid(os.getuid()).pw_name},
+        {"group": os.getgid()},
+        {"user": os.getuid(), "group": os.getgid(), "extra_groups": os.getgroups()},
+    ],
+    ids=["uid", "user-name", "gid", "all-three"],
+)
+async def test_a_leader_running_as_ourselves_keeps_its_cgroup(
+    tracked: Tracked, as_ourselves: dict[str, Any]
+) -> None:
+    # Red before: any user=/group= at all, our own included, was taken for another user:
+    # "auto" quietly fell back to the subreaper, and "cgroup" refused with a false reason.
+    available("cgroup")
+    async with open_process_tree(
+        ["sh", "-c", "sleep 60 & wait"], grace=0.5, env=tracked.env, **as_ourselves
+    ) as tree:
+        assert tree.containment == "cgroup"
+    async with open_process_tree(
+        ["true"], env=tracked.env, containment="cgroup", **as_ourselves
+    ) as tree:
+        assert await tree.wait() == 0
     assert tracked.survivors() == []

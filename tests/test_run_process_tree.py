@@ -31,6 +31,23 @@ async def test_returns_the_exit_status_and_captured_output(
     assert result.args == ["sh", "-c", "echo out; echo err >&2; exit 0"]
 
 
+@pytest.mark.parametrize(
+    "command", [("sh", "-c", "exit 3"), Path("/bin/false")], ids=["tuple", "path"]
+)
+async def test_the_command_is_reported_as_given(
+    tracked: Tracked, contained: dict[str, Any], command: Any
+) -> None:
+    # As subprocess.run does: args and CalledProcessError.cmd are the caller's own object
+    # (red before: they came back as a list).
+    with pytest.raises(subprocess.CalledProcessError) as caught:
+        await run_process_tree(command, **contained)
+    assert caught.value.cmd == command
+    assert type(caught.value.cmd) is type(command)
+    async with open_process_tree(command, **contained) as tree:
+        assert tree.args == command
+        assert type(tree.args) is type(command)
+
+
 async def test_nonzero_exit_raises_called_process_error_when_checked(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:
@@ -208,4 +225,22 @@ async def test_tree_flushing_into_a_full_pipe_on_sigterm_is_still_stopped(
             await tree.stdout.receive_some()
     assert tree.outcome is not None
     assert tree.outcome.signals[-1] == 9
+    assert tracked.survivors() == []
+
+
+async def test_a_tree_says_what_it_is_and_how_it_stands(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # As trio.Process's repr does, under the public name (red before: the private
+    # module's, and no state at all).
+    async with open_process_tree(
+        ["sh", "-c", "read x; exit 3"], stdin=subprocess.PIPE, **contained
+    ) as tree:
+        name = f"<trio_proctree.ProcessTree pid {tree.pid} (sh -c 'read x; exit 3')"
+        assert repr(tree) == f"{name}: running>"
+        assert tree.stdin is not None
+        await tree.stdin.aclose()
+        assert await tree.wait() == 3
+        assert repr(tree) == f"{name}: exited with status 3>"
+    assert procs.state(tree.pid) is None  # (read without reaping: cleanup reaped it)
     assert tracked.survivors() == []

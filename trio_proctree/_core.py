@@ -73,7 +73,7 @@ class TreeCore:
     def __init__(
         self, spawned: Spawned, containment: Containment, plan: SpawnPlan, policy: Escalation
     ) -> None:
-        self.args = plan.command
+        self.args = plan.args
         self.leader = Leader(
             spawned.pid,
             spawned.popen,
@@ -241,9 +241,19 @@ class TreeView:
     """What both drivers' ``ProcessTree`` read off their `TreeCore` the same way."""
 
     _core: TreeCore
+    #: The name users know the class by (``trio_proctree.ProcessTree``), for its repr.
+    _public_name: str
 
     def __repr__(self) -> str:
-        return f"<{type(self).__module__}.ProcessTree {self._core.label}>"
+        # As trio.Process's says it; read without reaping, like ``returncode``.
+        returncode = self.returncode
+        if returncode is not None:
+            state = f"exited with status {returncode}"
+        elif self._core.leader.lost:
+            state = "exit status lost"
+        else:
+            state = "running"
+        return f"<{self._public_name} {self._core.label}: {state}>"  # (label: pid and command)
 
     @property
     def args(self) -> object:

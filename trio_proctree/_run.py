@@ -30,8 +30,13 @@ def plan_run(
     options: Mapping[str, Any],
     *,
     hands_back_streams: bool,
+    can_hand_back: bool = True,
 ) -> RunRequest:
-    """Check run_process_tree's arguments (as `trio.run_process` does)."""
+    """Check run_process_tree's arguments (as `trio.run_process` does).
+
+    ``can_hand_back``: whether the driver has a way to hand the tree back (trio's
+    ``nursery.start()``); an error names the way there is.
+    """
     if isinstance(stdin, str):
         raise TypeError("stdin must be bytes, not str")
     options = dict(options)
@@ -42,9 +47,13 @@ def plan_run(
             ("stderr", options.get("stderr")),
         ):
             if value is subprocess.PIPE:
+                when = (
+                    "is only useful when the tree is handed back (nursery.start())"
+                    if can_hand_back
+                    else "is of no use here: run_process_tree hands no streams back"
+                )
                 raise ValueError(
-                    f"{name}=subprocess.PIPE is only useful when the tree is handed back "
-                    "(nursery.start()); use open_process_tree"
+                    f"{name}=subprocess.PIPE {when}; for streams of your own, use open_process_tree"
                 )
     feed = None
     if isinstance(stdin, (bytes, bytearray, memoryview)):

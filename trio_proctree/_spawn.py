@@ -94,11 +94,12 @@ class SpawnPlan:
     #: Where the containment would have the leader start directly, when it can be
     #: (``command`` is then the fallback that gets there through ``/bin/sh``).
     into_cgroup: IntoCgroup | None = None
-
-    @property
-    def changes_user(self) -> bool:
-        """Whether the leader runs as another user or group (``user=``, ``group=``, ...)."""
-        return any(self.options.get(key) is not None for key in ("user", "group", "extra_groups"))
+    #: The command as the caller gave it (a tuple, a path, ...), which ``args``,
+    #: ``CompletedProcess.args`` and ``CalledProcessError.cmd`` show, as `subprocess` does.
+    args: Any = None
+    #: Whether the leader runs as another user or group than ours (``user=``, ``group=``,
+    #: ``extra_groups=`` naming others): then it cannot join a cgroup that we own.
+    changes_user: bool = False
 
 
 @attrs.define
@@ -154,7 +155,7 @@ def plan_spawn(command: Command, options: Mapping[str, Any]) -> SpawnPlan:
     argv = _check_command(command, shell)
     stdin, stdout, stderr = (options.pop(name, None) for name in ("stdin", "stdout", "stderr"))
     _own_process_group(options)
-    _check_user_and_group(options)
+    changes_user = _check_user_and_group(options)
     if shell:
         program = options.get("executable") or "/bin/sh"
     else:
@@ -168,6 +169,8 @@ def plan_spawn(command: Command, options: Mapping[str, Any]) -> SpawnPlan:
         stderr=stderr,
         label=_describe(command, argv),
         program=program,
+        args=command,
+        changes_user=changes_user,
     )
 
 
@@ -207,22 +210,41 @@ def _check_command(command: Command, shell: bool) -> list[Any]:
     return argv
 
 
-def _check_user_and_group(options: Mapping[str, Any]) -> None:
-    """Names given for ``user=`` / ``group=`` must exist (else Popen fails after forking)."""
+def _check_user_and_group(options: Mapping[str, Any]) -> bool:
+    """Names given for ``user=`` / ``group=`` must exist (else Popen fails after forking).
+
+    Returns whether the leader is to run as another user or group than ours: naming our
+    own (a service that passes ``user=`` whoever it runs as) changes nothing.
+    """
     import grp  # noqa: PLC0415 - Unix only: importing the package must work on Windows
     import pwd  # noqa: PLC0415
 
     user, group = options.get("user"), options.get("group")
+    extra_groups = options.get("extra_groups")
     if isinstance(user, str):
         try:
-            pwd.getpwnam(user)
+            user = pwd.getpwnam(user).pw_uid
         except KeyError:
             raise ValueError(f"user={user!r}: no such user") from None
     if isinstance(group, str):
         try:
-            grp.getgrnam(group)
+            group = grp.getgrnam(group).gr_gid
         except KeyError:
             raise ValueError(f"group={group!r}: no such group") from None
+    if user is not None and user != os.geteuid():
+        return True
+    if group is not None and group != os.getegid():
+        return True
+    if extra_groups is None:
+        return False
+    # A name that does not resolve is Popen's to refuse; here it only counts as a change.
+    gids: set[int] = set()
+    for extra in extra_groups:
+        try:
+            gids.add(grp.getgrnam(extra).gr_gid if isinstance(extra, str) else extra)
+        except KeyError:
+            return True
+    return gids != set(os.getgroups())
 
 
 def _own_process_group(options: dict[str, Any]) -> None:
@@ -233,6 +255,15 @@ def _own_process_group(options: dict[str, Any]) -> None:
             f"process_group={process_group!r} would put the tree into another group; "
             "every tree gets a group of its own (use start_new_session=False to stay in "
             "the caller's session)"
+        )
+    preexec_fn = options.get("preexec_fn")
+    recipe = next((name for name in ("setsid", "setpgrp") if preexec_fn is getattr(os, name)), None)
+    if recipe is not None:
+        # Popen's old way to a group of its own: the leader heads one already, so its own
+        # call would fail in the child, with nothing but "Exception occurred in preexec_fn".
+        raise ValueError(
+            f"preexec_fn=os.{recipe} is not needed: every tree's leader starts in a process "
+            "group of its own (in a new session unless start_new_session=False)"
         )
     if options.pop("start_new_session", True):
         options["start_new_session"] = True
@@ -267,6 +298,10 @@ def _resolve_executable(program: Any, *, env: Mapping[Any, Any] | None, cwd: Any
     name = os.fsdecode(program)
     directory = None if cwd is None else os.fsdecode(cwd)
     if directory is not None and not os.path.isdir(directory):
+        if os.path.exists(directory):  # what the child's chdir would say: ENOTDIR
+            raise NotADirectoryError(
+                errno.ENOTDIR, "working directory is not a directory", directory
+            )
         raise FileNotFoundError(errno.ENOENT, "working directory does not exist", directory)
     if os.sep in name:
         path = name if directory is None else os.path.join(directory, name)

@@ -126,6 +126,8 @@ class ProcessTree(TreeView):
     ends, or earlier with `aclose`.
     """
 
+    _public_name = "trio_proctree.ProcessTree"
+
     def __init__(self, core: TreeCore, spawned: Spawned) -> None:
         self._core = core
         #: The leader's stdin, when it was ``subprocess.PIPE``.

@@ -188,6 +188,8 @@ class ProcessTree(TreeView):
     Made by `open_process_tree` and `run_process_tree`.
     """
 
+    _public_name = "trio_proctree.asyncio.ProcessTree"
+
     def __init__(self, core: TreeCore) -> None:
         self._core = core
         #: The leader's stdin, when it was ``subprocess.PIPE``.
@@ -489,7 +491,14 @@ async def run_process_tree(
     ``escalation.worst_case``, ``grace`` + 2 s by default). Output still held open by a
     process outside the tree is read for at most `PIPE_DRAIN_TIMEOUT` seconds.
     """
-    request = plan_run(stdin, capture_stdout, capture_stderr, options, hands_back_streams=False)
+    request = plan_run(
+        stdin,
+        capture_stdout,
+        capture_stderr,
+        options,
+        hands_back_streams=False,
+        can_hand_back=False,
+    )
     outputs: dict[str, list[bytes]] = {name: [] for name in request.capture}
     taken: list[asyncio.BaseTransport] = []
     io_tasks: list[asyncio.Task[None]] = []
