@@ -373,3 +373,19 @@ def test_an_asyncio_tree_says_what_it_is_and_how_it_stands(
 
     asyncio.run(main())
     assert tracked.survivors() == []
+
+
+def test_an_asyncio_tree_can_be_killed_whole_before_its_block_ends(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    async def main() -> None:
+        async with open_process_tree(
+            ["sh", "-c", "trap '' TERM; sleep 60 & wait"], grace=5, **contained
+        ) as tree:
+            tree.kill()
+            assert await tree.wait() == -signal.SIGKILL
+        assert tree.outcome is not None
+        assert not tree.outcome.grace_expired  # nothing was left to sit out the grace
+
+    asyncio.run(main())
+    assert tracked.survivors() == []

@@ -212,6 +212,37 @@ async def test_send_signal_reaches_an_escapee(tracked: Tracked, strong: str) -> 
     assert tracked.survivors() == []
 
 
+async def test_kill_and_terminate_reach_the_whole_tree_escapees_included(
+    tracked: Tracked, strong: str
+) -> None:
+    # As trio.Process's terminate()/kill(), for every process of the tree: a caller that
+    # wants it gone now, block still open, need not know which signal goes where.
+    escapee = "trap 'echo got TERM' TERM; echo \\$\\$; while :; do read x; done"
+    async with open_process_tree(
+        ["sh", "-c", f'setsid -f sh -c "{escapee}"; exec sleep 60'],
+        grace=0.5,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+        containment=strong,
+    ) as tree:
+        assert tree.stdout is not None
+        [member] = await read_pids(tree.stdout, 1)
+        assert os.getsid(member) == member != tree.pid  # outside the group
+        tree.terminate()
+        said = b""
+        with trio.fail_after(5):
+            while b"got TERM" not in said:
+                said += await tree.stdout.receive_some()
+        assert await tree.wait() == -signal.SIGTERM  # the leader too
+        assert procs.alive(member)  # it handled SIGTERM, and runs on
+        tree.kill()
+        assert await trio.to_thread.run_sync(procs.wait_exited, member)  # before cleanup
+    assert tree.outcome is not None
+    assert tree.outcome.signals == ()  # nothing was left for cleanup to stop
+    assert tracked.survivors() == []
+
+
 async def stop_signal_handled_after(
     tracked: Tracked, containment: str, grace: float, *, during_cleanup: bool = False
 ) -> tuple[float | None, ProcessTree]:

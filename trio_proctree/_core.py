@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import signal
 import time
 from typing import Protocol
 
@@ -283,6 +284,21 @@ class TreeView:
     def send_signal(self, sig: SignalLike) -> None:
         """Send ``sig`` to every process in the tree (a no-op once cleanup has run)."""
         self._core.send_signal(sig)
+
+    def terminate(self) -> None:
+        """Send SIGTERM to every process in the tree, now (cleanup still runs at the end).
+
+        Like `trio.Process.terminate`, for the whole tree; a no-op once cleanup has run.
+        """
+        self._core.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """Send SIGKILL to every process in the tree, now: no grace, nothing can catch it.
+
+        Like `trio.Process.kill`, for the whole tree; cleanup, at the end, then finds it
+        gone and reaps the leader. A no-op once cleanup has run.
+        """
+        self._core.send_signal(signal.SIGKILL)
 
     def _exit_status_lost(self) -> CleanupError:
         return CleanupError(f"{self._core.label}: exit status lost (reaped elsewhere)")

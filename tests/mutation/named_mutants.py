@@ -890,6 +890,20 @@ MUTANTS = [
         '        return None\n        return (\n            "/proc does not show this process',
         "test_under_a_proc_of_a_child_pid_namespace_no_tree_starts",
     ),
+    (
+        "core: a leader's pidfd left open once its tree ended",
+        "_core.py",
+        "                os.close(pidfd)",
+        "                pass",
+        "test_trees_started_one_after_another",
+    ),
+    (
+        "choose: our own user= taken for another user's",
+        "_spawn.py",
+        "    if user is not None and user != os.geteuid():",
+        "    if user is not None:",
+        "test_a_leader_running_as_ourselves_keeps_its_cgroup",
+    ),
 ]
 
 
