@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -467,4 +468,32 @@ def test_an_anyio_scope_cancellation_wins_over_a_cleanup_error(
         await scope.__aexit__(None, None, None)
 
     anyio.run(main, backend="asyncio")
+    assert tracked.survivors() == []
+
+
+def test_an_aclose_never_awaited_still_cleans_up_and_warns_of_nothing(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # The docstring allows it: the cleanup starts when aclose() is called. Red before:
+    # what it returned was a plain coroutine, and Python warned "coroutine ... was never
+    # awaited" when it was dropped (an error in a suite run with -W error).
+    async def main() -> ProcessTree:
+        async with open_process_tree(["sleep", "60"], grace=0.5, **contained) as tree:
+            dropped = tree.aclose()
+            del dropped  # dropped at once, unawaited
+            gc.collect()
+            for _ in range(500):  # watch, without awaiting anything of the cleanup's
+                if tree.outcome is not None:
+                    break
+                await asyncio.sleep(0.01)
+            assert tree.outcome is not None
+        return tree
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tree = asyncio.run(main())
+        gc.collect()
+    assert [str(w.message) for w in caught] == []
+    assert tree.outcome is not None
+    assert tree.outcome.signals == (signal.SIGTERM, signal.SIGCONT)
     assert tracked.survivors() == []

@@ -4,12 +4,16 @@ shapes as the trio tests, under plain asyncio and under anyio on asyncio."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import random
 import re
 import signal
 import subprocess
+import textwrap
+import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -389,3 +393,56 @@ def test_an_asyncio_tree_can_be_killed_whole_before_its_block_ends(
 
     asyncio.run(main())
     assert tracked.survivors() == []
+
+
+def test_a_spawn_still_queued_for_a_worker_thread_is_dropped_when_cancelled(
+    tracked: Tracked, contained: dict[str, Any], tmp_path: Path
+) -> None:
+    # Red before: a timeout that fired while the spawn still waited for a worker thread of
+    # the (shared, small) default executor waited for whatever work held that thread, here
+    # 2 s of it. Nothing has forked while the spawn is queued: nothing to wait for.
+    async def enter() -> None:
+        ran = tmp_path / "ran"
+        async with open_process_tree(["sh", "-c", f"touch {ran}; sleep 60"], **contained):
+            pytest.fail("a cancelled spawn must not enter its block")
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers=1))
+        release = threading.Event()
+        busy = loop.run_in_executor(None, release.wait)  # the one worker: held elsewhere
+        releaser = threading.Timer(2.0, release.set)
+        releaser.start()
+        try:
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(enter(), 0.1)
+            assert not busy.done()  # it left while the worker was still held
+        finally:
+            release.set()
+            releaser.cancel()
+        await busy
+        await loop.run_in_executor(None, lambda: None)  # the dropped spawn had its turn
+
+    asyncio.run(main())
+    assert not (tmp_path / "ran").exists()  # it never started
+    assert tracked.survivors() == []
+
+
+def test_anyio_merely_imported_costs_the_first_tree_no_backend_import(
+    tracked: Tracked,
+) -> None:
+    # Red before: with anyio imported (httpx does it) but never run on this loop, the
+    # first tree imported anyio's asyncio backend to shield from scopes that cannot exist
+    # yet: ~120 ms with the event loop blocked, enough for a 0.1 s timeout to expire.
+    pytest.importorskip("anyio")
+    code = textwrap.dedent(
+        """
+        import asyncio, sys
+        import anyio
+        from trio_proctree.asyncio import run_process_tree
+
+        asyncio.run(run_process_tree(["true"]))
+        print("anyio._backends._asyncio" in sys.modules)
+        """
+    )
+    assert procs.run_python(code, env=tracked.env) == "False\n"

@@ -178,6 +178,50 @@ async def test_close_stdin_step_lets_a_cli_flush_and_exit_without_a_signal(
         assert f.read() == "flushed\n"
 
 
+class SlowToClose(trio.abc.SendStream):
+    """A stream a program puts in place of ``tree.stdin``, whose aclose() flushes for
+    ``flush`` seconds (a peer that reads slowly); it says whether that was cut short."""
+
+    def __init__(self, inner: trio.abc.SendStream, flush: float) -> None:
+        self.inner, self.flush, self.cut_short = inner, flush, False
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self.inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def aclose(self) -> None:
+        try:
+            await trio.sleep(self.flush)
+        except trio.Cancelled:
+            self.cut_short = True
+            raise
+        finally:
+            await trio.aclose_forcefully(self.inner)
+
+
+@pytest.mark.parametrize("close_stdin", [0.2, None], ids=["close-stdin-step", "at-the-end"])
+async def test_a_stream_put_in_place_of_stdin_cannot_hold_cleanup_past_its_bound(
+    tracked: Tracked, contained: dict[str, Any], close_stdin: float | None
+) -> None:
+    # Red before: its aclose() was awaited with no deadline, before any signal went out
+    # (close-stdin-step) or after the tree was gone (at-the-end): a flush that does not
+    # end held cleanup past escalation.worst_case, for as long as it took.
+    policy = Escalation(steps=[(signal.SIGTERM, 0.3)], close_stdin=close_stdin, kill_wait=0.3)
+    async with open_process_tree(
+        ["sh", "-c", "sleep 60 & wait"], escalation=policy, stdin=subprocess.PIPE, **contained
+    ) as tree:
+        assert tree.stdin is not None
+        slow = SlowToClose(tree.stdin, flush=30)
+        tree.stdin = slow
+    assert slow.cut_short
+    assert tree.outcome is not None
+    assert tree.outcome.signals[0] == signal.SIGTERM  # the escalation went on
+    assert tree.outcome.duration <= policy.worst_case + 1.0  # (far below the 30 s flush)
+    assert tracked.survivors() == []
+
+
 async def test_close_stdin_step_is_skipped_without_a_stdin_pipe(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:

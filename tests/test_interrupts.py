@@ -203,6 +203,86 @@ def test_ctrl_c_during_the_grace_kills_the_tree_now_then_interrupts(
     assert tracked.survivors() == []
 
 
+# Presses Ctrl-C the moment the block's exit enters the given function of the trio driver
+# (a trace hook), then reports whether the tree's cleanup ran and what is left alive.
+INTERRUPTED_AS_THE_BLOCK_EXITS = procs.ALIVE_IN_A_CHILD + textwrap.dedent(
+    """
+    import json, signal, sys, trio
+    from trio_proctree import open_process_tree
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # (as at a terminal)
+    where, fails = sys.argv[2], sys.argv[3] == "fails"
+    pressed = []
+
+    def press_ctrl_c_on_entry(frame, event, arg):
+        code = frame.f_code
+        if event == "call" and code.co_name == where and code.co_filename.endswith("_trio.py"):
+            if not pressed:
+                pressed.append(True)
+                signal.raise_signal(signal.SIGINT)
+        return None
+
+    trees, pids = [], []
+
+    async def main():
+        command = ["sh", "-c", "sleep 60 & echo $$ $!; wait"]
+        async with open_process_tree(
+            command, grace=0.5, stdout=-1, containment=sys.argv[1]
+        ) as tree:
+            trees.append(tree)
+            line = b""
+            while not line.endswith(b"\\n"):
+                line += await tree.stdout.receive_some()
+            pids.extend(int(pid) for pid in line.split())
+            sys.settrace(press_ctrl_c_on_entry)
+            if fails:
+                raise ValueError("the block fails")
+
+    try:
+        trio.run(main)
+        raised = None
+    except BaseException as exc:
+        raised = type(exc).__name__
+    sys.settrace(None)
+    print(json.dumps({
+        "pressed": bool(pressed),
+        "raised": raised,
+        "cleaned_up": trees[0].outcome is not None,
+        "alive": [pid for pid in pids if alive(pid)],
+        "pids": pids,
+    }))
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("where", "block"),
+    [("__aexit__", "ends"), ("__aexit__", "fails"), ("_aclose_under", "fails")],
+)
+def test_ctrl_c_as_the_block_exits_still_stops_the_tree(
+    tracked: Tracked, contained: dict[str, Any], where: str, block: str
+) -> None:
+    # Red before: the scope's __aexit__ and the exception path's _aclose_under were not
+    # protected from KeyboardInterrupt, which trio raised right there, before cleanup
+    # began: the tree ran on (until the net at interpreter exit, in a program that catches
+    # the interrupt and goes on: a REPL, a service loop).
+    report = json.loads(
+        procs.run_python(
+            INTERRUPTED_AS_THE_BLOCK_EXITS,
+            contained["containment"],
+            where,
+            block,
+            env=contained["env"],
+        )
+    )
+    assert report["pressed"]
+    assert len(report["pids"]) == 2  # the shell and its sleep
+    assert report["cleaned_up"]
+    assert report["alive"] == []
+    assert report["raised"] == "KeyboardInterrupt"  # kept, and raised once the tree is gone
+    assert tracked.survivors() == []
+
+
 def test_an_anyio_task_group_around_a_failing_block_keeps_every_exception(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:

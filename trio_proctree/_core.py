@@ -55,12 +55,18 @@ class LoopIO(Protocol):
         """Pause (never raises a cancellation)."""
         ...
 
-    async def close_stdin(self) -> Exception | None:
-        """Close the tree's stdin pipe, if the driver still holds it; the error, if any."""
+    async def close_stdin(self, within: float) -> Exception | None:
+        """Close the tree's stdin pipe, if the driver still holds it; the error, if any.
+
+        A stream the program put in its place is given ``within`` seconds to close.
+        """
         ...
 
-    async def close_streams(self) -> list[Exception]:
-        """Close every pipe the driver still holds; the errors, if any."""
+    async def close_streams(self, within: float) -> list[Exception]:
+        """Close every pipe the driver still holds; the errors, if any.
+
+        Streams the program put in their place are given ``within`` seconds to close.
+        """
         ...
 
     def forget_fd(self, fd: int) -> None:
@@ -124,12 +130,18 @@ class TreeCore:
             self.leader.poll()  # (asks the kernel; `exited` reads the answer)
             alive = not self.leader.exited or await self._pending(io, errors) != []
             action = teardown.start(tree_alive=alive)
+            closed_stdin_at = None
             while not isinstance(action, Finished):
                 emptied = None
                 if isinstance(action, AwaitEmpty):
-                    emptied = await self._wait_empty(io, action, errors)
+                    emptied = await self._wait_empty(io, action, errors, since=closed_stdin_at)
+                    closed_stdin_at = None
                 elif isinstance(action, CloseStdin):
-                    if (error := await io.close_stdin()) is not None:
+                    # The wait that follows counts from here: a stream the program put in
+                    # place of stdin, slow to close, spends it (never more than it).
+                    closed_stdin_at = io.now()
+                    within = self.policy.close_stdin or 0.0
+                    if (error := await io.close_stdin(within)) is not None:
                         errors.append(error)
                 elif isinstance(action, SendSignal):
                     self._step(errors, action.signal)
@@ -140,7 +152,10 @@ class TreeCore:
             emptied = isinstance(action, Finished) and action.emptied
             # Only now that the tree is empty (or beyond help) do our pipe ends go: closing
             # them first would kill writers with SIGPIPE instead of letting them stop.
-            errors.extend(await io.close_streams())
+            # A stream the program put in place of a pipe gets what is left of the bound
+            # the docs promise (`worst_case`), not all the time its aclose() would take.
+            left = started + self.policy.worst_case - time.monotonic()
+            errors.extend(await io.close_streams(max(left, 0.0)))
             try:
                 # Before the leader is reaped: its zombie still pins the group id while the
                 # tree's orphans are recognised by it. A tree not known to be empty keeps
@@ -222,9 +237,12 @@ class TreeCore:
             return 0.001  # a member still finishing its exit: it takes microseconds
         return pending
 
-    async def _wait_empty(self, io: LoopIO, wait: AwaitEmpty, errors: list[Exception]) -> bool:
-        """Wait up to ``wait.timeout`` seconds for the tree to empty: True if it did."""
-        deadline = io.now() + wait.timeout
+    async def _wait_empty(
+        self, io: LoopIO, wait: AwaitEmpty, errors: list[Exception], *, since: float | None
+    ) -> bool:
+        """Wait up to ``wait.timeout`` seconds from ``since`` (else from now) for the tree
+        to empty: True if it did."""
+        deadline = (io.now() if since is None else since) + wait.timeout
         while (pending := await self._pending(io, errors)) != []:
             remaining = deadline - io.now()
             if remaining <= 0 or (wait.grace and io.interrupted()):

@@ -104,12 +104,13 @@ class _TrioIO:
     async def sleep(self, seconds: float) -> None:
         await self._kept(trio.sleep_forever, timeout=seconds)
 
-    async def close_stdin(self) -> Exception | None:
-        return await self._tree._close_stream("stdin", self)
+    async def close_stdin(self, within: float) -> Exception | None:
+        return await self._tree._close_stream("stdin", self, within)
 
-    async def close_streams(self) -> list[Exception]:
+    async def close_streams(self, within: float) -> list[Exception]:
+        deadline = trio.current_time() + within
         errors = [
-            await self._tree._close_stream(name, self)
+            await self._tree._close_stream(name, self, deadline - trio.current_time())
             for name in ("stdin", "stdout", "stderr")
             if getattr(self._tree, name) is not None
         ]
@@ -161,8 +162,10 @@ class ProcessTree(TreeView):
     async def aclose(self) -> None:
         """Run the cleanup now: stop the tree as the escalation policy says, then reap it.
 
-        Idempotent: later and concurrent calls wait for the first one to finish. Shielded
-        from cancellation; bounded by ``escalation.worst_case`` (grace + 2 s by default).
+        Idempotent: later and concurrent calls wait for the first one to finish (a later
+        caller's own cancellation ends its wait, never the cleanup; it raises nothing of
+        the first call's errors). The first call is shielded from cancellation; bounded
+        by ``escalation.worst_case`` (grace + 2 s by default).
 
         Raises:
             CleanupError: if processes of the tree outlived SIGKILL.
@@ -200,7 +203,7 @@ class ProcessTree(TreeView):
         if io.keyboard_interrupt is not None:
             raise io.keyboard_interrupt
 
-    async def _close_stream(self, name: str, io: _TrioIO) -> Exception | None:
+    async def _close_stream(self, name: str, io: _TrioIO, within: float) -> Exception | None:
         stream = getattr(self, name)
         if stream is None:
             return None
@@ -211,13 +214,18 @@ class ProcessTree(TreeView):
                 # scheduler round trip per pipe was a tenth of a cooperative teardown.
                 stream.close()
             else:  # a stream the program put in its place
-                await io._kept(stream.aclose)
+                # Bounded: its aclose() may flush to a peer that never reads (a trio
+                # stream's aclose closes it at once when cancelled).
+                await io._kept(stream.aclose, timeout=max(within, 0.0))
         except trio.ClosedResourceError:
             pass
         except Exception as exc:  # noqa: BLE001 - kept and raised after cleanup
             return exc
         return None
 
+    # KI-protected, as every frame between the block and the cleanup: an interrupt that
+    # trio raised here, before the cleanup began, would leave the whole tree running.
+    @trio.lowlevel.enable_ki_protection
     async def _aclose_under(self, exc: BaseException) -> None:
         """Clean up while ``exc`` propagates: a cleanup error rides along, never replaces it."""
         try:
@@ -259,6 +267,7 @@ class _TreeScope:
             raise
         return tree
 
+    @trio.lowlevel.enable_ki_protection  # (see _aclose_under)
     async def __aexit__(
         self,
         exc_type: type[BaseException] | None,

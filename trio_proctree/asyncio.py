@@ -27,11 +27,13 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Coroutine
+import threading
+from collections.abc import Callable, Coroutine, Generator
 from types import TracebackType
 from typing import Any, TypeVar
 
 from ._choose import ContainmentChoice, choose_containment, start_tree
+from ._containment import Containment
 from ._core import TreeCore, TreeView
 from ._escalation import (
     DEFAULT_GRACE,
@@ -59,12 +61,25 @@ def _anyio_shield() -> contextlib.AbstractContextManager[Any]:
 
     anyio's cancel scope on asyncio re-delivers its cancellation on every loop iteration,
     so a loop that waits through cancellations would spin (23,372 times in 5 s, measured).
-    anyio is an optional extra: without it imported there is no anyio scope to shield from.
+    anyio is an optional extra: until its asyncio backend is imported (anyio.run, or its
+    first cancel scope on asyncio), there is no anyio scope to shield from. Asking for a
+    shield before that would import the backend: ~120 ms, the loop blocked, in a program
+    that only has anyio imported (httpx does).
     """
-    anyio = sys.modules.get("anyio")
+    anyio = _anyio_in_use()
     if anyio is None:
         return contextlib.nullcontext()
     return anyio.CancelScope(shield=True)  # type: ignore[no-any-return]
+
+
+def _anyio_in_use() -> Any:
+    """anyio, once its asyncio backend is in use; else None."""
+    if _ANYIO_ON_ASYNCIO not in sys.modules:
+        return None
+    return sys.modules.get("anyio")
+
+
+_ANYIO_ON_ASYNCIO = "anyio._backends._asyncio"
 
 
 class _Rounds:
@@ -75,12 +90,17 @@ class _Rounds:
 
 
 async def _through_cancellation(
-    future: asyncio.Future[T], rounds: _Rounds | None = None
+    future: asyncio.Future[T],
+    rounds: _Rounds | None = None,
+    *,
+    drop: Callable[[], bool] | None = None,
 ) -> asyncio.CancelledError | None:
     """Wait until ``future`` is done, whatever cancellations arrive; the last one, if any.
 
     ``asyncio.wait`` neither cancels the future when we are cancelled (the cleanup goes on)
-    nor raises its exception (we decide below which error the caller gets).
+    nor raises its exception (we decide below which error the caller gets). ``drop``: on a
+    cancellation, whether the work behind ``future`` can be dropped instead of awaited
+    (then this returns at once, ``future`` not done).
     """
     cancelled = None
     with _anyio_shield():
@@ -91,7 +111,9 @@ async def _through_cancellation(
                 await asyncio.wait({future})
             except asyncio.CancelledError as exc:
                 cancelled = exc
-    anyio = sys.modules.get("anyio")
+                if drop is not None and drop():
+                    return cancelled
+    anyio = _anyio_in_use()
     if cancelled is None and anyio is not None:
         # The shield held back an anyio scope's cancellation: collect it now, so that it
         # wins over a cleanup error as a plain asyncio cancellation does.
@@ -169,10 +191,10 @@ class _AsyncioIO:
         with contextlib.suppress(asyncio.CancelledError):  # as in wait_readable
             await asyncio.sleep(seconds)
 
-    async def close_stdin(self) -> Exception | None:
-        return await self._tree._close_stdin()
+    async def close_stdin(self, within: float) -> Exception | None:
+        return await self._tree._close_stdin()  # (closes at once: nothing to bound)
 
-    async def close_streams(self) -> list[Exception]:
+    async def close_streams(self, within: float) -> list[Exception]:
         await self._tree._close_stdin()
         self._tree._abort_stdin()
         self._tree._close_readers()
@@ -240,11 +262,12 @@ class ProcessTree(TreeView):
         """Start the cleanup now, and return an awaitable that waits for it to finish.
 
         A plain method, not a coroutine function: the cleanup starts when this is called,
-        even if what it returns is never awaited, or is cancelled before its first step.
-        What it returns is a coroutine, so ``asyncio.create_task(tree.aclose())`` works (and
-        type-checks). Idempotent: later calls wait for the same cleanup. The caller's
-        cancellation does not stop it: it is re-raised once the cleanup is over, bounded by
-        ``escalation.worst_case`` (grace + 2 s by default).
+        even if what it returns is never awaited (nothing warns of that), or is cancelled
+        before its first step. What it returns is a coroutine, so
+        ``asyncio.create_task(tree.aclose())`` works (and type-checks). Idempotent: later
+        calls wait for the same cleanup. The caller's cancellation does not stop it: it is
+        re-raised once the cleanup is over, bounded by ``escalation.worst_case`` (grace +
+        2 s by default).
 
         Raises:
             asyncio.CancelledError: the caller was cancelled meanwhile (a cleanup error, if
@@ -252,7 +275,8 @@ class ProcessTree(TreeView):
             CleanupError: processes of the tree outlived SIGKILL.
             OSError: signalling the tree failed.
         """
-        return self._await_cleanup(self._start_cleanup())
+        cleaned = self._start_cleanup()
+        return _MadeWhenRun(lambda: self._await_cleanup(cleaned))
 
     def _start_cleanup(self) -> asyncio.Future[None]:
         loop = asyncio.get_running_loop()
@@ -377,6 +401,69 @@ def _pipe_file(fd: int, mode: str) -> Any:
     return os.fdopen(fd, mode, buffering=0)
 
 
+class _MadeWhenRun(Coroutine[Any, Any, None]):
+    """A coroutine made only once it is awaited or run (``create_task`` takes it as one).
+
+    What `ProcessTree.aclose` returns: its cleanup has started already, and dropping what
+    it returns, unawaited, is allowed. A plain coroutine dropped so makes Python warn that
+    it "was never awaited"; this one has nothing to warn about until it runs.
+    """
+
+    def __init__(self, make: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        self._make: Callable[[], Coroutine[Any, Any, None]] | None = make
+        self._made: Coroutine[Any, Any, None] | None = None
+
+    def _coroutine(self) -> Coroutine[Any, Any, None]:
+        if self._made is None:
+            assert self._make is not None, "closed before it ran"
+            self._made, self._make = self._make(), None
+        return self._made
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return self._coroutine().__await__()
+
+    def send(self, value: Any) -> Any:
+        return self._coroutine().send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        if val is None and tb is None:
+            return self._coroutine().throw(typ)
+        return self._coroutine().throw(typ, val, tb)  # pragma: no cover - the old form
+
+    def close(self) -> None:
+        self._make = None
+        if self._made is not None:
+            self._made.close()
+
+
+class _QueuedSpawn:
+    """A spawn for a worker thread, which can be dropped for as long as it waits for one.
+
+    The default executor is small and shared (``to_thread``, DNS lookups): a spawn queued
+    behind other work has forked nothing, so a cancellation then need not wait for it.
+    """
+
+    def __init__(self, plan: SpawnPlan, containment: ContainmentChoice) -> None:
+        self._plan, self._containment = plan, containment
+        self._lock = threading.Lock()
+        self._state = "queued"  # then "forking" (a worker took it) or "dropped"
+
+    def run(self) -> tuple[Spawned, Containment] | None:
+        """In the worker thread: start the tree, unless the spawn was dropped meanwhile."""
+        with self._lock:
+            if self._state == "dropped":
+                return None
+            self._state = "forking"
+        return start_tree(self._plan, self._containment)
+
+    def drop(self) -> bool:
+        """Drop the spawn if no worker has taken it yet: whether it will never start."""
+        with self._lock:
+            if self._state == "queued":
+                self._state = "dropped"
+            return self._state == "dropped"
+
+
 class _TreeScope:
     """The async context manager `open_process_tree` returns."""
 
@@ -386,14 +473,18 @@ class _TreeScope:
         self._containment = containment
         self._tree: ProcessTree | None = None
 
-    async def _start(self) -> ProcessTree:
+    async def _start(self, spawn: _QueuedSpawn) -> ProcessTree | None:
+        """The started tree; None if the spawn was dropped before a worker took it."""
         loop = asyncio.get_running_loop()
-        forking = loop.run_in_executor(None, start_tree, self._plan, self._containment)
+        forking = loop.run_in_executor(None, spawn.run)
         # This task itself may be cancelled (asyncio.run's shutdown, a blanket "cancel every
         # task"): the worker thread forks all the same, so wait for it through that too, or
         # the process it starts is nobody's.
         cancelled = await _through_cancellation(forking)
-        spawned, containment = forking.result()  # a failed spawn raises here
+        started = forking.result()  # a failed spawn raises here
+        if started is None:
+            return None
+        spawned, containment = started
         tree = ProcessTree(TreeCore(spawned, containment, self._plan, self._policy))
         if cancelled is not None:
             await tree._close_under(cancelled)
@@ -411,10 +502,16 @@ class _TreeScope:
         # The spawn runs in a task of its own, waited through cancellations: a cancellation
         # that arrives while the worker thread forks must not lose the process. It is
         # delivered once the tree is in hand, and the tree is stopped first.
-        starting = asyncio.get_running_loop().create_task(self._start())
-        cancelled = await _through_cancellation(starting)
+        spawn = _QueuedSpawn(self._plan, self._containment)
+        starting = asyncio.get_running_loop().create_task(self._start(spawn))
+        cancelled = await _through_cancellation(starting, drop=spawn.drop)
+        if not starting.done():  # dropped while still queued: it will start nothing
+            assert cancelled is not None
+            raise cancelled
         if cancelled is not None and not starting.cancelled() and starting.exception() is None:
-            await starting.result()._close_under(cancelled)
+            tree = starting.result()
+            assert tree is not None
+            await tree._close_under(cancelled)
             raise cancelled
         started = _settle(starting, cancelled, self._plan.label, report=True)
         assert started is not None

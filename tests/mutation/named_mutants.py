@@ -904,6 +904,41 @@ MUTANTS = [
         "    if user is not None:",
         "test_a_leader_running_as_ourselves_keeps_its_cgroup",
     ),
+    (
+        "trio: the block's exit not protected from KeyboardInterrupt",
+        "_trio.py",
+        "    @trio.lowlevel.enable_ki_protection  # (see _aclose_under)\n",
+        "",
+        "test_ctrl_c_as_the_block_exits_still_stops_the_tree",
+    ),
+    (
+        "escalation: a stream put in place of stdin closed without a bound",
+        "_trio.py",
+        "                await io._kept(stream.aclose, timeout=max(within, 0.0))",
+        "                await io._kept(stream.aclose)",
+        "cannot_hold_cleanup_past_its_bound",
+    ),
+    (
+        "spawn: a spawn still queued for a worker awaited through a cancellation",
+        "asyncio.py",
+        "                if drop is not None and drop():",
+        "                if False:",
+        "still_queued_for_a_worker_thread",
+    ),
+    (
+        "close: anyio's backend imported for a shield no scope needs",
+        "asyncio.py",
+        "    if _ANYIO_ON_ASYNCIO not in sys.modules:\n        return None",
+        "    if False:\n        return None",
+        "merely_imported",
+    ),
+    (
+        "close: aclose() returning a plain coroutine, which warns when dropped",
+        "asyncio.py",
+        "        return _MadeWhenRun(lambda: self._await_cleanup(cleaned))",
+        "        return self._await_cleanup(cleaned)",
+        "never_awaited_still_cleans_up",
+    ),
 ]
 
 
