@@ -395,8 +395,9 @@ def test_an_asyncio_tree_can_be_killed_whole_before_its_block_ends(
     assert tracked.survivors() == []
 
 
+@pytest.mark.parametrize("canceller", ["asyncio.wait_for", "anyio.move_on_after"])
 def test_a_spawn_still_queued_for_a_worker_thread_is_dropped_when_cancelled(
-    tracked: Tracked, contained: dict[str, Any], tmp_path: Path
+    tracked: Tracked, contained: dict[str, Any], tmp_path: Path, canceller: str
 ) -> None:
     # Red before: a timeout that fired while the spawn still waited for a worker thread of
     # the (shared, small) default executor waited for whatever work held that thread, here
@@ -414,8 +415,13 @@ def test_a_spawn_still_queued_for_a_worker_thread_is_dropped_when_cancelled(
         releaser = threading.Timer(2.0, release.set)
         releaser.start()
         try:
-            with pytest.raises(asyncio.TimeoutError):
-                await asyncio.wait_for(enter(), 0.1)
+            if canceller == "asyncio.wait_for":
+                with pytest.raises(asyncio.TimeoutError):
+                    await asyncio.wait_for(enter(), 0.1)
+            else:  # (anyio's scope, whose cancellation the waits shield themselves from)
+                with anyio.move_on_after(0.1) as scope:
+                    await enter()
+                assert scope.cancelled_caught
             assert not busy.done()  # it left while the worker was still held
         finally:
             release.set()
@@ -423,7 +429,8 @@ def test_a_spawn_still_queued_for_a_worker_thread_is_dropped_when_cancelled(
         await busy
         await loop.run_in_executor(None, lambda: None)  # the dropped spawn had its turn
 
-    asyncio.run(main())
+    anyio = pytest.importorskip("anyio")
+    anyio.run(main, backend="asyncio")
     assert not (tmp_path / "ran").exists()  # it never started
     assert tracked.survivors() == []
 

@@ -76,6 +76,13 @@ BAD_REQUESTS = [
         ["true"], {"cwd": "/etc/passwd"}, NotADirectoryError, "not a directory", id="file-cwd"
     ),
     pytest.param(
+        ["true"],
+        {"cwd": "/etc/passwd/sub"},
+        NotADirectoryError,
+        "not a directory",
+        id="file-on-the-way",
+    ),
+    pytest.param(
         ["sleep"], {"env": {"PATH": "/nonexistent"}}, FileNotFoundError, "PATH", id="env-path"
     ),
 ]

@@ -210,7 +210,7 @@ def _check_command(command: Command, shell: bool) -> list[Any]:
     return argv
 
 
-def _check_user_and_group(options: Mapping[str, Any]) -> bool:
+def _check_user_and_group(options: dict[str, Any]) -> bool:
     """Names given for ``user=`` / ``group=`` must exist (else Popen fails after forking).
 
     Returns whether the leader is to run as another user or group than ours: naming our
@@ -237,6 +237,9 @@ def _check_user_and_group(options: Mapping[str, Any]) -> bool:
         return True
     if extra_groups is None:
         return False
+    # Any iterable will do, as for Popen: read once, here, and handed on as a list (an
+    # iterator read here would reach Popen empty, and the leader get no groups at all).
+    extra_groups = options["extra_groups"] = list(extra_groups)
     # A name that does not resolve is Popen's to refuse; here it only counts as a change.
     gids: set[int] = set()
     for extra in extra_groups:
@@ -297,12 +300,8 @@ def _resolve_executable(program: Any, *, env: Mapping[Any, Any] | None, cwd: Any
     """Find ``program`` the way `subprocess.Popen` will, raising the error it would."""
     name = os.fsdecode(program)
     directory = None if cwd is None else os.fsdecode(cwd)
-    if directory is not None and not os.path.isdir(directory):
-        if os.path.exists(directory):  # what the child's chdir would say: ENOTDIR
-            raise NotADirectoryError(
-                errno.ENOTDIR, "working directory is not a directory", directory
-            )
-        raise FileNotFoundError(errno.ENOENT, "working directory does not exist", directory)
+    if directory is not None:
+        _check_working_directory(directory)
     if os.sep in name:
         path = name if directory is None else os.path.join(directory, name)
         found = _look_at(path)
@@ -338,6 +337,23 @@ def _resolve_executable(program: Any, *, env: Mapping[Any, Any] | None, cwd: Any
         f"no such executable on PATH ({os.pathsep.join(map(os.fsdecode, search))})",
         name,
     )
+
+
+def _check_working_directory(directory: str) -> None:
+    """Raise what the child's ``chdir`` would, as `subprocess` does, unless ``directory``
+    is one: missing, not a directory (on the way there, too), or not ours to enter."""
+    try:
+        mode = os.stat(directory).st_mode
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            errno.ENOENT, "working directory does not exist", directory
+        ) from None
+    except NotADirectoryError:
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory on the way", directory) from None
+    except OSError:
+        return  # (EACCES on the way, say: the child's chdir says it, as subprocess's does)
+    if not stat.S_ISDIR(mode):
+        raise NotADirectoryError(errno.ENOTDIR, "working directory is not a directory", directory)
 
 
 _MISSING, _NOT_EXECUTABLE, _EXECUTABLE = "missing", "not executable", "executable"

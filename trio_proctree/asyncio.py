@@ -28,7 +28,7 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -103,6 +103,16 @@ async def _through_cancellation(
     (then this returns at once, ``future`` not done).
     """
     cancelled = None
+    if drop is not None:
+        # Unshielded, the first wait: an anyio scope's cancellation must reach it, or
+        # nothing could be dropped under anyio. Once that work cannot be dropped, the
+        # waits below are shielded (a re-delivered anyio cancellation would spin them).
+        try:
+            await asyncio.wait({future})
+        except asyncio.CancelledError as exc:
+            cancelled = exc
+            if drop():
+                return cancelled
     with _anyio_shield():
         while not future.done():
             if rounds is not None:
@@ -111,8 +121,6 @@ async def _through_cancellation(
                 await asyncio.wait({future})
             except asyncio.CancelledError as exc:
                 cancelled = exc
-                if drop is not None and drop():
-                    return cancelled
     anyio = _anyio_in_use()
     if cancelled is None and anyio is not None:
         # The shield held back an anyio scope's cancellation: collect it now, so that it
@@ -262,9 +270,10 @@ class ProcessTree(TreeView):
         """Start the cleanup now, and return an awaitable that waits for it to finish.
 
         A plain method, not a coroutine function: the cleanup starts when this is called,
-        even if what it returns is never awaited (nothing warns of that), or is cancelled
-        before its first step. What it returns is a coroutine, so
-        ``asyncio.create_task(tree.aclose())`` works (and type-checks). Idempotent: later
+        even if what it returns is never awaited (Python then warns of a coroutine never
+        awaited), or is cancelled before its first step. What it returns is a coroutine, so
+        ``asyncio.create_task(tree.aclose())`` and anyio's ``start_soon(tree.aclose)``
+        work (and type-check). Idempotent: later
         calls wait for the same cleanup. The caller's cancellation does not stop it: it is
         re-raised once the cleanup is over, bounded by ``escalation.worst_case`` (grace +
         2 s by default).
@@ -275,8 +284,7 @@ class ProcessTree(TreeView):
             CleanupError: processes of the tree outlived SIGKILL.
             OSError: signalling the tree failed.
         """
-        cleaned = self._start_cleanup()
-        return _MadeWhenRun(lambda: self._await_cleanup(cleaned))
+        return self._await_cleanup(self._start_cleanup())
 
     def _start_cleanup(self) -> asyncio.Future[None]:
         loop = asyncio.get_running_loop()
@@ -399,41 +407,6 @@ def _protocol_for(reader: asyncio.StreamReader) -> Callable[[], asyncio.StreamRe
 def _pipe_file(fd: int, mode: str) -> Any:
     """A file object for our end of a pipe; the pipe transport owns (and closes) it."""
     return os.fdopen(fd, mode, buffering=0)
-
-
-class _MadeWhenRun(Coroutine[Any, Any, None]):
-    """A coroutine made only once it is awaited or run (``create_task`` takes it as one).
-
-    What `ProcessTree.aclose` returns: its cleanup has started already, and dropping what
-    it returns, unawaited, is allowed. A plain coroutine dropped so makes Python warn that
-    it "was never awaited"; this one has nothing to warn about until it runs.
-    """
-
-    def __init__(self, make: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        self._make: Callable[[], Coroutine[Any, Any, None]] | None = make
-        self._made: Coroutine[Any, Any, None] | None = None
-
-    def _coroutine(self) -> Coroutine[Any, Any, None]:
-        if self._made is None:
-            assert self._make is not None, "closed before it ran"
-            self._made, self._make = self._make(), None
-        return self._made
-
-    def __await__(self) -> Generator[Any, None, None]:
-        return self._coroutine().__await__()
-
-    def send(self, value: Any) -> Any:
-        return self._coroutine().send(value)
-
-    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
-        if val is None and tb is None:
-            return self._coroutine().throw(typ)
-        return self._coroutine().throw(typ, val, tb)  # pragma: no cover - the old form
-
-    def close(self) -> None:
-        self._make = None
-        if self._made is not None:
-            self._made.close()
 
 
 class _QueuedSpawn:

@@ -905,6 +905,13 @@ MUTANTS = [
         "test_a_leader_running_as_ourselves_keeps_its_cgroup",
     ),
     (
+        "spawn: extra_groups= read in place (an iterator reaches Popen used up)",
+        "_spawn.py",
+        '    extra_groups = options["extra_groups"] = list(extra_groups)',
+        "    pass",
+        "as_an_iterator_reach_the_leader_whole",
+    ),
+    (
         "trio: the block's exit not protected from KeyboardInterrupt",
         "_trio.py",
         "    @trio.lowlevel.enable_ki_protection  # (see _aclose_under)\n",
@@ -919,10 +926,17 @@ MUTANTS = [
         "cannot_hold_cleanup_past_its_bound",
     ),
     (
+        "escalation: the wait after closing stdin counted from the end of the close",
+        "_core.py",
+        "emptied = await self._wait_empty(io, action, errors, since=closed_stdin_at)",
+        "emptied = await self._wait_empty(io, action, errors, since=None)",
+        "cannot_hold_cleanup_past_its_bound",
+    ),
+    (
         "spawn: a spawn still queued for a worker awaited through a cancellation",
         "asyncio.py",
-        "                if drop is not None and drop():",
-        "                if False:",
+        "            if drop():\n                return cancelled",
+        "            if False:\n                return cancelled",
         "still_queued_for_a_worker_thread",
     ),
     (
@@ -931,13 +945,6 @@ MUTANTS = [
         "    if _ANYIO_ON_ASYNCIO not in sys.modules:\n        return None",
         "    if False:\n        return None",
         "merely_imported",
-    ),
-    (
-        "close: aclose() returning a plain coroutine, which warns when dropped",
-        "asyncio.py",
-        "        return _MadeWhenRun(lambda: self._await_cleanup(cleaned))",
-        "        return self._await_cleanup(cleaned)",
-        "never_awaited_still_cleans_up",
     ),
 ]
 
