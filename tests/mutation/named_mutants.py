@@ -37,8 +37,8 @@ MUTANTS = [
     (
         "close: no anyio shield around the wait loop",
         "asyncio.py",
-        '    anyio = sys.modules.get("anyio")\n    if anyio is None:\n        return contextlib.nullcontext()',
-        '    anyio = sys.modules.get("anyio")\n    if True:\n        return contextlib.nullcontext()',
+        "    anyio = _anyio_in_use()\n    if anyio is None:\n        return contextlib.nullcontext()",
+        "    anyio = _anyio_in_use()\n    if True:\n        return contextlib.nullcontext()",
         "test_no_hot_spin",
     ),
     (
