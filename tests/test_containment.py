@@ -190,24 +190,41 @@ async def test_stopped_escapee_gets_sigcont_and_stops_gracefully(
     assert tracked.survivors() == []
 
 
-async def test_send_signal_reaches_an_escapee(tracked: Tracked, strong: str) -> None:
-    escapee = "trap 'echo got USR1' USR1; echo \\$\\$; while :; do read x; done"
-    async with open_process_tree(
+def with_an_escapee_that_handles(sig: str, tracked: Tracked, containment: str) -> Any:
+    """A tree whose ``setsid`` escapee prints its pid, then says "got SIG" for each ``sig``
+    it gets, and runs on; the leader sleeps."""
+    escapee = f"trap 'echo got {sig}' {sig}; echo \\$\\$; while :; do read x; done"
+    return open_process_tree(
         ["sh", "-c", f'setsid -f sh -c "{escapee}"; exec sleep 60'],
         grace=0.5,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         env=tracked.env,
-        containment=strong,
-    ) as tree:
-        assert tree.stdout is not None
-        [member] = await read_pids(tree.stdout, 1)
-        assert os.getsid(member) == member != tree.pid  # outside the group
+        containment=containment,
+    )
+
+
+async def escapee_of(tree: ProcessTree) -> int:
+    """The pid that `with_an_escapee_that_handles` prints: a member outside the group."""
+    assert tree.stdout is not None
+    [member] = await read_pids(tree.stdout, 1)
+    assert os.getsid(member) == member != tree.pid  # outside the group
+    return member
+
+
+async def until_said(tree: ProcessTree, words: bytes) -> None:
+    said = b""
+    assert tree.stdout is not None
+    with trio.fail_after(5):
+        while words not in said:
+            said += await tree.stdout.receive_some()
+
+
+async def test_send_signal_reaches_an_escapee(tracked: Tracked, strong: str) -> None:
+    async with with_an_escapee_that_handles("USR1", tracked, strong) as tree:
+        member = await escapee_of(tree)
         tree.send_signal(signal.SIGUSR1)
-        said = b""
-        with trio.fail_after(5):
-            while b"got USR1" not in said:
-                said += await tree.stdout.receive_some()
+        await until_said(tree, b"got USR1")
     assert not procs.alive(member)
     assert tracked.survivors() == []
 
@@ -217,23 +234,10 @@ async def test_kill_and_terminate_reach_the_whole_tree_escapees_included(
 ) -> None:
     # As trio.Process's terminate()/kill(), for every process of the tree: a caller that
     # wants it gone now, block still open, need not know which signal goes where.
-    escapee = "trap 'echo got TERM' TERM; echo \\$\\$; while :; do read x; done"
-    async with open_process_tree(
-        ["sh", "-c", f'setsid -f sh -c "{escapee}"; exec sleep 60'],
-        grace=0.5,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        env=tracked.env,
-        containment=strong,
-    ) as tree:
-        assert tree.stdout is not None
-        [member] = await read_pids(tree.stdout, 1)
-        assert os.getsid(member) == member != tree.pid  # outside the group
+    async with with_an_escapee_that_handles("TERM", tracked, strong) as tree:
+        member = await escapee_of(tree)
         tree.terminate()
-        said = b""
-        with trio.fail_after(5):
-            while b"got TERM" not in said:
-                said += await tree.stdout.receive_some()
+        await until_said(tree, b"got TERM")
         assert await tree.wait() == -signal.SIGTERM  # the leader too
         assert procs.alive(member)  # it handled SIGTERM, and runs on
         tree.kill()
