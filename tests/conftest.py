@@ -12,6 +12,7 @@ from trio_proctree import ContainmentUnavailable
 from trio_proctree._choose import choose_containment
 
 from . import procs
+from .skip_reasons import pytest_runtest_call  # noqa: F401 - reported with their reasons
 
 #: Every behaviour is pinned under each containment a machine offers.
 CONTAINMENTS = ["cgroup", "subreaper", "group"]

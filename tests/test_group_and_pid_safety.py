@@ -320,6 +320,7 @@ DIES_WITH_A_LOST_LEADER = textwrap.dedent(
 
     HOLDER = textwrap.dedent('''
         import os, sys
+        print("ready", flush=True)
         pid = int(sys.stdin.readline())
         with open("/proc/sys/kernel/ns_last_pid", "w") as f:
             f.write(str(pid - 1))
@@ -346,6 +347,7 @@ DIES_WITH_A_LOST_LEADER = textwrap.dedent(
         holder = subprocess.Popen(
             [sys.executable, "-c", HOLDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE
         )
+        assert holder.stdout.readline() == b"ready\\n"  # (a reap waits for no startup)
         known, real = children(), os.pidfd_open
 
         def reaped_and_recycled_first(pid, flags=0):
