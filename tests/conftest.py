@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
+import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -36,6 +38,40 @@ def tracked() -> Iterator[Tracked]:
     yield tracker
     leaked = procs.kill_survivors(tracker.token)
     assert not leaked, f"processes outlived the test (killed now): {leaked}"
+
+
+def lock_path(what: str) -> str:
+    """The lock file that makes tests touching ``what`` take turns, across xdist workers."""
+    return os.path.join(tempfile.gettempdir(), f"trio_proctree-tests-{what}.lock")
+
+
+def alone_on_the_machine(what: str) -> Iterator[None]:
+    """Hold an exclusive lock on ``what`` for the test's length: the other workers' tests
+    that take it wait (a flock, released by the kernel however the worker ends)."""
+    with open(lock_path(what), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+@pytest.fixture
+def pid_allocation_alone() -> Iterator[None]:
+    """For a test that steers the kernel's next pid (ns_last_pid, machine-wide): another
+    worker's steering at the same time would hand the pid elsewhere, and the test give up."""
+    yield from alone_on_the_machine("pid-allocation")
+
+
+@pytest.fixture
+def pid_namespaces_alone() -> Iterator[None]:
+    """For a test that makes or ends pid namespaces: the kernel reuses an ended
+    namespace's inode number for the next one made, so another worker's new namespace can
+    make an ended one look alive (seen: an ended namespace's home was not swept)."""
+    yield from alone_on_the_machine("pid-namespaces")
+
+
+#: For a test that steers the kernel's next pid: run while no other test does.
+steers_pids = pytest.mark.usefixtures("pid_allocation_alone")
+#: For a test that makes pid namespaces (or sees one end), run while no other test does.
+makes_pid_namespaces = pytest.mark.usefixtures("pid_namespaces_alone")
 
 
 @pytest.fixture(params=CONTAINMENTS)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from .conftest import Tracked
+from .conftest import Tracked, makes_pid_namespaces
 
 
 def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -61,6 +61,7 @@ def test_unknown_command_is_a_usage_error(tracked: Tracked) -> None:
     assert "invalid choice" in result.stderr
 
 
+@makes_pid_namespaces
 def test_under_a_proc_of_another_pid_namespace_the_demo_and_orphans_refuse(
     tracked: Tracked,
 ) -> None:

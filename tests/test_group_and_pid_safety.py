@@ -38,7 +38,7 @@ from trio_proctree._orphans import become_subreaper
 from trio_proctree._subreaper import SubreaperContainment
 
 from . import procs
-from .conftest import Tracked, read_pids
+from .conftest import Tracked, read_pids, steers_pids
 from .test_containment import available, until_none_survive
 
 TWO_SLEEPS = ["sh", "-c", "sleep 60 & echo $!; sleep 61 & echo $!; wait"]
@@ -122,6 +122,7 @@ async def test_reading_returncode_never_reaps_the_leader(
     assert tracked.survivors() == []
 
 
+@steers_pids
 @needs_root
 async def test_exited_leader_keeps_its_pgid_reserved_until_cleanup(
     tracked: Tracked, contained: dict[str, Any]
@@ -139,6 +140,7 @@ async def test_exited_leader_keeps_its_pgid_reserved_until_cleanup(
     assert tracked.survivors() == []
 
 
+@steers_pids
 @needs_root
 async def test_recycled_pgid_is_never_signalled(
     tracked: Tracked, contained: dict[str, Any]
@@ -146,7 +148,7 @@ async def test_recycled_pgid_is_never_signalled(
     async with open_process_tree(["sleep", "60"], **contained) as tree:
         pass
     old_pgid = tree.pid
-    for _ in range(20):  # another process on the machine may take the pid first
+    for _ in range(50):  # another process on the machine may take the pid first
         with next_pid_after(old_pgid - 1):
             stranger = start_stranger(tracked.env)
         if stranger.pid == old_pgid:
@@ -244,6 +246,7 @@ def untouched_stranger(pid: int) -> bool:
     return stopped
 
 
+@steers_pids
 @needs_root
 async def test_a_leader_reaped_before_its_pidfd_opened_never_lends_its_group_a_strangers(
     tracked: Tracked, monkeypatch: pytest.MonkeyPatch
@@ -257,7 +260,7 @@ async def test_a_leader_reaped_before_its_pidfd_opened_never_lends_its_group_a_s
     async with open_process_tree(["true"], env=tracked.env, containment="group"):
         pass  # (the watchdog runs from now on)
     strangers: list[int | None] = []
-    for _ in range(20):  # another process on the machine may take the pid first
+    for _ in range(50):  # another process on the machine may take the pid first
         with contextlib.ExitStack() as holding:
             strangers.clear()
             reap_the_next_leader_as_its_pidfd_opens(
@@ -373,6 +376,7 @@ DIES_WITH_A_LOST_LEADER = textwrap.dedent(
 )
 
 
+@steers_pids
 @needs_root
 async def test_a_leader_reaped_before_its_pidfd_opened_is_no_group_for_the_watchdog(
     tracked: Tracked, tmp_path: Path
@@ -435,6 +439,7 @@ THREAD_AT = textwrap.dedent(
 )
 
 
+@steers_pids
 @needs_root
 async def test_a_leader_reaped_before_its_pidfd_opened_and_its_pid_a_threads_is_lost(
     tracked: Tracked, monkeypatch: pytest.MonkeyPatch
@@ -445,7 +450,7 @@ async def test_a_leader_reaped_before_its_pidfd_opened_and_its_pid_a_threads_is_
     # leaking the tree's pipe ends).
     async with open_process_tree(["true"], env=tracked.env, containment="group"):
         pass  # (the watchdog runs from now on)
-    for _ in range(20):  # another process on the machine may take the pid first
+    for _ in range(50):  # another process on the machine may take the pid first
         with subprocess.Popen(  # noqa: ASYNC220 - it starts at once
             [sys.executable, "-c", THREAD_AT], stdin=subprocess.PIPE, stdout=subprocess.PIPE
         ) as holder:
@@ -480,6 +485,7 @@ async def test_a_leader_reaped_before_its_pidfd_opened_and_its_pid_a_threads_is_
     assert tracked.survivors() == []
 
 
+@steers_pids
 @pytest.mark.parametrize("reaped_first", [False, True], ids=["ours", "reaped-first"])
 async def test_a_leader_whose_pidfd_cannot_open_is_stopped_only_if_still_ours(
     tracked: Tracked, monkeypatch: pytest.MonkeyPatch, reaped_first: bool
@@ -492,7 +498,7 @@ async def test_a_leader_whose_pidfd_cannot_open_is_stopped_only_if_still_ours(
     async with open_process_tree(["true"], env=tracked.env, containment="group"):
         pass  # (what the first tree opens for good: the watchdog's pipe)
     fds = procs.open_fds()
-    for _ in range(20 if reaped_first else 1):  # another process may take the pid first
+    for _ in range(50 if reaped_first else 1):  # another process may take the pid first
         started: list[int] = []
         strangers: list[int | None] = []
         with contextlib.ExitStack() as holding:
@@ -1251,13 +1257,14 @@ FORKS_ONE_THAT_EXITS = textwrap.dedent(
 )
 
 
+@steers_pids
 @needs_root
 async def test_a_zombie_at_a_pid_another_zombie_had_is_read_again(tracked: Tracked) -> None:
     # A zombie's stat is read once and kept (they pile up under a subreaper): once other
     # code reaps its zombie, that pid may come back as a zombie of one of our trees, and
     # the kept stat (another group's) must not make cleanup leave it unreaped.
     become_subreaper()  # (process-wide, as the first subreaper tree makes it)
-    for _ in range(20):  # another process on the machine may take the pid first
+    for _ in range(50):  # another process on the machine may take the pid first
         foreign = adopt_an_orphan(tracked.env)
         os.waitid(os.P_PID, foreign, os.WEXITED | os.WNOWAIT)  # noqa: ASYNC222 - at once
         await run_process_tree(["true"], env=tracked.env, containment="subreaper")
@@ -1296,6 +1303,7 @@ async def test_a_zombie_at_a_pid_another_zombie_had_is_read_again(tracked: Track
     assert tracked.survivors() == []
 
 
+@steers_pids
 @needs_root
 async def test_a_reaped_leaders_pid_reused_by_another_tree_is_left_alone(
     tracked: Tracked,
@@ -1303,7 +1311,7 @@ async def test_a_reaped_leaders_pid_reused_by_another_tree_is_left_alone(
     # Tree A's leader is reaped by someone else; tree B's leader then gets the same pid
     # (and so the same process group id), as our own child. A's cleanup must not take B
     # for a part of A: not through its pid, nor its group, nor as its parent.
-    for _ in range(20):  # another process on the machine may take the pid first
+    for _ in range(50):  # another process on the machine may take the pid first
         async with open_process_tree(
             ["sh", "-c", "echo $$; exit 0"],
             stdout=subprocess.PIPE,

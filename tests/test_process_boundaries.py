@@ -23,7 +23,7 @@ from trio_proctree import _cgroup
 from trio_proctree._procfs import read_file
 
 from . import procs
-from .conftest import Tracked
+from .conftest import Tracked, makes_pid_namespaces
 from .test_containment import available
 
 STRONG = ["cgroup", "subreaper"]
@@ -115,6 +115,7 @@ def tree_in_a_pid_namespace(tracked: Tracked) -> Iterator[tuple[subprocess.Popen
         yield holder, tree
 
 
+@makes_pid_namespaces
 def test_a_home_made_in_another_pid_namespace_is_never_swept(tracked: Tracked) -> None:
     # Red before: its owner's pid meant another process (or none) here, so its home was
     # taken for a dead owner's and its running tree was killed.
@@ -139,6 +140,7 @@ def test_a_home_made_in_another_pid_namespace_is_never_swept(tracked: Tracked) -
     assert tracked.survivors() == []
 
 
+@makes_pid_namespaces
 @pytest.mark.parametrize("since", ["nothing", "a-process-moved-in"])
 def test_a_home_of_an_ended_pid_namespace_is_swept(tracked: Tracked, since: str) -> None:
     # A container that held trees ended at once (its init SIGKILLed, its watchdog first):
@@ -971,6 +973,7 @@ STARTS_UNDER_A_FOREIGN_PROC = textwrap.dedent(
 )
 
 
+@makes_pid_namespaces
 def test_under_a_proc_of_another_pid_namespace_no_tree_starts(
     tracked: Tracked, tmp_path: Path
 ) -> None:
@@ -1023,6 +1026,7 @@ FORKS_INTO_A_NEW_PID_NAMESPACE = textwrap.dedent(
 )
 
 
+@makes_pid_namespaces
 @pytest.mark.parametrize("parent", ["any pid", "pid 1"])
 def test_a_forked_child_in_a_new_pid_namespace_asks_again_whose_proc_it_is(
     tracked: Tracked, parent: str
@@ -1059,6 +1063,7 @@ STARTS_UNDER_A_CHILD_NAMESPACES_PROC = textwrap.dedent(
 )
 
 
+@makes_pid_namespaces
 def test_under_a_proc_of_a_child_pid_namespace_no_tree_starts(tracked: Tracked) -> None:
     # A process that entered another's mount namespace (nsenter --mount), where /proc is
     # that process's child pid namespace's: /proc/self is not there.

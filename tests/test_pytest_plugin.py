@@ -13,7 +13,7 @@ import pytest
 from trio_proctree._procfs import command_line, read_stat
 
 from . import procs
-from .conftest import Tracked
+from .conftest import Tracked, makes_pid_namespaces
 
 pytest_plugins = ["pytester"]
 
@@ -142,6 +142,7 @@ def test_a_process_without_arguments_is_named_by_its_command_name() -> None:
     assert command_line(child.pid) == "?"  # reaped: gone
 
 
+@makes_pid_namespaces
 def test_under_a_proc_of_another_pid_namespace_the_check_refuses_rather_than_guess(
     pytester: pytest.Pytester, tracked: Tracked, monkeypatch: pytest.MonkeyPatch
 ) -> None:
