@@ -8,6 +8,7 @@ import collections
 import concurrent.futures
 import contextlib
 import ctypes
+import logging
 import os
 import pwd
 import re
@@ -121,6 +122,28 @@ async def test_setsid_escapee_is_killed(tracked: Tracked, strong: str) -> None:
     assert tree.outcome is not None
     assert tree.outcome.escapees_killed >= 1
     assert tree.outcome.containment == tree.containment != "group"
+
+
+async def test_escapees_stopped_are_logged_with_the_containment(
+    tracked: Tracked, strong: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A process that left the tree's group is one a plain process group would have leaked:
+    # the log says so at INFO, with the containment that caught it (red before: only
+    # `outcome` told, and only the "started" line at DEBUG named the containment).
+    caplog.set_level(logging.INFO, logger="trio_proctree")
+    async with open_process_tree(
+        SETSID_ESCAPEE, grace=0.5, stdout=subprocess.PIPE, env=tracked.env, containment=strong
+    ) as tree:
+        assert tree.stdout is not None
+        await read_pids(tree.stdout, 1)
+    assert tree.outcome is not None
+    [said] = [r for r in caplog.records if r.levelno == logging.INFO]
+    message = said.getMessage()
+    assert f"pid {tree.pid}" in message
+    assert "cleanup done" in message
+    assert f"{tree.outcome.escapees_killed} escaped process(es) stopped" in message
+    assert f"by {tree.containment} containment" in message
+    assert tracked.survivors() == []
 
 
 async def test_escapee_ignoring_the_stop_signal_gets_sigkill(tracked: Tracked, strong: str) -> None:

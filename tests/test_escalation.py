@@ -104,6 +104,23 @@ async def test_cooperative_tree_logs_no_warning(
     assert any("sending SIGTERM" in r.getMessage() for r in caplog.records)
 
 
+async def test_each_cleanup_ends_with_a_debug_summary_naming_the_containment(
+    tracked: Tracked, caplog: pytest.LogCaptureFixture, contained: dict[str, Any]
+) -> None:
+    # What cleanup did, in one DEBUG line: the containment, what it stopped and how long
+    # it took (red before: the log named neither the containment nor the counts). Nothing
+    # at INFO for a tree that kept to its group.
+    caplog.set_level(logging.DEBUG, logger="trio_proctree")
+    async with open_process_tree(["sh", "-c", "sleep 60 & exit 0"], grace=0.5, **contained) as tree:
+        await tree.wait()
+    assert [r for r in caplog.records if r.levelno >= logging.INFO] == []
+    [summary] = [r.getMessage() for r in caplog.records if "cleanup done" in r.getMessage()]
+    assert summary.startswith(f"pid {tree.pid} (sh -c ")
+    assert f"by {contained['containment']} containment" in summary
+    assert "1 lingering and 0 escaped process(es) stopped" in summary
+    assert tree.outcome is not None and tree.outcome.lingering_killed == 1
+
+
 async def test_stopped_member_is_woken_to_act_on_the_stop_signal(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:

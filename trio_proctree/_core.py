@@ -173,13 +173,24 @@ class TreeCore:
                 os.close(pidfd)
             if emptied:
                 _open_trees.discard(self)  # else the net at interpreter exit keeps it
-            self._record = (
-                teardown,
-                self.containment.lingering,
-                self.containment.escapees,
-                time.monotonic() - started,
-                returncode,
-            )
+            lingering, escapees = self.containment.lingering, self.containment.escapees
+            duration = time.monotonic() - started
+            self._record = (teardown, lingering, escapees, duration, returncode)
+            # Escapees (members outside the tree's process group) are what a group alone
+            # would have left running: worth INFO.
+            # (Checked first: building a message costs, on the path that ends the tree.)
+            level = logging.INFO if escapees else logging.DEBUG
+            if logger.isEnabledFor(level):
+                logger.log(
+                    level,
+                    "%s: cleanup done in %.1f ms by %s containment: %d lingering and %d "
+                    "escaped process(es) stopped",
+                    self.label,
+                    duration * 1000,
+                    self.containment.name,
+                    lingering,
+                    escapees,
+                )
         if isinstance(action, Finished) and not action.emptied:
             outlived = CleanupError(f"{self.label}: processes outlived SIGKILL")
             # Often because a step failed (no file descriptors left to list the tree, say):
