@@ -1612,6 +1612,48 @@ async def test_a_cgroup_a_member_made_inside_the_trees_is_gone_before_it_serves_
     assert tracked.survivors() == []
 
 
+#: Settings of its own cgroup a member may change (a tree cgroup has only the core
+#: files: the home enables no controllers), with the value a new cgroup has.
+CGROUP_SETTINGS = {
+    "cgroup.freeze": ("1", "0"),
+    "cgroup.max.depth": ("0", "max"),
+    "cgroup.max.descendants": ("0", "max"),
+    "cgroup.pressure": ("0", "1"),
+}
+
+
+@pytest.mark.parametrize("changed", ["nothing", *CGROUP_SETTINGS])
+async def test_a_cgroup_whose_settings_a_member_changed_never_serves_again(
+    tracked: Tracked, changed: str
+) -> None:
+    # An emptied cgroup serves the next tree only as a new one would: frozen, it would
+    # freeze the next leader for good; with a depth or descendant limit, refuse the next
+    # program's own cgroups (red before: reused as it was, the next leader never ran).
+    available("cgroup")
+    async with open_process_tree(
+        ["sleep", "60"], grace=0.2, env=tracked.env, containment="cgroup"
+    ) as tree:
+        cgroup = tree._core.containment.path  # type: ignore[attr-defined]
+        if changed != "nothing":
+            setting = Path(cgroup, changed)
+            setting.write_text(CGROUP_SETTINGS[changed][0])  # noqa: ASYNC240 - as a member could
+    async with open_process_tree(
+        ["sh", "-c", "echo ran"], stdout=subprocess.PIPE, env=tracked.env, containment="cgroup"
+    ) as again:
+        path = again._core.containment.path  # type: ignore[attr-defined]
+        assert again.stdout is not None
+        with trio.fail_after(10):
+            assert await again.stdout.receive_some() == b"ran\n"
+        for name, (_, new) in CGROUP_SETTINGS.items():
+            assert Path(path, name).read_text().strip() == new  # noqa: ASYNC240 - cgroupfs
+        if changed == "nothing":
+            assert path == cgroup  # the test's premise: an untouched cgroup is reused
+        else:
+            assert path != cgroup
+            assert not Path(cgroup).exists()  # noqa: ASYNC240 - removed, not left behind
+    assert tracked.survivors() == []
+
+
 def move_into_a_cgroup_inside(cgroup: str, pid: int) -> str:
     """Make a cgroup inside ``cgroup`` and move ``pid`` into it, as a member could."""
     inner = os.path.join(cgroup, "made-by-a-member")

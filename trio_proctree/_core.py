@@ -173,24 +173,7 @@ class TreeCore:
                 os.close(pidfd)
             if emptied:
                 _open_trees.discard(self)  # else the net at interpreter exit keeps it
-            lingering, escapees = self.containment.lingering, self.containment.escapees
-            duration = time.monotonic() - started
-            self._record = (teardown, lingering, escapees, duration, returncode)
-            # Escapees (members outside the tree's process group) are what a group alone
-            # would have left running: worth INFO.
-            # (Checked first: building a message costs, on the path that ends the tree.)
-            level = logging.INFO if escapees else logging.DEBUG
-            if logger.isEnabledFor(level):
-                logger.log(
-                    level,
-                    "%s: cleanup done in %.1f ms by %s containment: %d lingering and %d "
-                    "escaped process(es) stopped",
-                    self.label,
-                    duration * 1000,
-                    self.containment.name,
-                    lingering,
-                    escapees,
-                )
+            self._record = self._record_and_log(teardown, time.monotonic() - started, returncode)
         if isinstance(action, Finished) and not action.emptied:
             outlived = CleanupError(f"{self.label}: processes outlived SIGKILL")
             # Often because a step failed (no file descriptors left to list the tree, say):
@@ -201,6 +184,27 @@ class TreeCore:
             for extra in errors[1:]:
                 logger.error("%s: another cleanup error", self.label, exc_info=extra)
             raise errors[0]
+
+    def _record_and_log(
+        self, teardown: Teardown, duration: float, returncode: int | None
+    ) -> tuple[Teardown, int, int, float, int | None]:
+        """What `outcome` is made of, and the line that ends each cleanup. Escapees
+        (members outside the tree's process group) are what a group alone would have left
+        running: worth INFO."""
+        lingering, escapees = self.containment.lingering, self.containment.escapees
+        level = logging.INFO if escapees else logging.DEBUG
+        if logger.isEnabledFor(level):  # (building the message costs, on this path)
+            logger.log(
+                level,
+                "%s: cleanup done in %.1f ms by %s containment: %d lingering and %d "
+                "escaped process(es) stopped",
+                self.label,
+                duration * 1000,
+                self.containment.name,
+                lingering,
+                escapees,
+            )
+        return teardown, lingering, escapees, duration, returncode
 
     @property
     def outcome(self) -> CleanupOutcome | None:
