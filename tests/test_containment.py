@@ -940,20 +940,29 @@ async def until_gone(pids: list[int], within: float) -> None:
             await trio.sleep(0.01)  # strangers' deaths: no event to wait on
 
 
-@pytest.mark.parametrize("containment", ["cgroup", "subreaper"])
 async def test_parent_killed_with_sigkill_takes_its_trees_along(
-    tracked: Tracked, containment: str
+    tracked: Tracked, strong: str
 ) -> None:
-    available(containment)
-    with parent_with_a_tree(tracked, containment) as (parent, pids, _):
-        assert all(procs.alive(pid) for pid in pids)
-        parent.send_signal(signal.SIGKILL)  # no atexit, no cleanup: only the watchdog
-        parent.wait()
-        await until_gone(pids, within=1.0)
-        assert [pid for pid in pids if procs.alive(pid)] == []
-    # The watchdog (it carries our token too) exits once it has done its job.
-    await until_none_survive(tracked, within=1.0)
-    assert tracked.survivors() == []
+    # A process outside the trees with their processes' command line, in a session of
+    # its own, is left alone by the watchdog too (red under the subreaper with a watchdog
+    # that recognises marked processes by their command line).
+    sibling = subprocess.Popen(  # noqa: ASYNC220 - it starts at once
+        ["sleep", "60"], start_new_session=True
+    )  # (without the test's token: the watchdog's exit is awaited by it)
+    try:
+        with parent_with_a_tree(tracked, strong) as (parent, pids, _):
+            assert all(procs.alive(pid) for pid in pids)
+            parent.send_signal(signal.SIGKILL)  # no atexit, no cleanup: only the watchdog
+            parent.wait()
+            await until_gone(pids, within=1.0)
+            assert [pid for pid in pids if procs.alive(pid)] == []
+        # The watchdog (it carries our token too) exits once it has done its job.
+        await until_none_survive(tracked, within=1.0)
+        assert tracked.survivors() == []
+        assert procs.untouched_child(sibling.pid)
+    finally:
+        sibling.kill()
+        sibling.wait()
 
 
 # Registers two process groups with the watchdog, each by the window of clock ticks its

@@ -660,18 +660,52 @@ async def test_a_failed_spawn_whose_leader_had_started_a_member_leaves_nothing_r
     assert tracked.survivors() == []
 
 
+#: Tree shapes whose processes share the sibling's command line (``sleep 60``): one that
+#: stops on the stop signal, and one that ignores it (inherited by its sleeps), with a
+#: ``setsid`` escapee, so the grace runs out and cleanup lists, finds and SIGKILLs.
+SIBLING_SHAPES = {
+    "cooperative": ["sleep", "60"],
+    "stubborn-with-an-escapee": [
+        "sh", "-c", "trap '' TERM; setsid -f sleep 60; sleep 60 & echo $!; wait",
+    ],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("shape", list(SIBLING_SHAPES))
+@pytest.mark.parametrize("way_out", ["end", "exception", "cancel"])
 async def test_sibling_with_the_same_command_line_survives(
-    tracked: Tracked, contained: dict[str, Any]
+    tracked: Tracked, contained: dict[str, Any], shape: str, way_out: str
 ) -> None:
+    # Every way out of the block, through every step of the escalation (red under the
+    # subreaper with members recognised by their command line, ``pkill -f``'s mistake:
+    # the sibling is a child of ours, as the tree's orphans are).
     sibling = start_stranger(tracked.env)
     try:
-        async with open_process_tree(["sleep", "60"], **contained) as tree:
-            assert procs.alive(tree.pid)
+        with trio.CancelScope() as scope, contextlib.suppress(LookupError):
+            async with open_process_tree(
+                SIBLING_SHAPES[shape], grace=0.2, stdout=subprocess.PIPE, **contained
+            ) as tree:
+                if shape != "cooperative":
+                    assert tree.stdout is not None
+                    await read_pids(tree.stdout, 1)  # (its escapee started before it)
+                assert procs.alive(tree.pid)
+                if way_out == "exception":
+                    raise LookupError("the block failed")
+                if way_out == "cancel":
+                    scope.cancel()
+                    await trio.sleep_forever()
+        assert scope.cancelled_caught == (way_out == "cancel")
+        assert tree.outcome is not None
+        assert tree.outcome.grace_expired == (shape != "cooperative")
+        if shape != "cooperative" and contained["containment"] != "group":
+            assert tree.outcome.escapees_killed == 1
         assert not procs.alive(tree.pid)
         assert procs.untouched_child(sibling.pid)
-        assert tracked.survivors() == [sibling.pid]
+        assert tracked.survivors() == [sibling.pid] or contained["containment"] == "group"
     finally:
         stop_stranger(sibling)
+    if contained["containment"] == "group":
+        procs.kill_survivors(tracked.token)  # the escapee a group misses (documented)
     assert tracked.survivors() == []
 
 
