@@ -103,19 +103,29 @@ def test_one_cleanup_round_under_a_cancel_storm(
     assert tracked.survivors() == []
 
 
+@pytest.mark.parametrize("closed_by", ["aclose", "the-block-ending"])
 def test_no_hot_spin_when_an_anyio_scope_cancels_the_close(
-    tracked: Tracked, contained: dict[str, Any]
+    tracked: Tracked, contained: dict[str, Any], closed_by: str
 ) -> None:
-    # Mutant: removing the anyio shield around the wait loop.
+    # Mutant: removing the anyio shield around the wait loop. Both ways a cleanup waits:
+    # aclose(), and the block's end under the cancelled scope (its exit's own wait).
     anyio = pytest.importorskip("anyio")
 
     async def main() -> None:
         scope, tree = await started_tree(tracked, contained, grace=1.5)
         cpu = time.process_time()
         with anyio.move_on_after(0.05):  # cancelled a moment into the 1.5 s grace
-            await tree.aclose()
+            if closed_by == "aclose":
+                await tree.aclose()
+            else:
+                try:
+                    await anyio.sleep_forever()
+                except BaseException as exc:  # the scope's cancellation, as the block ends
+                    await scope.__aexit__(type(exc), exc, exc.__traceback__)
+                    raise
         cpu = time.process_time() - cpu
-        await scope.__aexit__(None, None, None)
+        if closed_by == "aclose":
+            await scope.__aexit__(None, None, None)
         # A spin would go round thousands of times and burn a core for the 1.5 s.
         assert tree._rounds.count <= 3, tree._rounds.count
         assert cpu < 0.5
