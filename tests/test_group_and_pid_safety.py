@@ -662,11 +662,14 @@ async def test_a_failed_spawn_whose_leader_had_started_a_member_leaves_nothing_r
 
 #: Tree shapes whose processes share the sibling's command line (``sleep 60``): one that
 #: stops on the stop signal, and one that ignores it (inherited by its sleeps), with a
-#: ``setsid`` escapee, so the grace runs out and cleanup lists, finds and SIGKILLs.
+#: ``setsid`` escapee, so the grace runs out and cleanup lists, finds and SIGKILLs. (The
+#: escapee says its pid once in its session: ``setsid -f`` returns before its child's
+#: setsid(), which a teardown could otherwise beat, finding it still in the group.)
 SIBLING_SHAPES = {
     "cooperative": ["sleep", "60"],
     "stubborn-with-an-escapee": [
-        "sh", "-c", "trap '' TERM; setsid -f sleep 60; sleep 60 & echo $!; wait",
+        "sh", "-c",
+        "trap '' TERM; setsid -f sh -c 'echo $$; exec sleep 60'; sleep 60 & echo $!; wait",
     ],
 }  # fmt: skip
 
@@ -687,7 +690,7 @@ async def test_sibling_with_the_same_command_line_survives(
             ) as tree:
                 if shape != "cooperative":
                     assert tree.stdout is not None
-                    await read_pids(tree.stdout, 1)  # (its escapee started before it)
+                    await read_pids(tree.stdout, 2)  # its member's and its escapee's
                 assert procs.alive(tree.pid)
                 if way_out == "exception":
                     raise LookupError("the block failed")
