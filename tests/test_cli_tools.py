@@ -154,6 +154,7 @@ def test_run_help_explains_itself(tracked: Tracked) -> None:
     assert result.returncode == 0
     for words in ("--timeout", "--grace", "--signal", "--containment", "124", "127", "example"):
         assert words in result.stdout
+    assert "at most --grace + 2 seconds" in result.stdout  # the bound, as every entry point
 
 
 # --- orphans ---------------------------------------------------------------------------
