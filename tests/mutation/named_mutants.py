@@ -32,7 +32,7 @@ MUTANTS = [
         "asyncio.py",
         "        return self._await_cleanup(self._start_cleanup())",
         "        return self._core.cleanup(_AsyncioIO(self), stdin_open=self.stdin is not None)",
-        "test_one_cleanup_round_under_a_cancel_storm",
+        "test_one_cleanup_round_under_a_cancel_storm or task_group_aborting",
     ),
     (
         "close: no anyio shield around the wait loop",
@@ -938,6 +938,36 @@ MUTANTS = [
         "            if drop():\n                return cancelled",
         "            if False:\n                return cancelled",
         "still_queued_for_a_worker_thread",
+    ),
+    (
+        "subreaper: members recognised by their command line",
+        "_subreaper.py",
+        "        verdict = _environment_has(stat.pid, self._marker_entry)\n",
+        '        if b"sleep" in open(f"/proc/{stat.pid}/cmdline", "rb").read():  # noqa\n'
+        "            return True\n"
+        "        verdict = _environment_has(stat.pid, self._marker_entry)\n",
+        "sibling_with_the_same_command_line",
+    ),
+    (
+        "cgroup: a kept cgroup serves again whatever a member set in it",
+        "_cgroup.py",
+        "            if _as_new(kept):\n",
+        "            if True:\n",
+        "settings_a_member_changed",
+    ),
+    (
+        "cleanup: no note for an exception with a cause of its own",
+        "_outcome.py",
+        '            add_note(f"cleanup of {label} also failed: {error!r}")\n',
+        "            pass\n",
+        "existing_cause_is_kept",
+    ),
+    (
+        "cleanup: no line saying what it did",
+        "_core.py",
+        "        if logger.isEnabledFor(level):  # (building the message costs, on this path)\n",
+        "        if False:\n",
+        "debug_summary or logged_with_the_containment",
     ),
     (
         "close: anyio's backend imported for a shield no scope needs",
