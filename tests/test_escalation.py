@@ -57,6 +57,15 @@ def test_invalid_stop_signals_are_refused(sig: object) -> None:
         Escalation.graceful(1.0, sig)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("kill_wait", [0, 0.0, -1, math.nan, math.inf])
+def test_a_kill_wait_that_cannot_see_sigkill_land_is_refused(kill_wait: float) -> None:
+    # SIGKILL takes a moment to land: with no wait after it, cleanup looked once, too
+    # early, and reported processes outliving SIGKILL, leaving the leader unreaped (red
+    # before for 0: accepted).
+    with pytest.raises(ValueError, match="kill_wait"):
+        Escalation(kill_wait=kill_wait)
+
+
 def test_an_escalation_needs_a_step() -> None:
     with pytest.raises(ValueError, match="at least one"):
         Escalation(steps=[])

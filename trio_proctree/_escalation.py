@@ -88,7 +88,12 @@ def _optional_stdin_wait(value: float | None) -> float | None:
 
 
 def _kill_wait(value: float) -> float:
-    return parse_duration(value, what="kill_wait")
+    seconds = parse_duration(value, what="kill_wait")
+    if seconds == 0:
+        # SIGKILL takes a moment to land: a cleanup that may not wait for it would look
+        # once, too early, and report processes outliving SIGKILL, the leader unreaped.
+        raise ValueError("kill_wait must be more than 0 seconds: SIGKILL takes a moment to land")
+    return seconds
 
 
 @attrs.frozen
@@ -117,7 +122,8 @@ class Escalation:
        ``close_stdin`` seconds (for CLIs that flush their last output on EOF);
     2. for each `Step`: send its signal to every process in the tree, then SIGCONT (so that
        stopped members can act on it), and wait up to its ``wait``;
-    3. SIGKILL every process in the tree and wait up to ``kill_wait`` for it to be gone.
+    3. SIGKILL every process in the tree and wait up to ``kill_wait`` (more than 0) for it
+       to be gone.
 
     Cleanup stops at the first wait in which the tree empties. Cleanup runs shielded from
     cancellation, so a caller's timeout does not cut it short: `worst_case` is its bound.
