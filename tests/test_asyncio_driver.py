@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+import trio_proctree.asyncio
 from trio_proctree.asyncio import open_process_tree, run_process_tree
 
 from . import procs
@@ -327,6 +328,50 @@ def test_full_pipe_nobody_reads_does_not_deadlock_cleanup(
         assert tree.outcome.grace_expired
 
     run(main)
+    assert tracked.survivors() == []
+
+
+def test_every_task_cancelled_as_the_tree_forks_leaves_no_pipe_end_open(
+    tracked: Tracked, contained: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A blanket "cancel every task" (as asyncio.run's shutdown does) reaches the spawn's
+    # own task while the worker thread forks: the tree is stopped, and our ends of its
+    # pipes, never wrapped in streams, must be closed too (red before: three leaked).
+    forked, cancelled = threading.Event(), threading.Event()
+    real_start_tree = trio_proctree.asyncio.start_tree  # type: ignore[attr-defined]
+
+    def start_tree_until_cancelled(*args: Any) -> Any:
+        started = real_start_tree(*args)
+        forked.set()
+        cancelled.wait(10)  # the worker "still forking" as every task is cancelled
+        return started
+
+    async def enter() -> None:
+        async with open_process_tree(
+            ["cat"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            **contained,
+        ):
+            pytest.fail("the block must not run: its task was cancelled during the spawn")
+
+    async def main() -> None:
+        async with open_process_tree(["true"], **contained):
+            pass  # (what the first tree opens for good: the watchdog's pipe)
+        fds = procs.open_fds()
+        monkeypatch.setattr(trio_proctree.asyncio, "start_tree", start_tree_until_cancelled)
+        user = asyncio.get_running_loop().create_task(enter())
+        assert await asyncio.get_running_loop().run_in_executor(None, forked.wait, 10)
+        for task in asyncio.all_tasks():
+            if task is not asyncio.current_task():
+                task.cancel()
+        cancelled.set()
+        with pytest.raises(asyncio.CancelledError):
+            await user
+        assert procs.open_fds() == fds
+
+    asyncio.run(main())
     assert tracked.survivors() == []
 
 

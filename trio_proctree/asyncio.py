@@ -460,7 +460,14 @@ class _TreeScope:
         spawned, containment = started
         tree = ProcessTree(TreeCore(spawned, containment, self._plan, self._policy))
         if cancelled is not None:
-            await tree._close_under(cancelled)
+            try:
+                await tree._close_under(cancelled)
+            finally:
+                # Never wrapped in streams, our ends of the pipes are ours to close (after
+                # the tree has stopped: closed first, they would SIGPIPE its writers).
+                for fd in (spawned.stdin, spawned.stdout, spawned.stderr):
+                    if fd is not None:
+                        os.close(fd)
             raise cancelled
         try:
             await tree._connect(spawned)
