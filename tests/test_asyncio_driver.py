@@ -12,6 +12,7 @@ import signal
 import subprocess
 import textwrap
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -309,6 +310,36 @@ def test_grandchild_holding_the_pipe_does_not_hang_run_process_tree(
         assert not procs.alive(int(pid_line))
 
     run(main)
+    assert tracked.survivors() == []
+
+
+def test_stdin_a_process_outside_the_tree_holds_does_not_hang_run_process_tree(
+    run: Callable[..., Any], tracked: Tracked, tmp_path: Path
+) -> None:
+    # A setsid escapee, which a process group misses, keeps the tree's stdin and never
+    # reads it; the leader exits with a megabyte still to feed. run_process_tree returns
+    # as the trio driver does, the rest of the input dropped (red before: it waited, the
+    # feeder closing its pipe, until the escapee exited: 30 s here).
+    # The escapee says its pid through a FIFO once in its own session; it gets stdin
+    # through fd 3, as a shell gives a background job /dev/null before its redirections.
+    escapee = 'setsid sh -c \'echo $$ > "$0"; exec sleep 30\' "$0" <&3 3<&- >/dev/null &'
+    script = f'exec 3<&0; mkfifo "$0"; {escapee} read pid < "$0"; echo $pid; read x; exit 0'
+    fifo = str(tmp_path / "escapee")
+
+    async def main() -> float:
+        started = time.monotonic()
+        result = await run_process_tree(
+            ["sh", "-c", script, fifo], stdin=b"go\n" + b"x" * 1_000_000,
+            capture_stdout=True, grace=0.2, env=tracked.env, containment="group",
+        )  # fmt: skip
+        [pid] = [int(line) for line in result.stdout.splitlines()]
+        assert procs.alive(pid)  # (the group missed it, as documented)
+        return time.monotonic() - started
+
+    try:
+        assert run(main) < 10
+    finally:
+        procs.kill_survivors(tracked.token)  # the escapee: ours, found by the test's token
     assert tracked.survivors() == []
 
 

@@ -636,6 +636,12 @@ async def _feed(writer: asyncio.StreamWriter, data: bytes) -> None:
     except (BrokenPipeError, ConnectionResetError):
         pass  # the tree stopped reading: what it did not take is not ours to report
     finally:
-        writer.close()
+        if writer.transport.get_write_buffer_size():
+            # Cancelled with input still to write: the tree has ended, and a close would
+            # wait for a reader that may never read (a process outside the tree holding
+            # the pipe), so the rest is dropped, as the trio driver drops it.
+            writer.transport.abort()
+        else:
+            writer.close()
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             await writer.wait_closed()
