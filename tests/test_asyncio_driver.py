@@ -20,12 +20,14 @@ from typing import Any
 import pytest
 
 import trio_proctree.asyncio
+from trio_proctree import Escalation
 from trio_proctree.asyncio import open_process_tree, run_process_tree
 
 from . import procs
 from .conftest import Tracked
 from .test_bad_input import BAD_REQUESTS
 from .test_containment import LEADER_IGNORES_TERM_ESCAPEE_HANDLES_IT
+from .test_escalation import FLUSHES_ON_EOF
 
 TWO_SLEEPS = ["sh", "-c", "sleep 60 & echo $!; sleep 61 & echo $!; wait"]
 
@@ -340,6 +342,29 @@ def test_stdin_a_process_outside_the_tree_holds_does_not_hang_run_process_tree(
         assert run(main) < 10
     finally:
         procs.kill_survivors(tracked.token)  # the escapee: ours, found by the test's token
+    assert tracked.survivors() == []
+
+
+def test_close_stdin_step_runs_for_the_input_run_process_tree_fed(
+    run: Callable[..., Any], tracked: Tracked, tmp_path: Path, contained: dict[str, Any]
+) -> None:
+    # As with trio: cancelled while the CLI finishes the input it was fed, cleanup gives
+    # it the close_stdin wait before any signal (red before: SIGTERM cut it short).
+    out = tmp_path / "flushed"
+    policy = Escalation(steps=[(signal.SIGTERM, 1.0)], close_stdin=2.0)
+
+    async def main() -> None:
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(
+                run_process_tree(
+                    ["sh", "-c", FLUSHES_ON_EOF, str(out)], stdin=b"work\n",
+                    escalation=policy, **contained,
+                ),
+                0.1,
+            )  # fmt: skip
+
+    run(main)
+    assert out.read_text() == "flushed\n"
     assert tracked.survivors() == []
 
 

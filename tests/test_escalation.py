@@ -6,12 +6,13 @@ import logging
 import math
 import signal
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 
-from trio_proctree import Escalation, Step, open_process_tree
+from trio_proctree import Escalation, Step, open_process_tree, run_process_tree
 
 from . import procs
 from .conftest import Tracked, read_pids
@@ -202,6 +203,28 @@ async def test_close_stdin_step_lets_a_cli_flush_and_exit_without_a_signal(
     assert outcome.returncode == 0
     with open(out) as f:
         assert f.read() == "flushed\n"
+
+
+#: A CLI that finishes its work once its input ends: 0.3 s of it, then its last words.
+FLUSHES_ON_EOF = 'cat >/dev/null; sleep 0.3; echo flushed > "$0"'
+
+
+async def test_close_stdin_step_runs_for_the_input_run_process_tree_fed(
+    tracked: Tracked, tmp_path: Path, contained: dict[str, Any]
+) -> None:
+    # run_process_tree feeds stdin itself and closes it when done: cancelled while the
+    # CLI finishes, cleanup still gives it the close_stdin wait before any signal (red
+    # before: the fed stdin taken off the tree skipped the step; SIGTERM cut it short).
+    out = tmp_path / "flushed"
+    policy = Escalation(steps=[(signal.SIGTERM, 1.0)], close_stdin=2.0)
+    with trio.move_on_after(0.1) as scope:
+        await run_process_tree(
+            ["sh", "-c", FLUSHES_ON_EOF, str(out)], stdin=b"work\n", escalation=policy,
+            **contained,
+        )  # fmt: skip
+    assert scope.cancelled_caught
+    assert out.read_text() == "flushed\n"
+    assert tracked.survivors() == []
 
 
 class SlowToClose(trio.abc.SendStream):

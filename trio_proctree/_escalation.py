@@ -118,8 +118,9 @@ class Escalation:
 
     In order:
 
-    1. if ``close_stdin`` is set and the tree's stdin is a pipe, close it and wait up to
-       ``close_stdin`` seconds (for CLIs that flush their last output on EOF);
+    1. if ``close_stdin`` is set and the tree's stdin was made a pipe, close it (unless
+       closed already: by the program, or by `run_process_tree` once it fed the input) and
+       wait up to ``close_stdin`` seconds (for CLIs that flush their last output on EOF);
     2. for each `Step`: send its signal to every process in the tree, then SIGCONT (so that
        stopped members can act on it), and wait up to its ``wait``;
     3. SIGKILL every process in the tree and wait up to ``kill_wait`` (more than 0) for it

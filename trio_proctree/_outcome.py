@@ -18,7 +18,7 @@ class CleanupOutcome:
     #: Signals sent to the whole tree, in order (each stop signal is followed by SIGCONT).
     #: Empty when nothing was left running.
     signals: tuple[int, ...]
-    #: Whether the tree's stdin pipe was closed as the first step.
+    #: Whether the close-stdin step ran first (its pipe closed then, or closed already).
     stdin_closed: bool
     #: Whether the graceful steps ran out of time, so SIGKILL was needed.
     grace_expired: bool

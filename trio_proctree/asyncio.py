@@ -299,7 +299,10 @@ class ProcessTree(TreeView):
 
     async def _run_cleanup(self) -> None:
         self._cleanup_began = True
-        await self._core.cleanup(_AsyncioIO(self), stdin_open=self.stdin is not None)
+        # The close-stdin step runs for any tree whose stdin was made a pipe: closed
+        # already (by the program, or by run_process_tree once it fed the input), it
+        # still gives a CLI finishing that input its wait before the first signal.
+        await self._core.cleanup(_AsyncioIO(self), stdin_open=self._core.stdin_piped)
 
     def _cleanup_done(self, task: asyncio.Task[None]) -> None:
         _cleanups.discard(task)
