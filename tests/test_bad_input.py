@@ -120,6 +120,24 @@ async def test_file_that_is_not_executable_raises_permission_error(
         await entry(["script.sh"], env={"PATH": str(not_executable.parent)})()
 
 
+@pytest.mark.parametrize("entry", [_open, _run], ids=["open_process_tree", "run_process_tree"])
+async def test_a_script_whose_interpreter_is_missing_raises_file_not_found(
+    nothing_leaks: None,
+    entry: Callable[..., Callable[[], Any]],
+    tmp_path: Path,
+    contained: dict[str, Any],
+) -> None:
+    # As subprocess raises it, from the kernel's ENOENT (a #!/bin/bash on a system
+    # without bash, say). Red before under cgroup containment through /bin/sh, which runs
+    # the command with sh's exec: exit status 127, and a message naming the wrapper's
+    # cgroup.procs.
+    script = tmp_path / "tool"
+    script.write_text("#! /nonexistent/interpreter -x\necho hi\n")
+    script.chmod(0o755)
+    with pytest.raises(FileNotFoundError, match=r"/nonexistent/interpreter.*tool"):
+        await entry([str(script)], **contained)()
+
+
 async def test_directory_is_not_an_executable(nothing_leaks: None, tmp_path: Path) -> None:
     with pytest.raises(PermissionError):
         await _open([str(tmp_path)])()

@@ -298,6 +298,37 @@ def inherited_environment() -> dict[bytes, bytes]:
 
 def _resolve_executable(program: Any, *, env: Mapping[Any, Any] | None, cwd: Any) -> str:
     """Find ``program`` the way `subprocess.Popen` will, raising the error it would."""
+    path = _find_executable(program, env=env, cwd=cwd)
+    _check_interpreter(path, os.fsdecode(program), cwd)
+    return path
+
+
+def _check_interpreter(path: str, name: str, cwd: Any) -> None:
+    """Raise FileNotFoundError, as the kernel's execve makes Popen raise it, for a script
+    whose ``#!`` interpreter is missing. Started through /bin/sh (cgroup containment,
+    where the C library cannot start a process in a cgroup), the program would instead
+    exit with sh's status 127 and a message naming the wrapper."""
+    try:
+        with open(path, "rb") as script:
+            head = script.read(256)  # (the kernel reads no more of a #! line either)
+    except OSError:
+        return  # not ours to read: the exec will say what it says
+    if not head.startswith(b"#!"):
+        return
+    words = head[2:].split(b"\n", 1)[0].split()
+    if not words:
+        return
+    interpreter = os.fsdecode(words[0])
+    if cwd is not None and not os.path.isabs(interpreter):
+        interpreter = os.path.join(os.fsdecode(cwd), interpreter)
+    if not os.path.exists(interpreter):
+        raise FileNotFoundError(
+            errno.ENOENT, f"no such interpreter {interpreter} (the #! line of {name})", name
+        )
+
+
+def _find_executable(program: Any, *, env: Mapping[Any, Any] | None, cwd: Any) -> str:
+    """Where Popen will find ``program``, or the error it would raise."""
     name = os.fsdecode(program)
     directory = None if cwd is None else os.fsdecode(cwd)
     if directory is not None:
