@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import errno
 import logging
 import random
 import re
@@ -387,14 +388,24 @@ def test_full_pipe_nobody_reads_does_not_deadlock_cleanup(
     assert tracked.survivors() == []
 
 
+#: A CLI that, once its input ends, says so in a file: a cleanup that stops it with a
+#: signal before its stdin ends leaves no file.
+SAYS_EOF = ["sh", "-c", 'cat >/dev/null; echo eof > "$0"']
+#: Time for that: the close-stdin step's wait, then SIGTERM.
+LETS_IT_SAY_EOF = Escalation(steps=[(signal.SIGTERM, 1.0)], close_stdin=2.0)
+
+
 def test_every_task_cancelled_as_the_tree_forks_leaves_no_pipe_end_open(
-    tracked: Tracked, contained: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    tracked: Tracked, contained: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     # A blanket "cancel every task" (as asyncio.run's shutdown does) reaches the spawn's
     # own task while the worker thread forks: the tree is stopped, and our ends of its
-    # pipes, never wrapped in streams, must be closed too (red before: three leaked).
+    # pipes, never wrapped in streams, must be closed too (red before: three leaked);
+    # stdin first, so that the close-stdin step gives the tree its EOF (red before: held
+    # until after cleanup, SIGTERM ended the CLI still reading).
     forked, cancelled = threading.Event(), threading.Event()
     real_start_tree = trio_proctree.asyncio.start_tree  # type: ignore[attr-defined]
+    said = tmp_path / "said"
 
     def start_tree_until_cancelled(*args: Any) -> Any:
         started = real_start_tree(*args)
@@ -404,10 +415,11 @@ def test_every_task_cancelled_as_the_tree_forks_leaves_no_pipe_end_open(
 
     async def enter() -> None:
         async with open_process_tree(
-            ["cat"],
+            [*SAYS_EOF, str(said)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
+            escalation=LETS_IT_SAY_EOF,
             **contained,
         ):
             pytest.fail("the block must not run: its task was cancelled during the spawn")
@@ -428,6 +440,47 @@ def test_every_task_cancelled_as_the_tree_forks_leaves_no_pipe_end_open(
         assert procs.open_fds() == fds
 
     asyncio.run(main())
+    assert said.read_text() == "eof\n"
+    assert tracked.survivors() == []
+
+
+@pytest.mark.parametrize("failing", ["connect_read_pipe", "connect_write_pipe"])
+def test_a_tree_whose_streams_fail_to_connect_leaves_no_pipe_end_open(
+    tracked: Tracked, contained: dict[str, Any], tmp_path: Path, failing: str
+) -> None:
+    # The event loop refuses a pipe (out of descriptors for its selector, say): the error
+    # propagates, the tree is stopped, and the pipe ends no stream was made of are closed
+    # (red before: left open); stdin first, as above.
+    said = tmp_path / "said"
+
+    async def main() -> None:
+        async with open_process_tree(["true"], **contained):
+            pass  # (what the first tree opens for good: the watchdog's pipe)
+        fds = procs.open_fds()
+        loop = asyncio.get_running_loop()
+
+        async def refuse(*args: Any) -> Any:
+            raise OSError(errno.EMFILE, "Too many open files (injected)")
+
+        real = getattr(loop, failing)
+        setattr(loop, failing, refuse)
+        try:
+            with pytest.raises(OSError, match="injected"):
+                async with open_process_tree(
+                    [*SAYS_EOF, str(said)],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    escalation=LETS_IT_SAY_EOF,
+                    **contained,
+                ):
+                    pytest.fail("the block must not run: the streams failed to connect")
+        finally:
+            setattr(loop, failing, real)
+        assert procs.open_fds() == fds
+
+    asyncio.run(main())
+    assert said.read_text() == "eof\n"
     assert tracked.survivors() == []
 
 

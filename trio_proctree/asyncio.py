@@ -239,6 +239,8 @@ class ProcessTree(TreeView):
         self._waiters = 0
         self._error_reported = False  # a cleanup error goes to one caller, not to each
         self._rounds = _Rounds()
+        #: Our pipe ends handed to a stream (the rest are closed by `_close_unconnected`).
+        self._handed: set[int] = set()
 
     async def wait(self) -> int:
         """Wait for the leader to exit and return its exit status.
@@ -364,17 +366,41 @@ class ProcessTree(TreeView):
         for name, fd in (("stdout", spawned.stdout), ("stderr", spawned.stderr)):
             if fd is not None:
                 reader = asyncio.StreamReader()
-                read_transport, _ = await loop.connect_read_pipe(
-                    _protocol_for(reader), _pipe_file(fd, "rb")
+                pipe = self._hand(fd, "rb")
+                read_transport, _ = await _closing_on_error(
+                    pipe, loop.connect_read_pipe(_protocol_for(reader), pipe)
                 )
                 setattr(self, name, reader)
                 self._read_transports[name] = read_transport
         if spawned.stdin is not None:
             protocol = asyncio.StreamReaderProtocol(asyncio.StreamReader())
-            write_transport, _ = await loop.connect_write_pipe(
-                lambda: protocol, _pipe_file(spawned.stdin, "wb")
+            pipe = self._hand(spawned.stdin, "wb")
+            write_transport, _ = await _closing_on_error(
+                pipe, loop.connect_write_pipe(lambda: protocol, pipe)
             )
             self.stdin = asyncio.StreamWriter(write_transport, protocol, None, loop)
+
+    def _hand(self, fd: int, mode: str) -> Any:
+        """A file object for a pipe end, which owns it from now on."""
+        self._handed.add(fd)
+        return _pipe_file(fd, mode)
+
+    async def _close_unconnected(self, spawned: Spawned, exc: BaseException) -> None:
+        """Stop a tree whose spawn was cancelled, or whose streams failed to connect, while
+        ``exc`` propagates; and close our pipe ends that no stream was made of (they are
+        ours alone). Stdin first: EOF is what the close-stdin step gives the tree. Its
+        stdout and stderr after the tree has stopped: closed first, they would SIGPIPE
+        its writers."""
+        raw = [fd for fd in (spawned.stdin, spawned.stdout, spawned.stderr) if fd is not None]
+        raw = [fd for fd in raw if fd not in self._handed]
+        if spawned.stdin in raw:
+            os.close(spawned.stdin)
+            raw.remove(spawned.stdin)
+        try:
+            await self._close_under(exc)
+        finally:
+            for fd in raw:
+                os.close(fd)
 
     def _take_reader(self, name: str) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
         """Take a stream (and its transport) off the tree: its cleanup leaves it open."""
@@ -440,6 +466,16 @@ class _QueuedSpawn:
             return self._state == "dropped"
 
 
+async def _closing_on_error(pipe: Any, connecting: Coroutine[Any, Any, T]) -> T:
+    """Connect a pipe's file object to the loop; closed at once should that fail (else it
+    would stay open until the garbage collector met it)."""
+    try:
+        return await connecting
+    except BaseException:
+        pipe.close()
+        raise
+
+
 class _TreeScope:
     """The async context manager `open_process_tree` returns."""
 
@@ -463,19 +499,12 @@ class _TreeScope:
         spawned, containment = started
         tree = ProcessTree(TreeCore(spawned, containment, self._plan, self._policy))
         if cancelled is not None:
-            try:
-                await tree._close_under(cancelled)
-            finally:
-                # Never wrapped in streams, our ends of the pipes are ours to close (after
-                # the tree has stopped: closed first, they would SIGPIPE its writers).
-                for fd in (spawned.stdin, spawned.stdout, spawned.stderr):
-                    if fd is not None:
-                        os.close(fd)
+            await tree._close_unconnected(spawned, cancelled)
             raise cancelled
         try:
             await tree._connect(spawned)
         except BaseException as exc:
-            await tree._close_under(exc)
+            await tree._close_unconnected(spawned, exc)
             raise
         return tree
 
