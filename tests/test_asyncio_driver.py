@@ -7,6 +7,7 @@ import asyncio
 import concurrent.futures
 import errno
 import logging
+import os
 import random
 import re
 import signal
@@ -28,7 +29,7 @@ from . import procs
 from .conftest import Tracked
 from .test_bad_input import BAD_REQUESTS
 from .test_containment import LEADER_IGNORES_TERM_ESCAPEE_HANDLES_IT
-from .test_escalation import FLUSHES_ON_EOF
+from .test_escalation import INPUT_CASES, LETS_A_CLI_FINISH
 
 TWO_SLEEPS = ["sh", "-c", "sleep 60 & echo $!; sleep 61 & echo $!; wait"]
 
@@ -346,23 +347,41 @@ def test_stdin_a_process_outside_the_tree_holds_does_not_hang_run_process_tree(
     assert tracked.survivors() == []
 
 
+@pytest.mark.parametrize("cancelled", list(INPUT_CASES))
 def test_close_stdin_step_runs_for_the_input_run_process_tree_fed(
-    run: Callable[..., Any], tracked: Tracked, tmp_path: Path, contained: dict[str, Any]
+    run: Callable[..., Any],
+    tracked: Tracked,
+    tmp_path: Path,
+    contained: dict[str, Any],
+    cancelled: str,
 ) -> None:
-    # As with trio: cancelled while the CLI finishes the input it was fed, cleanup gives
-    # it the close_stdin wait before any signal (red before: SIGTERM cut it short).
+    # As with trio (red before: SIGTERM cut the CLI short; mid-input, the feeder went on
+    # writing through the cleanup's wait, so the input never ended).
+    script, feed, cue = INPUT_CASES[cancelled]
     out = tmp_path / "flushed"
-    policy = Escalation(steps=[(signal.SIGTERM, 1.0)], close_stdin=2.0)
 
     async def main() -> None:
-        with pytest.raises(asyncio.TimeoutError):
-            await asyncio.wait_for(
+        cue_read, cue_write = os.pipe()
+        try:
+            running = asyncio.get_running_loop().create_task(
                 run_process_tree(
-                    ["sh", "-c", FLUSHES_ON_EOF, str(out)], stdin=b"work\n",
-                    escalation=policy, **contained,
-                ),
-                0.1,
+                    ["sh", "-c", script, str(out)], stdin=feed, stderr=cue_write,
+                    escalation=LETS_A_CLI_FINISH, **contained,
+                )
             )  # fmt: skip
+            said = b""
+            while cue not in said:  # the CLI is under way: its stdin is being fed
+                chunk = await asyncio.get_running_loop().run_in_executor(
+                    None, os.read, cue_read, 4096
+                )
+                assert chunk, said
+                said += chunk
+            running.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await running
+        finally:
+            os.close(cue_read)
+            os.close(cue_write)
 
     run(main)
     assert out.read_text() == "flushed\n"

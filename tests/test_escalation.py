@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import signal
 import subprocess
 from pathlib import Path
@@ -205,24 +206,57 @@ async def test_close_stdin_step_lets_a_cli_flush_and_exit_without_a_signal(
         assert f.read() == "flushed\n"
 
 
-#: A CLI that finishes its work once its input ends: 0.3 s of it, then its last words.
-FLUSHES_ON_EOF = 'cat >/dev/null; sleep 0.3; echo flushed > "$0"'
+#: CLIs that finish their work once their input ends, then write their last words to the
+#: file named $0, each saying on stderr when it is under way: (script, input, cue). One
+#: takes its input at once, the other reads it slowly (a line every ~30 ms: 10 MB would
+#: take many seconds), so that a cancellation comes while the input is still fed.
+INPUT_CASES = {
+    "after-the-input": (
+        'cat >/dev/null; echo eof >&2; sleep 0.3; echo flushed > "$0"',
+        b"work\n",
+        b"eof",
+    ),
+    "mid-input": (
+        'while read -r line; do echo got >&2; sleep 0.01; done; echo flushed > "$0"',
+        (b"x" * 16384 + b"\n") * 640,
+        b"got",
+    ),
+}
+#: Time for them to finish: the close-stdin step's wait, then SIGTERM.
+LETS_A_CLI_FINISH = Escalation(steps=[(signal.SIGTERM, 1.0)], close_stdin=2.0)
 
 
+@pytest.mark.parametrize("cancelled", list(INPUT_CASES))
 async def test_close_stdin_step_runs_for_the_input_run_process_tree_fed(
-    tracked: Tracked, tmp_path: Path, contained: dict[str, Any]
+    tracked: Tracked, tmp_path: Path, contained: dict[str, Any], cancelled: str
 ) -> None:
-    # run_process_tree feeds stdin itself and closes it when done: cancelled while the
-    # CLI finishes, cleanup still gives it the close_stdin wait before any signal (red
-    # before: the fed stdin taken off the tree skipped the step; SIGTERM cut it short).
+    # run_process_tree feeds stdin itself: cancelled while the CLI finishes its input, or
+    # while it is still fed, cleanup stops the input (EOF) and gives the CLI the
+    # close_stdin wait before any signal (red before, after the input: the fed stdin,
+    # taken off the tree, skipped the step, and SIGTERM cut the CLI short).
+    script, feed, cue = INPUT_CASES[cancelled]
     out = tmp_path / "flushed"
-    policy = Escalation(steps=[(signal.SIGTERM, 1.0)], close_stdin=2.0)
-    with trio.move_on_after(0.1) as scope:
-        await run_process_tree(
-            ["sh", "-c", FLUSHES_ON_EOF, str(out)], stdin=b"work\n", escalation=policy,
-            **contained,
-        )  # fmt: skip
-    assert scope.cancelled_caught
+    cue_read, cue_write = os.pipe()
+    cues = trio.lowlevel.FdStream(cue_read)  # (open to the end: the CLI goes on saying)
+    try:
+        async with trio.open_nursery() as nursery:
+
+            async def run_it() -> None:
+                await run_process_tree(
+                    ["sh", "-c", script, str(out)], stdin=feed, stderr=cue_write,
+                    escalation=LETS_A_CLI_FINISH, **contained,
+                )  # fmt: skip
+
+            nursery.start_soon(run_it)
+            said = b""
+            while cue not in said:  # the CLI is under way: its stdin is being fed
+                chunk = await cues.receive_some()
+                assert chunk, said
+                said += chunk
+            nursery.cancel_scope.cancel()
+    finally:
+        os.close(cue_write)
+        await cues.aclose()
     assert out.read_text() == "flushed\n"
     assert tracked.survivors() == []
 

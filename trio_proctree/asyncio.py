@@ -627,10 +627,21 @@ async def run_process_tree(
                 taken.append(transport)
                 readers.append(loop.create_task(_read_all(reader, outputs[name])))
             io_tasks.extend(readers)
+            feeder = None
             if request.feed is not None and tree.stdin is not None:
                 writer, tree.stdin = tree.stdin, None
-                io_tasks.append(loop.create_task(_feed(writer, request.feed)))
-            await tree.wait()
+                feeder = loop.create_task(_feed(writer, request.feed))
+                io_tasks.append(feeder)
+            try:
+                await tree.wait()
+            except BaseException:
+                # Left early (cancelled, say): the input stops and its pipe closes before
+                # the cleanup, as the trio driver's feeder ends with its nursery, so the
+                # close-stdin step gives a CLI the EOF to finish on.
+                if feeder is not None:
+                    feeder.cancel()
+                    await asyncio.wait({feeder})
+                raise
             # The leader is done: stop what it left behind, so the pipes reach EOF.
             await tree.aclose()
             if readers:
