@@ -15,6 +15,7 @@ import pytest
 from trio_proctree import _watchdog, open_process_tree, run_process_tree
 
 from . import procs
+from .conftest import Tracked
 
 
 def our_children() -> set[int]:
@@ -120,22 +121,47 @@ async def test_file_that_is_not_executable_raises_permission_error(
         await entry(["script.sh"], env={"PATH": str(not_executable.parent)})()
 
 
+#: #! lines whose interpreter the kernel does not find, and the name it looks for.
+MISSING_INTERPRETERS = {
+    "missing": (b"#! /nonexistent/interpreter -x\n", "/nonexistent/interpreter"),
+    "saved-with-crlf": (b"#!/bin/sh\r\n", "/bin/sh\r"),
+}
+
+
+@pytest.mark.parametrize("case", list(MISSING_INTERPRETERS))
 @pytest.mark.parametrize("entry", [_open, _run], ids=["open_process_tree", "run_process_tree"])
 async def test_a_script_whose_interpreter_is_missing_raises_file_not_found(
     nothing_leaks: None,
     entry: Callable[..., Callable[[], Any]],
     tmp_path: Path,
     contained: dict[str, Any],
+    case: str,
 ) -> None:
     # As subprocess raises it, from the kernel's ENOENT (a #!/bin/bash on a system
-    # without bash, say). Red before under cgroup containment through /bin/sh, which runs
-    # the command with sh's exec: exit status 127, and a message naming the wrapper's
-    # cgroup.procs.
+    # without bash; a script saved with CRLF line ends, whose interpreter is "/bin/sh\r").
+    # Red before under cgroup containment through /bin/sh, which runs the command with
+    # sh's exec: exit status 127, and a message naming the wrapper's cgroup.procs.
+    line, interpreter = MISSING_INTERPRETERS[case]
     script = tmp_path / "tool"
-    script.write_text("#! /nonexistent/interpreter -x\necho hi\n")
+    script.write_bytes(line + b"echo hi\n")
     script.chmod(0o755)
-    with pytest.raises(FileNotFoundError, match=r"/nonexistent/interpreter.*tool"):
+    with pytest.raises(FileNotFoundError) as raised:
         await entry([str(script)], **contained)()
+    assert f"no such interpreter {interpreter!r}" in str(raised.value)
+    assert raised.value.filename == str(script)
+
+
+async def test_a_script_whose_interpreter_is_there_runs(
+    tracked: Tracked, tmp_path: Path, contained: dict[str, Any]
+) -> None:
+    # The kernel's reading of a #! line, not a looser one: spaces and tabs around the
+    # name, its arguments, and a NUL ending the line early all leave /bin/sh to run it.
+    script = tmp_path / "tool"
+    script.write_bytes(b"#! \t/bin/sh\t-e\0 ignored\necho ran\n")
+    script.chmod(0o755)
+    result = await run_process_tree([str(script)], capture_stdout=True, **contained)
+    assert result.stdout == b"ran\n"
+    assert tracked.survivors() == []
 
 
 async def test_directory_is_not_an_executable(nothing_leaks: None, tmp_path: Path) -> None:

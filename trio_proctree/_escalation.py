@@ -92,7 +92,11 @@ def _kill_wait(value: float) -> float:
     if seconds == 0:
         # SIGKILL takes a moment to land: a cleanup that may not wait for it would look
         # once, too early, and report processes outliving SIGKILL, the leader unreaped.
-        raise ValueError("kill_wait must be more than 0 seconds: SIGKILL takes a moment to land")
+        # (A wait of microseconds can be as short: that is the caller's to choose.)
+        raise ValueError(
+            "kill_wait must be a finite number of seconds > 0, not 0: SIGKILL takes a "
+            "moment to land"
+        )
     return seconds
 
 

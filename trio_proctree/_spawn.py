@@ -313,17 +313,21 @@ def _check_interpreter(path: str, name: str, cwd: Any) -> None:
             head = script.read(256)  # (the kernel reads no more of a #! line either)
     except OSError:
         return  # not ours to read: the exec will say what it says
-    if not head.startswith(b"#!"):
+    if not head.startswith(b"#!") or b"\n" not in head:
+        return  # (a #! line the kernel cuts short is its to refuse, with ENOEXEC)
+    # Read as the kernel reads it: up to the newline (or a NUL), the name after spaces
+    # and tabs, up to the next; a \r is part of it (a script saved with CRLF line ends
+    # names "/bin/sh\r", which the kernel does not find either).
+    line = head[2 : head.index(b"\n")].split(b"\0", 1)[0].lstrip(b" \t")
+    name_end = min((i for i in (line.find(b" "), line.find(b"\t")) if i >= 0), default=len(line))
+    if not line[:name_end]:
         return
-    words = head[2:].split(b"\n", 1)[0].split()
-    if not words:
-        return
-    interpreter = os.fsdecode(words[0])
+    interpreter = os.fsdecode(line[:name_end])
     if cwd is not None and not os.path.isabs(interpreter):
         interpreter = os.path.join(os.fsdecode(cwd), interpreter)
     if not os.path.exists(interpreter):
         raise FileNotFoundError(
-            errno.ENOENT, f"no such interpreter {interpreter} (the #! line of {name})", name
+            errno.ENOENT, f"no such interpreter {interpreter!r} (the #! line of {name})", name
         )
 
 
