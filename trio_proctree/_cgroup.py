@@ -243,8 +243,10 @@ class CgroupHome:
             # Then it serves no more (a new one is made for the next tree).
             if _as_new(kept):
                 return kept, True
-            with contextlib.suppress(OSError):
+            try:
                 os.rmdir(kept)
+            except OSError as exc:  # (joined meanwhile, say: left, as one with cgroups inside)
+                logger.warning("cgroup %s could not be removed (%s); leaving it", kept, exc)
         for tree in retired:
             _remove_inner(tree)
             with contextlib.suppress(OSError):  # (a cgroup inside it would not go: left)
