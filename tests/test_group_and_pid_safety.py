@@ -48,10 +48,21 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="steering pid allocati
 
 @contextmanager
 def next_pid_after(pid: int) -> Iterator[None]:
-    """Ask the kernel to hand out ``pid + 1`` next (it skips pids still in use)."""
-    with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+    """Ask the kernel to hand out ``pid + 1`` next (it skips pids still in use); then put
+    its cursor back where it was, or the pids freed just below it would come back at once,
+    to other workers' processes too, and a test that looks up a pid it saw reaped would
+    find another process there (seen at -n 4)."""
+    with open("/proc/sys/kernel/ns_last_pid", "r+") as f:
+        was = int(f.read())
+        f.seek(0)
         f.write(str(pid))
-    yield
+    try:
+        yield
+    finally:
+        with open("/proc/sys/kernel/ns_last_pid", "r+") as f:
+            if int(f.read()) < was:
+                f.seek(0)
+                f.write(str(was))
 
 
 def start_stranger(env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -702,7 +713,8 @@ async def test_sibling_with_the_same_command_line_survives(
         assert tree.outcome.grace_expired == (shape != "cooperative")
         if shape != "cooperative" and contained["containment"] != "group":
             assert tree.outcome.escapees_killed == 1
-        assert not procs.alive(tree.pid)
+        assert tree.outcome.returncode is not None  # the leader reaped (its pid may be
+        # another's by now, on a busy machine: seen once at -n 4; its token says who is ours)
         assert procs.untouched_child(sibling.pid)
         assert tracked.survivors() == [sibling.pid] or contained["containment"] == "group"
     finally:
