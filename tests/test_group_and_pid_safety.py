@@ -210,13 +210,19 @@ def reap_the_next_leader_as_its_pidfd_opens(
 FORK_AT = textwrap.dedent(
     """
     import os, signal, sys
-    with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+    with open("/proc/sys/kernel/ns_last_pid", "r+") as f:
+        was = int(f.read())
+        f.seek(0)
         f.write(str(int(sys.argv[1]) - 1))
     child = os.fork()
     if child == 0:
         os.setsid()
         print(os.getpid(), flush=True)
         os.execvp("sleep", ["sleep", "60"])
+    with open("/proc/sys/kernel/ns_last_pid", "r+") as f:  # (back: see next_pid_after)
+        if int(f.read()) < was:
+            f.seek(0)
+            f.write(str(was))
     sys.stdin.read()
     os.kill(child, signal.SIGKILL)
     os.waitpid(child, 0)
@@ -336,7 +342,9 @@ DIES_WITH_A_LOST_LEADER = textwrap.dedent(
         import os, sys
         print("ready", flush=True)
         pid = int(sys.stdin.readline())
-        with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+        with open("/proc/sys/kernel/ns_last_pid", "r+") as f:
+            was = int(f.read())
+            f.seek(0)
             f.write(str(pid - 1))
         child = os.fork()
         if child == 0:
@@ -345,6 +353,10 @@ DIES_WITH_A_LOST_LEADER = textwrap.dedent(
             for fd in (0, 1, 2):
                 os.dup2(null, fd)
             os.execvp("sleep", ["sleep", "60"])
+        with open("/proc/sys/kernel/ns_last_pid", "r+") as f:  # (back: see next_pid_after)
+            if int(f.read()) < was:
+                f.seek(0)
+                f.write(str(was))
         print(child, flush=True)
     ''')
 
@@ -438,11 +450,17 @@ THREAD_AT = textwrap.dedent(
     """
     import sys, threading
     pid = int(sys.stdin.readline())
-    with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+    with open("/proc/sys/kernel/ns_last_pid", "r+") as f:
+        was = int(f.read())
+        f.seek(0)
         f.write(str(pid - 1))
     done = threading.Event()
     thread = threading.Thread(target=done.wait)
     thread.start()
+    with open("/proc/sys/kernel/ns_last_pid", "r+") as f:  # (back: see next_pid_after)
+        if int(f.read()) < was:
+            f.seek(0)
+            f.write(str(was))
     print(thread.native_id, flush=True)
     sys.stdin.read()
     done.set()
