@@ -22,7 +22,6 @@ from typing import Any
 import pytest
 
 import trio_proctree.asyncio
-from trio_proctree import Escalation
 from trio_proctree.asyncio import open_process_tree, run_process_tree
 
 from . import procs
@@ -410,8 +409,19 @@ def test_full_pipe_nobody_reads_does_not_deadlock_cleanup(
 #: A CLI that, once its input ends, says so in a file: a cleanup that stops it with a
 #: signal before its stdin ends leaves no file.
 SAYS_EOF = ["sh", "-c", 'cat >/dev/null; echo eof > "$0"']
-#: Time for that: the close-stdin step's wait, then SIGTERM.
-LETS_IT_SAY_EOF = Escalation(steps=[(signal.SIGTERM, 1.0)], close_stdin=2.0)
+
+
+def says_eof_with_every_pipe(said: Path, contained: dict[str, Any]) -> Any:
+    """A `SAYS_EOF` tree writing to ``said``, its stdin, stdout and stderr pipes, with
+    time to say it."""
+    return open_process_tree(
+        [*SAYS_EOF, str(said)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        escalation=LETS_A_CLI_FINISH,  # (time to say it before SIGTERM)
+        **contained,
+    )
 
 
 def test_every_task_cancelled_as_the_tree_forks_leaves_no_pipe_end_open(
@@ -433,14 +443,7 @@ def test_every_task_cancelled_as_the_tree_forks_leaves_no_pipe_end_open(
         return started
 
     async def enter() -> None:
-        async with open_process_tree(
-            [*SAYS_EOF, str(said)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            escalation=LETS_IT_SAY_EOF,
-            **contained,
-        ):
+        async with says_eof_with_every_pipe(said, contained):
             pytest.fail("the block must not run: its task was cancelled during the spawn")
 
     async def main() -> None:
@@ -485,14 +488,7 @@ def test_a_tree_whose_streams_fail_to_connect_leaves_no_pipe_end_open(
         setattr(loop, failing, refuse)
         try:
             with pytest.raises(OSError, match="injected"):
-                async with open_process_tree(
-                    [*SAYS_EOF, str(said)],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    escalation=LETS_IT_SAY_EOF,
-                    **contained,
-                ):
+                async with says_eof_with_every_pipe(said, contained):
                     pytest.fail("the block must not run: the streams failed to connect")
         finally:
             setattr(loop, failing, real)

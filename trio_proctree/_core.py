@@ -110,7 +110,7 @@ class TreeCore:
             return
         self.containment.signal(sig)
 
-    async def cleanup(self, io: LoopIO, *, stdin_open: bool) -> None:
+    async def cleanup(self, io: LoopIO) -> None:
         """Stop the tree as the policy says, reap the leader, record `outcome`.
 
         Never cut short by a cancellation: the driver shields each of its waits
@@ -120,7 +120,10 @@ class TreeCore:
         pauses, until the policy's time is up.
         """
         started = time.monotonic()
-        teardown = Teardown(self.policy, label=self.label, stdin_open=stdin_open)
+        # The close-stdin step runs for any tree whose stdin was made a pipe: closed
+        # already (by the program, or by run_process_tree once it fed the input), it
+        # still gives a CLI finishing that input its wait before the first signal.
+        teardown = Teardown(self.policy, label=self.label, stdin_open=self.stdin_piped)
         errors: list[Exception] = []
         action: object = None
         try:

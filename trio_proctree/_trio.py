@@ -192,10 +192,7 @@ class ProcessTree(TreeView):
         self._cleanup_started = True
         io = _TrioIO(self)
         try:
-            # The close-stdin step runs for any tree whose stdin was made a pipe: closed
-            # already (by the program, or by run_process_tree once it fed the input), it
-            # still gives a CLI finishing that input its wait before the first signal.
-            await self._core.cleanup(io, stdin_open=self._core.stdin_piped)
+            await self._core.cleanup(io)
         except Exception as error:
             if io.keyboard_interrupt is None:
                 raise

@@ -301,10 +301,7 @@ class ProcessTree(TreeView):
 
     async def _run_cleanup(self) -> None:
         self._cleanup_began = True
-        # The close-stdin step runs for any tree whose stdin was made a pipe: closed
-        # already (by the program, or by run_process_tree once it fed the input), it
-        # still gives a CLI finishing that input its wait before the first signal.
-        await self._core.cleanup(_AsyncioIO(self), stdin_open=self._core.stdin_piped)
+        await self._core.cleanup(_AsyncioIO(self))
 
     def _cleanup_done(self, task: asyncio.Task[None]) -> None:
         _cleanups.discard(task)
@@ -391,8 +388,8 @@ class ProcessTree(TreeView):
         ours alone). Stdin first: EOF is what the close-stdin step gives the tree. Its
         stdout and stderr after the tree has stopped: closed first, they would SIGPIPE
         its writers."""
-        raw = [fd for fd in (spawned.stdin, spawned.stdout, spawned.stderr) if fd is not None]
-        raw = [fd for fd in raw if fd not in self._handed]
+        ends = (spawned.stdin, spawned.stdout, spawned.stderr)
+        raw = [fd for fd in ends if fd is not None and fd not in self._handed]
         if spawned.stdin in raw:
             os.close(spawned.stdin)
             raw.remove(spawned.stdin)

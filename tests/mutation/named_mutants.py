@@ -31,7 +31,7 @@ MUTANTS = [
         "close: waiting on the cleanup directly, not via its own task",
         "asyncio.py",
         "        return self._await_cleanup(self._start_cleanup())",
-        "        return self._core.cleanup(_AsyncioIO(self), stdin_open=self.stdin is not None)",
+        "        return self._core.cleanup(_AsyncioIO(self))",
         "test_one_cleanup_round_under_a_cancel_storm or task_group_aborting",
     ),
     (
