@@ -199,16 +199,31 @@ def read_stat(pid: int) -> ProcStat | None:
     return parse_stat(pid, data) if data else None
 
 
+#: How long a live process that shows no arguments is given to show them: one caught
+#: inside exec (its new image's arguments not yet in place; subprocess.Popen returns
+#: that early) shows them within microseconds.
+_ARGUMENTS_WITHIN = 0.01
+
+
 def command_line(pid: int) -> str:
     """The process's arguments joined by spaces, for people to read.
 
-    When there are none to read (a zombie, a kernel thread, a process caught inside
-    exec), its command name in brackets, as ps shows it; "?" once it is gone.
+    When there are none to read (a zombie, a kernel thread, a process still without them
+    after `_ARGUMENTS_WITHIN`), its command name in brackets, as ps shows it; "?" once it
+    is gone.
     """
     try:
-        raw = read_file(f"/proc/{pid}/cmdline")
-        if arguments := [arg.decode(errors="replace") for arg in raw.split(b"\0") if arg]:
-            return " ".join(arguments)
+        deadline = None
+        while True:
+            raw = read_file(f"/proc/{pid}/cmdline")
+            if arguments := [arg.decode(errors="replace") for arg in raw.split(b"\0") if arg]:
+                return " ".join(arguments)
+            stat = read_stat(pid)
+            now = time.monotonic()
+            deadline = now + _ARGUMENTS_WITHIN if deadline is None else deadline
+            if stat is None or not stat.main_thread_alive or now >= deadline:
+                break
+            time.sleep(0.0005)  # (for people to read; no event says an exec is done)
         return f"[{read_file(f'/proc/{pid}/comm').decode(errors='replace').strip()}]"
     except OSError:
         return "?"
