@@ -146,10 +146,21 @@ def test_a_running_process_without_arguments_is_named_once_its_wait_is_over() ->
     # A live process showing no arguments is given a moment (one caught inside exec
     # shows them within microseconds: the marker test once read a leaked sleep as
     # "[sleep]"); one that never shows any, its argv all empty, is named by its command.
-    with subprocess.Popen([""], executable="/bin/sh", stdin=subprocess.PIPE) as child:
+    # (Through ctypes: Python's own exec and posix_spawn refuse an empty argv[0].)
+    becomes_cat_without_arguments = (
+        "import ctypes; argv = (ctypes.c_char_p * 2)(b'', None); "
+        "ctypes.CDLL(None).execv(b'/bin/cat', argv)"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", becomes_cat_without_arguments], stdin=subprocess.PIPE
+    ) as child:
         try:
+            while read_stat(child.pid) is not None and not command_line(child.pid).startswith(
+                "[cat"
+            ):
+                time.sleep(0.005)  # until its exec is done (no event for that)
             started = time.monotonic()
-            assert command_line(child.pid) == "[sh]"
+            assert command_line(child.pid) == "[cat]"
             assert time.monotonic() - started >= 0.01  # (it did wait: it runs)
         finally:
             child.kill()
