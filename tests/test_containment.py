@@ -1639,6 +1639,14 @@ async def test_a_cgroup_whose_settings_a_member_changed_never_serves_again(
     # freeze the next leader for good; with a depth or descendant limit, refuse the next
     # program's own cgroups (red before: reused as it was, the next leader never ran).
     available("cgroup")
+    # Two spare cgroups are kept first, so that the next tree finds one to reuse whatever
+    # becomes of the changed one (red before: one that was killed, where leaders start
+    # directly in their cgroup, stayed until no spare was left).
+    async with (
+        open_process_tree(["true"], env=tracked.env, containment="cgroup"),
+        open_process_tree(["true"], env=tracked.env, containment="cgroup"),
+    ):
+        pass
     async with open_process_tree(
         ["sleep", "60"], grace=0.2, env=tracked.env, containment="cgroup"
     ) as tree:

@@ -227,10 +227,17 @@ class CgroupHome:
 
     def take_tree(self) -> tuple[str, bool]:
         """An empty tree cgroup: (its path, whether it served a tree before)."""
+        # Retired cgroups go whenever a tree starts, not only when none is kept: else one
+        # a member froze stayed, unused, for as long as spares were left.
+        with self._lock:
+            retired, self._retired = self._retired, []
+        for tree in retired:
+            _remove_inner(tree)
+            with contextlib.suppress(OSError):  # (a cgroup inside it would not go: left)
+                os.rmdir(tree)
         while True:
             with self._lock:
                 if not self._free:
-                    retired, self._retired = self._retired, []
                     break
                 kept = self._free.pop()
             # A member of its last tree may have made cgroups inside it: they go before it
@@ -247,10 +254,6 @@ class CgroupHome:
                 os.rmdir(kept)
             except OSError as exc:  # (joined meanwhile, say: left, as one with cgroups inside)
                 logger.warning("cgroup %s could not be removed (%s); leaving it", kept, exc)
-        for tree in retired:
-            _remove_inner(tree)
-            with contextlib.suppress(OSError):  # (a cgroup inside it would not go: left)
-                os.rmdir(tree)
         while True:
             with self._lock:
                 path = os.path.join(self.path, f"tree-{next(self._counter)}")
