@@ -31,6 +31,12 @@ class Tracked:
         return procs.survivors(self.token)
 
 
+@pytest.fixture(autouse=True)
+def _births_are_this_tests() -> None:
+    """A pid a test remembered belongs to that test: the next one starts with none."""
+    procs.BORN.clear()
+
+
 @pytest.fixture
 def tracked() -> Iterator[Tracked]:
     """Every test that starts processes uses this env; after the test nothing may carry it."""
@@ -104,4 +110,7 @@ async def read_pids(stream: trio.abc.ReceiveStream, count: int) -> list[int]:
         chunk = await stream.receive_some()
         assert chunk, f"stream ended after {buffer!r}"
         buffer += chunk
-    return [int(line) for line in buffer.split(b"\n")[:count]]
+    pids = [int(line) for line in buffer.split(b"\n")[:count]]
+    for pid in pids:
+        procs.remember(pid)
+    return pids

@@ -30,18 +30,63 @@ def state(pid: int) -> str | None:
     return data[data.rindex(b")") + 2 :].split()[0].decode()
 
 
+#: Which process each pid a test was told of was: its pid, once it ended, may go to a new
+#: process (pids here wrap at 32768, and tests that steer the kernel's next pid reuse
+#: recent ones), which is not the one the test asks about. Emptied before each test
+#: (conftest).
+BORN: dict[int, tuple[int, int]] = {}
+
+
+def identity(pid: int) -> tuple[int, int]:
+    """What tells the process holding ``pid`` from any other that held it: its start time
+    (in clock ticks: two born within one tick share it) and its pidfd's inode (unique
+    since Linux 6.9; the same for every process before that)."""
+    born = starttime(pid)
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:  # reaped meanwhile: then nothing holds the pid
+        raise
+    except OSError:  # pragma: no cover - no pidfds here: the start time alone
+        return born, 0
+    try:
+        return born, os.fstat(fd).st_ino
+    finally:
+        os.close(fd)
+
+
+def remember(pid: int) -> None:
+    """Note which process ``pid`` is now, so that `alive` does not take its successor."""
+    try:
+        BORN[pid] = identity(pid)
+    except (FileNotFoundError, ProcessLookupError):
+        BORN.pop(pid, None)  # already gone: whatever holds the pid later is not known
+
+
 def alive(pid: int) -> bool:
     """Running (or stopped): not a zombie, not reaped. ``kill(pid, 0)`` cannot tell.
 
-    (A process whose main thread exited shows as a zombie while other threads run.)
+    (A process whose main thread exited shows as a zombie while other threads run.) A
+    pid `remember`-ed, or found alive before in this test, is alive only while the same
+    process holds it.
     """
+    known = BORN.get(pid)
+    if known is not None:
+        try:
+            if identity(pid) != known:
+                return False
+        except (FileNotFoundError, ProcessLookupError):
+            return False
     now = state(pid)
     if now in ("Z", "X"):
         try:
-            return stat_field(pid, 20) > 1  # num_threads
+            running = stat_field(pid, 20) > 1  # num_threads
         except (FileNotFoundError, ProcessLookupError):
             return False
-    return now is not None
+    else:
+        running = now is not None
+    if running and known is None:
+        remember(pid)
+    return running
 
 
 def untouched_child(pid: int) -> bool:

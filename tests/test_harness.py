@@ -7,7 +7,9 @@ import sys
 
 import pytest
 
-from .conftest import lock_path
+from . import procs
+from .conftest import lock_path, steers_pids
+from .test_group_and_pid_safety import next_pid_after
 
 pytest_plugins = ["pytester"]
 
@@ -58,3 +60,24 @@ def test_a_test_alone_on_the_machine_keeps_other_workers_waiting(
         check=True,
     )
     assert other_worker.stdout == "held\n"
+
+
+@steers_pids
+def test_a_remembered_pid_that_went_to_another_process_is_not_alive() -> None:
+    # The pid of a process a test was told of may, once it ended, go to a new process of
+    # anyone's: `procs.alive` must not say the test's process lives on (red without the
+    # start-time check: the successor made it "alive").
+    first = subprocess.Popen(["sleep", "60"])
+    procs.remember(first.pid)
+    first.kill()
+    first.wait()
+    with next_pid_after(first.pid - 1):
+        successor = subprocess.Popen(["sleep", "60"])
+    try:
+        if successor.pid != first.pid:
+            pytest.skip("another process took the pid first")
+        assert procs.state(successor.pid) in ("R", "S")
+        assert not procs.alive(first.pid)
+    finally:
+        successor.kill()
+        successor.wait()
