@@ -91,7 +91,7 @@ def test_one_cleanup_round_under_a_cancel_storm(
             await asyncio.sleep(0.02)
         with pytest.raises(asyncio.CancelledError):
             await closer
-        assert cancels >= 10  # the storm really hit the close, not an idle task
+        assert cancels >= 5  # the storm really hit the close, not an idle task (~25 when idle)
         assert steps.count == 1  # one escalation: never restarted
         outcome = tree.outcome
         assert outcome is not None

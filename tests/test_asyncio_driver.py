@@ -82,6 +82,7 @@ def test_cancellation_stops_the_whole_tree(
             async with open_process_tree(
                 TWO_SLEEPS, grace=0.5, stdout=subprocess.PIPE, **contained
             ) as tree:
+                procs.remember(tree.pid)
                 seen.extend([tree.pid, *await read_pids(tree.stdout, 2)])
                 await asyncio.Event().wait()
 

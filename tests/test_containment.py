@@ -922,7 +922,10 @@ def parent_with_a_tree(
             assert parent.stdout is not None
             lines = [parent.stdout.readline() for _ in range(4)]
             assert lines[-1].startswith(b"ready "), lines
-            yield parent, [int(line) for line in lines[:3]], lines[-1].split()[1].decode()
+            pids = [int(line) for line in lines[:3]]
+            for pid in pids:
+                procs.remember(pid)
+            yield parent, pids, lines[-1].split()[1].decode()
         finally:
             parent.kill()
 
@@ -1647,8 +1650,12 @@ async def test_a_cgroup_whose_settings_a_member_changed_never_serves_again(
         open_process_tree(["true"], env=tracked.env, containment="cgroup"),
     ):
         pass
+    # Frozen, it cannot act on SIGTERM: a short grace. Otherwise a long one, so that a
+    # slow exit under load is not killed (a cgroup killed is retired where leaders start
+    # directly in it, and "nothing" would not be reused).
+    grace = 0.2 if changed == "cgroup.freeze" else 5.0
     async with open_process_tree(
-        ["sleep", "60"], grace=0.2, env=tracked.env, containment="cgroup"
+        ["sleep", "60"], grace=grace, env=tracked.env, containment="cgroup"
     ) as tree:
         cgroup = tree._core.containment.path  # type: ignore[attr-defined]
         if changed != "nothing":

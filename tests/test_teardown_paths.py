@@ -33,6 +33,7 @@ async def test_end_of_block_stops_the_whole_tree(
     ) as tree:
         assert tree.stdout is not None
         members = await read_pids(tree.stdout, 2)
+        procs.remember(tree.pid)
         assert all(procs.alive(pid) for pid in [tree.pid, *members])
     assert not any(procs.alive(pid) for pid in [tree.pid, *members])
     assert tracked.survivors() == []
@@ -52,6 +53,7 @@ async def test_exception_in_block_stops_the_tree_and_propagates_unchanged(
         ) as tree:
             assert tree.stdout is not None
             members = await read_pids(tree.stdout, 2)
+            procs.remember(tree.pid)
             raise error
     # The very object, not an ExceptionGroup around it nor a cleanup error instead of it.
     assert caught.value is error
@@ -94,6 +96,7 @@ async def test_cancellation_stops_the_whole_tree(
         ) as tree:
             assert tree.stdout is not None
             members = await read_pids(tree.stdout, 2)
+            procs.remember(tree.pid)
             scope.cancel()
             await trio.sleep_forever()
     assert scope.cancelled_caught
@@ -121,6 +124,7 @@ async def test_cleanup_takes_turns_with_a_task_waiting_for_the_leader(
     ):
         assert tree.stdout is not None
         members = await read_pids(tree.stdout, 2)
+        procs.remember(tree.pid)
 
         async def waiter() -> None:
             statuses.append(await tree.wait())
@@ -283,6 +287,7 @@ async def test_aclose_is_idempotent_and_safe_concurrently(
     ) as tree:
         assert tree.stdout is not None
         members = await read_pids(tree.stdout, 2)
+        procs.remember(tree.pid)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(tree.aclose)
             nursery.start_soon(tree.aclose)
