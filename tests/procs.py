@@ -230,6 +230,21 @@ def kill_survivors(token: str) -> list[int]:
     return sorted(killed)
 
 
+def kill_ours(pid: int, token: str) -> None:
+    """SIGKILL ``pid`` if it carries ``token``, through a pidfd opened before that look:
+    a pid that went to another process since the test saw it is never hit."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        if running(pid) and with_token(pid, token, patient=True):
+            with contextlib.suppress(ProcessLookupError):  # (exited meanwhile)
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+    finally:
+        os.close(fd)
+
+
 def wait_exited(pid: int, within: float = 5, *, kill: bool = False) -> bool:
     """Wait on ``pid``'s pidfd, up to ``within`` seconds, until it has exited; whether it
     has (a process gone already has). ``kill``: SIGKILL it first, through that pidfd (a

@@ -10,7 +10,6 @@ import asyncio
 import gc
 import inspect
 import logging
-import os
 import shutil
 import signal
 import subprocess
@@ -437,8 +436,7 @@ def test_a_tree_open_at_interpreter_exit_with_a_member_it_may_not_signal_is_stil
         else:  # nothing could stop it: nobody's, and no cgroup
             assert member_state == b"S", result
     finally:
-        if procs.alive(member):
-            os.kill(member, signal.SIGKILL)  # started by this test; we may (CAP_KILL)
+        procs.kill_ours(member, tracked.token)  # started by this test; we may (CAP_KILL)
     procs.wait_exited(member, within=1.0)
     assert tracked.survivors() == []
 

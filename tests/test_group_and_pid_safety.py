@@ -961,8 +961,8 @@ async def test_a_reaped_leaders_group_member_is_stopped_as_a_member_not_an_escap
         assert tree.outcome.escapees_killed == 0
         assert tree.outcome.lingering_killed == 1  # (it outlived the leader, in its group)
     finally:
-        if member_pid is not None and procs.alive(member_pid):
-            os.kill(member_pid, signal.SIGKILL)  # ours, by pid: the red run leaves it
+        if member_pid is not None:
+            procs.kill_ours(member_pid, tracked.token)  # the red run leaves it
     assert tracked.survivors() == []
 
 
@@ -1041,8 +1041,7 @@ async def test_a_group_of_another_user_is_still_hard_stopped_by_its_cgroup(
             assert error == ["CleanupError", "PermissionError"]
             assert lived_on
     finally:
-        if procs.alive(member):
-            os.kill(member, signal.SIGKILL)  # started by this test; we may (CAP_KILL)
+        procs.kill_ours(member, tracked.token)  # started by this test; we may (CAP_KILL)
     # (The script's watchdog, which could not kill the member either, then exits.)
     await until_none_survive(tracked, within=1.0)
     assert tracked.survivors() == []
