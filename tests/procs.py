@@ -95,6 +95,17 @@ def alive(pid: int) -> bool:
     return True
 
 
+def reaped(child: int) -> bool:
+    """Whether ``child``, a child of this process, has been reaped. Asked of the kernel
+    (``waitid``, ``WNOWAIT``: nothing is reaped here), not of /proc: a pid reaped a moment
+    ago may already be another process's, which /proc would show as if it were ours."""
+    try:
+        os.waitid(os.P_PID, child, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True  # no child of ours holds that pid
+    return False  # running, or a zombie yet to be reaped
+
+
 def untouched_child(pid: int) -> bool:
     """Whether our child ``pid`` runs with no fatal signal on its way to it.
 

@@ -283,7 +283,7 @@ def test_cancel_before_the_first_step_still_reaps_the_tree(
                     break
                 await asyncio.sleep(0.01)
             assert tree.outcome is not None
-            assert procs.state(tree.pid) is None  # reaped
+            assert procs.reaped(tree.pid)  # reaped
 
     run(main)
     assert tracked.survivors() == []
@@ -316,7 +316,7 @@ def test_task_group_aborting_right_after_scheduling_the_close(
                     break
                 await asyncio.sleep(0.01)
             assert tree.outcome is not None
-            assert procs.state(tree.pid) is None  # reaped
+            assert procs.reaped(tree.pid)  # reaped
 
     asyncio.run(main())
     assert tracked.survivors() == []

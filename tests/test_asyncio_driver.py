@@ -113,7 +113,7 @@ def test_lingering_descendants_are_stopped_after_the_leader_exited(
             assert procs.state(tree.pid) == "Z"  # exited, not reaped: the pgid stays pinned
             assert procs.alive(orphan)
         assert not procs.alive(orphan)
-        assert procs.state(tree.pid) is None
+        assert procs.reaped(tree.pid)
         assert tree.outcome is not None
         assert tree.outcome.lingering_killed == 1
         assert tree.outcome.returncode == 0
@@ -206,7 +206,7 @@ def test_cancellation_while_spawning_still_stops_the_tree(
     run(main)
     started = [int(m) for m in re.findall(r"pid (\d+) \(.*\) started", caplog.text)]
     assert len(started) == 1, "the spawn did happen: the cancel arrived while it ran"
-    assert procs.state(started[0]) is None  # reaped
+    assert procs.reaped(started[0])  # reaped
     assert tracked.survivors() == []
 
 
@@ -256,7 +256,7 @@ def test_reading_returncode_never_reaps_and_send_signal_reaches_all(
                     break
                 await asyncio.sleep(0.01)
             assert not any(procs.alive(pid) for pid in members)
-        assert procs.state(tree.pid) is None
+        assert procs.reaped(tree.pid)
 
     run(main)
     assert tracked.survivors() == []

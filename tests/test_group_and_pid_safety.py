@@ -126,7 +126,7 @@ async def test_reading_returncode_never_reaps_the_leader(
         repr(tree)
         # Still a zombie: its pid, and so its process group id, stay reserved.
         assert procs.state(tree.pid) == "Z"
-    assert procs.state(tree.pid) is None  # reaped by cleanup, after the last group signal
+    assert procs.reaped(tree.pid)  # reaped by cleanup, after the last group signal
     assert tree.returncode == 3
     assert tree.outcome is not None
     assert tree.outcome.returncode == 3
@@ -553,7 +553,7 @@ async def test_a_leader_whose_pidfd_cannot_open_is_stopped_only_if_still_ours(
             assert raised.value.errno == errno.EMFILE
             [leader] = started
             if not reaped_first:
-                assert procs.state(leader) is None  # killed and reaped by the spawn
+                assert procs.reaped(leader)  # killed and reaped by the spawn
             elif strangers == [leader]:
                 assert untouched_stranger(leader)
         assert procs.open_fds() == fds  # (the stranger's holder gone too)
@@ -1245,7 +1245,7 @@ async def test_a_reaped_leaders_group_member_that_died_unseen_is_reaped(
     finally:
         os.close(read_end)
     try:
-        assert procs.state(member) is None  # reaped by cleanup
+        assert procs.reaped(member)  # reaped by cleanup
     finally:
         with contextlib.suppress(ChildProcessError):  # (gone unless the red run left it)
             os.waitpid(member, 0)  # noqa: ASYNC222 - a zombie: at once

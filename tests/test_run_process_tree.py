@@ -242,5 +242,5 @@ async def test_a_tree_says_what_it_is_and_how_it_stands(
         await tree.stdin.aclose()
         assert await tree.wait() == 3
         assert repr(tree) == f"{name}: exited with status 3>"
-    assert procs.state(tree.pid) is None  # (read without reaping: cleanup reaped it)
+    assert procs.reaped(tree.pid)  # (read without reaping: cleanup reaped it)
     assert tracked.survivors() == []

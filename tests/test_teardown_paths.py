@@ -245,7 +245,7 @@ async def test_cancellation_while_spawning_still_stops_the_tree(
     assert scope.cancelled_caught
     started = [int(m) for m in re.findall(r"pid (\d+) \(.*\) started", caplog.text)]
     assert len(started) == 1, "the spawn did happen: the cancel arrived while it ran"
-    assert procs.state(started[0]) is None, "the leader was reaped"
+    assert procs.reaped(started[0]), "the leader was reaped"
     assert tracked.survivors() == []
 
 
