@@ -340,10 +340,50 @@ WITHOUT_CAP_KILL = ("setpriv", "--inh-caps=-kill", "--bounding-set=-kill")
 #: test as `alive` (a zombie is not alive), with nothing to import.
 ALIVE_IN_A_CHILD = textwrap.dedent(
     """
+    import os
+
+    def stat(pid):
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+
+    def identity(pid):
+        # Start time (clock ticks) and pidfd inode (unique since Linux 6.9), as procs does.
+        started = stat(pid)[19]
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:  # (out of fds, say: the start time alone)
+            return started, None
+        try:
+            return started, os.fstat(fd).st_ino
+        finally:
+            os.close(fd)
+
+    BORN = {}
+
+    def remember(pid):
+        try:
+            BORN[pid] = identity(pid)
+        except OSError:
+            pass
+        return pid
+
+    class Pids(list):
+        # The pids a script was told of, each remembered as it is added: a pid that went
+        # to another process once the script's one ended is not alive.
+        def append(self, pid):
+            super().append(remember(pid))
+
+        def extend(self, pids):
+            for pid in pids:
+                self.append(pid)
+
     def alive(pid):
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
+            if pid in BORN:
+                (started, inode), (now, held) = BORN[pid], identity(pid)
+                if started != now or None not in (inode, held) and inode != held:
+                    return False
+            return stat(pid)[0] not in "ZX"
         except OSError:
             return False
     """

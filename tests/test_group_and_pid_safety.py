@@ -993,7 +993,7 @@ WITHOUT_THE_RIGHT_TO_SIGNAL = procs.ALIVE_IN_A_CHILD + textwrap.dedent(
                     said = b""
                     while not said.endswith(b"\\n"):  # (said once it runs as nobody)
                         said += await tree.stdout.receive_some()
-                    member = int(said)
+                    member = remember(int(said))
                     if leader == "reaped":
                         await tree.stdin.aclose()
                         os.waitpid(tree.pid, 0)  # "someone else" reaps the leader

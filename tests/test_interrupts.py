@@ -151,7 +151,7 @@ INTERRUPTED_DURING_THE_GRACE = procs.ALIVE_IN_A_CHILD + textwrap.dedent(
         os.kill(os.getpid(), signal.SIGINT)
 
     threading.Thread(target=press_ctrl_c, daemon=True).start()
-    trees, pids = [], []
+    trees, pids = [], Pids()
 
     async def main():
         command = ["sh", "-c", "trap '' TERM; sleep 60 & echo $$ $!; wait"]
@@ -222,7 +222,7 @@ INTERRUPTED_AS_THE_BLOCK_EXITS = procs.ALIVE_IN_A_CHILD + textwrap.dedent(
                 signal.raise_signal(signal.SIGINT)
         return None
 
-    trees, pids = [], []
+    trees, pids = [], Pids()
 
     async def main():
         command = ["sh", "-c", "sleep 60 & echo $$ $!; wait"]

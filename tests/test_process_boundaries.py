@@ -605,7 +605,7 @@ OUT_OF_FDS_PRELUDE = procs.ALIVE_IN_A_CHILD + textwrap.dedent(
 
 OUT_OF_FILE_DESCRIPTORS = OUT_OF_FDS_PRELUDE + textwrap.dedent(
     """
-    pids, trees = [], []
+    pids, trees = Pids(), []
 
     async def main():
         policy = Escalation(steps=[(signal.SIGTERM, 0.2)], kill_wait=0.2)
@@ -662,7 +662,7 @@ LINGERING_OUT_OF_FILE_DESCRIPTORS = OUT_OF_FDS_PRELUDE + textwrap.dedent(
     """
     handled = sys.argv[2]
     member = f"trap 'echo > {handled}; exit 0' TERM; echo $$; while :; do sleep 0.02; done"
-    pids = []
+    pids = Pids()
 
     async def main():
         policy = Escalation(steps=[(signal.SIGTERM, 0.3)], kill_wait=0.3)
@@ -709,7 +709,7 @@ ESCAPEE_OUT_OF_FILE_DESCRIPTORS_A_WHILE = OUT_OF_FDS_PRELUDE + textwrap.dedent(
     """
     handled = sys.argv[2]
     escapee = f"trap 'echo > {handled}; exit 0' TERM; echo $$; while :; do sleep 0.02; done"
-    pids = []
+    pids = Pids()
 
     async def give_back_later(out_of_fds):
         await out_of_fds.wait()
@@ -762,7 +762,7 @@ def test_an_escapee_found_once_descriptors_are_back_gets_the_stop_signal_then(
 ESCAPEES_FEW_FILE_DESCRIPTORS_LEFT = OUT_OF_FDS_PRELUDE + textwrap.dedent(
     """
     escapee = "trap 'echo > {0}; exit 0' TERM; echo $$; while :; do sleep 0.02; done"
-    pids = []
+    pids = Pids()
 
     async def main():
         policy = Escalation(steps=[(signal.SIGTERM, 0.5)], kill_wait=0.3)
@@ -818,7 +818,7 @@ MANY_UNDER_A_LOW_FD_LIMIT = procs.ALIVE_IN_A_CHILD + textwrap.dedent(
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), hard))
-    count, pids = int(sys.argv[2]), []
+    count, pids = int(sys.argv[2]), Pids()
 
     async def one(all_run):
         async with open_process_tree(["sleep", "60"], containment="cgroup") as tree:
