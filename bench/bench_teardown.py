@@ -9,6 +9,7 @@ the two sides are interleaved and summed: single rounds are ~0.1 s and noisy on 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import resource
 import signal
@@ -27,14 +28,17 @@ from trio_proctree._orphans import children
 from trio_proctree._procfs import read_file, read_stat
 
 COOPERATIVE = ["sh", "-c", "sleep 60 & sleep 61 & echo running; wait"]
+#: The same with a daemon: a ``setsid`` escapee (its pid said first), which a process
+#: group misses and the tree's cgroup does not.
+ESCAPING = ["sh", "-c", "setsid sleep 60 & echo $!; sleep 61 & echo running; wait"]
 CONTAINMENT = "auto"
 
 
 # --- one cooperative tree: cancel -> leader reaped ------------------------------------
 
 
-async def running(stdout: trio.abc.ReceiveStream | None) -> None:
-    """Wait until the tree says it runs, then let it sit idle for 20 ms.
+async def running(stdout: trio.abc.ReceiveStream | None) -> bytes:
+    """Wait until the tree says it runs, then let it sit idle for 20 ms; what it said.
 
     Not only a sleep: a leader joining its cgroup through /bin/sh may wait for an RCU
     grace period in that write (tens of ms, now and then, on an idle VM), and a tree not
@@ -49,6 +53,7 @@ async def running(stdout: trio.abc.ReceiveStream | None) -> None:
             raise RuntimeError(f"the tree ended before it said it runs: {said!r}")
         said += chunk
     await trio.sleep(0.02)
+    return said
 
 
 #: The baseline's process groups whose members may yet die as zombies of ours.
@@ -91,6 +96,43 @@ async def proctree_teardown() -> float:
         await running(tree.stdout)
         started = time.perf_counter()
         await tree.aclose()
+    return time.perf_counter() - started
+
+
+async def killpg_escaping_teardown() -> float:
+    """The baseline on a tree with a daemon: ``killpg`` stops the group and misses the
+    escapee, which is then killed untimed, through a pidfd."""
+    reap_baseline_orphans()
+    proc = await trio.lowlevel.open_process(
+        ESCAPING, start_new_session=True, stdout=subprocess.PIPE
+    )
+    _baseline_groups.append(proc.pid)
+    escapee = os.pidfd_open(int((await running(proc.stdout)).split()[0]))
+    try:
+        started = time.perf_counter()
+        os.killpg(proc.pid, signal.SIGTERM)
+        await proc.wait()
+        took = time.perf_counter() - started
+        with contextlib.suppress(ProcessLookupError):  # (it joined the group after all)
+            signal.pidfd_send_signal(escapee, signal.SIGKILL)
+        await trio.lowlevel.wait_readable(escapee)
+        with contextlib.suppress(ChildProcessError):  # ours only under a subreaper
+            os.waitid(os.P_PIDFD, escapee, os.WEXITED | os.WNOHANG)  # noqa: ASYNC222 - exited
+    finally:
+        os.close(escapee)
+    assert proc.stdout is not None
+    await proc.stdout.aclose()
+    return took
+
+
+async def proctree_escaping_teardown() -> float:
+    async with open_process_tree(ESCAPING, containment=CONTAINMENT, stdout=subprocess.PIPE) as tree:
+        await running(tree.stdout)
+        started = time.perf_counter()
+        await tree.aclose()
+    assert tree.outcome is not None
+    if CONTAINMENT != "group" and tree.outcome.escapees_killed != 1:
+        raise RuntimeError(f"the escapee was not stopped as one: {tree.outcome}")
     return time.perf_counter() - started
 
 
@@ -227,6 +269,11 @@ async def main(rounds: int, many: int, grace: float) -> None:
         # done by hand with nothing else: no teardown of the whole tree gets below it.
         name = "  floor: killpg + wait for all + cgroup empty"
         print(row(name, times["killpg"], times["floor"], target="(no target)"))
+    times = await interleaved(
+        rounds, {"killpg": killpg_escaping_teardown, "ours": proctree_escaping_teardown}
+    )
+    name = "  with a setsid daemon (killpg misses it)"
+    print(row(name, times["killpg"], times["ours"], target="(no target)"))
     times = await interleaved(
         max(3, rounds // 10),
         {"killpg": lambda: killpg_many(many), "ours": lambda: proctree_many(many)},

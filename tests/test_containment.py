@@ -1537,9 +1537,11 @@ async def test_members_still_exiting_after_the_leader_are_waited_for_not_listed(
     # They had the stop signal with the leader: listing them (the listing escapees need)
     # would only hold a core they need to finish. The wait for the cgroup to empty ends
     # when the kernel says it has. (The listing is put off for longer than the member's
-    # exit takes, as it is up to SURVEY_DELAY for a tree's first signal.)
+    # exit takes, as it is up to EMPTYING_WAIT after the leader's exit, SURVEY_DELAY after
+    # a tree's first signal at most.)
     available("cgroup")
     monkeypatch.setattr(CgroupContainment, "SURVEY_DELAY", 2.0)
+    monkeypatch.setattr(CgroupContainment, "EMPTYING_WAIT", 2.0)
     # However young the cgroup: the kernel's word may then come up to 10 ms late, which
     # the 2 s above leave room for.
     monkeypatch.setattr(CgroupContainment, "NOTIFIES_AT_ONCE_AFTER", 0.0)
