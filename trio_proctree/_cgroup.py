@@ -540,6 +540,8 @@ class CgroupContainment(MemberTracking):
         self._survey_by = 0.0
         #: Watches cgroup.events for a change, to wait on (see `_watch_emptying`).
         self._emptying: select.epoll | None = None
+        #: That watch could not be made (out of file descriptors).
+        self._no_watch = False
         #: When the leader was taken in charge: it has joined its cgroup by then, or (through
         #: /bin/sh) is about to, so the join's change notice is about this old.
         self._attached_at = 0.0
@@ -754,6 +756,11 @@ class CgroupContainment(MemberTracking):
             return self._now_empty()
         if self._survey_due and (emptying := self._watch_emptying()) is not None:
             return [emptying]
+        if self._survey_due and self._no_watch and time.monotonic() < self._survey_by:
+            # Out of file descriptors for the watch, the listing (which needs more) would
+            # fail: the held cgroup.events is read again in a moment instead, until the
+            # listing is due (seen in CI: a tree ending with its leader reported an error).
+            return NEED_SCAN
         if self._survey_due:
             self._survey_now()  # the escalation's listing, deferred until the leader exited
         elif not self._members:
@@ -793,7 +800,8 @@ class CgroupContainment(MemberTracking):
                 self._emptying = select.epoll()
                 # A change, not the data: kernfs files always read as readable.
                 self._emptying.register(self._events_fd, select.EPOLLPRI)
-            except OSError:  # out of file descriptors, say: the listing, as before
+            except OSError:  # out of file descriptors, say: looked at again (`pending`)
+                self._no_watch = True
                 return None
             # The group's members had the signal with the leader, and finish their exit
             # within a few hundred us of its own: a cgroup still populated past that holds
