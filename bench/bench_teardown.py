@@ -130,10 +130,11 @@ async def proctree_escaping_teardown() -> float:
         await running(tree.stdout)
         started = time.perf_counter()
         await tree.aclose()
+        took = time.perf_counter() - started
     assert tree.outcome is not None
     if CONTAINMENT != "group" and tree.outcome.escapees_killed != 1:
         raise RuntimeError(f"the escapee was not stopped as one: {tree.outcome}")
-    return time.perf_counter() - started
+    return took
 
 
 async def floor_teardown() -> float:
