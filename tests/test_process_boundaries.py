@@ -565,7 +565,7 @@ def test_nested_subreaper_trees_die_with_the_outer_parent(tracked: Tracked) -> N
 #: tree's first line, running out of descriptors and giving them back.
 OUT_OF_FDS_PRELUDE = procs.ALIVE_IN_A_CHILD + textwrap.dedent(
     """
-    import json, os, resource, shlex, signal, sys, trio
+    import json, os, resource, shlex, signal, sys, traceback, trio
     from trio_proctree import Escalation, open_process_tree
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -625,6 +625,11 @@ OUT_OF_FILE_DESCRIPTORS = OUT_OF_FDS_PRELUDE + textwrap.dedent(
         "error": type(error).__name__,
         "cause": getattr(getattr(error, "__cause__", None), "errno", None),
         "returncode": trees[0].outcome.returncode,
+        # (Where it was raised, for a failure message: this test went red twice in CI
+        # on an OSError that 85 local runs did not show.)
+        "traceback": None if error is None else "".join(
+            traceback.format_exception(type(error), error, error.__traceback__)
+        ),
     }))
     """
 )
@@ -865,7 +870,7 @@ def test_out_of_file_descriptors_a_cgroup_tree_that_ends_with_its_leader_ends_cl
     )
     assert len(report["pids"]) == 1
     assert report["alive"] == []
-    assert report["error"] == "NoneType"
+    assert report["error"] == "NoneType", report["traceback"]
     assert report["returncode"] == -signal.SIGTERM
     assert tracked.survivors() == []
 
