@@ -625,6 +625,7 @@ OUT_OF_FILE_DESCRIPTORS = OUT_OF_FDS_PRELUDE + textwrap.dedent(
         "error": type(error).__name__,
         "cause": getattr(getattr(error, "__cause__", None), "errno", None),
         "returncode": trees[0].outcome.returncode,
+        "duration": trees[0].outcome.duration,
         # (Where it was raised, for a failure message: this test went red twice in CI
         # on an OSError that 85 local runs did not show.)
         "traceback": None if error is None else "".join(
@@ -872,6 +873,47 @@ def test_out_of_file_descriptors_a_cgroup_tree_that_ends_with_its_leader_ends_cl
     assert report["alive"] == []
     assert report["error"] == "NoneType", report["traceback"]
     assert report["returncode"] == -signal.SIGTERM
+    assert tracked.survivors() == []
+
+
+def test_out_of_file_descriptors_a_cgroup_tree_whose_leader_is_slow_to_stop_ends_cleanly(
+    tracked: Tracked,
+) -> None:
+    # The leader outlives the wait before the cgroup is listed (SURVEY_DELAY, 5 ms), and
+    # the listing fails for want of a descriptor; the tree then ends with its leader, so
+    # nothing the listing would have found went without its stop signal. Red when the
+    # failed listing was reported all the same (seen in CI: a SIGTERMed `sleep` on a
+    # loaded machine was slow enough). The trap's sleep ignores SIGTERM, so the leader
+    # exits 50 ms after the stop signal, well within the 0.2 s grace.
+    available("cgroup")
+    slow = "trap '(trap \"\" TERM; exec sleep 0.05); exit 0' TERM; echo $$;"
+    slow += "while :; do sleep 0.01; done"
+    report = json.loads(procs.run_python(OUT_OF_FILE_DESCRIPTORS, "cgroup", slow, env=tracked.env))
+    assert len(report["pids"]) == 1
+    assert report["alive"] == []
+    assert report["returncode"] == 0  # the trap ran: the stop signal, not SIGKILL
+    assert report["duration"] >= 0.05  # the leader did outlive the listing's wait
+    assert report["error"] == "NoneType", report["traceback"]
+    assert tracked.survivors() == []
+
+
+def test_out_of_file_descriptors_a_listing_that_never_worked_is_said_after_the_hard_stop(
+    tracked: Tracked,
+) -> None:
+    # The leader ignores SIGTERM: the listing fails all through the grace, and any escapee
+    # would have gone without its stop signal. The failure is held while it may yet not
+    # matter (see the test above), and raised by the hard stop. Red when it was dropped.
+    available("cgroup")
+    stubborn = "trap '' TERM; echo $$; exec sleep 60"
+    report = json.loads(
+        procs.run_python(OUT_OF_FILE_DESCRIPTORS, "cgroup", stubborn, env=tracked.env)
+    )
+    assert len(report["pids"]) == 1
+    assert report["alive"] == []
+    assert report["returncode"] == -signal.SIGKILL
+    assert report["error"] == "OSError", report["traceback"]
+    raised = report["traceback"].rstrip().splitlines()[-1]
+    assert "cgroup.procs" in raised  # the listing's failure, not only the hard stop's own
     assert tracked.survivors() == []
 
 

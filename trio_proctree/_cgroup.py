@@ -35,7 +35,7 @@ import attrs
 
 from . import _spawn_into_cgroup as direct_spawn
 from . import _watchdog as watchdog
-from ._containment import NEED_SCAN, MemberTracking, Pending
+from ._containment import NEED_SCAN, RETRY_LATER, RETRY_PAUSE, MemberTracking, Pending
 from ._leader import Leader
 from ._pidfd import open_pidfd
 from ._procfs import ProcStat, proc_hides_processes, read_file, read_stat
@@ -542,6 +542,10 @@ class CgroupContainment(MemberTracking):
         self._emptying: select.epoll | None = None
         #: That watch could not be made (out of file descriptors).
         self._no_watch = False
+        #: Why the escalation's listing failed (out of file descriptors, say), held rather
+        #: than raised: it is tried again every RETRY_PAUSE, and a tree seen empty had no
+        #: escapee left to miss its stop signal. Raised by the hard stop (`kill`).
+        self._unlisted: OSError | None = None
         #: When the leader was taken in charge: it has joined its cgroup by then, or (through
         #: /bin/sh) is about to, so the join's change notice is about this old.
         self._attached_at = 0.0
@@ -662,6 +666,9 @@ class CgroupContainment(MemberTracking):
                 new.append(pid)
 
     def kill(self) -> None:
+        # A listing that failed all through the grace left any escapee without its stop
+        # signal: said once the hard stop (which reaches them) has gone out.
+        unlisted, self._unlisted = self._unlisted, None
         if self._survey_due:
             # The graceful wait ended before the deferred listing (no grace, or Ctrl-C cut it
             # short): take it now, so that the escapees are counted and the lingering known
@@ -670,7 +677,11 @@ class CgroupContainment(MemberTracking):
                 self._survey_now()
             except OSError as exc:  # out of file descriptors, say: the hard stop goes out
                 logger.debug("%s: not listed before the hard stop: %s", self.path, exc)
-        super().kill()
+        try:
+            super().kill()
+        finally:
+            if unlisted is not None:
+                raise unlisted  # (a hard stop's own error shows as its context)
 
     def signal(self, sig: int, *, escalation: bool = False) -> None:
         pins = self.leader.pins_group  # (asks the kernel; `exited` reads the answer)
@@ -742,7 +753,8 @@ class CgroupContainment(MemberTracking):
         if not self.leader.exited:
             if self._survey_due:
                 if self.ask_again_within is not None:
-                    self._survey_now()  # the leader outlived SURVEY_DELAY
+                    # The leader outlived SURVEY_DELAY (or a failed listing is tried again).
+                    self._try_survey_now()
                     self._raise_denied()
                 else:
                     self.ask_again_within = self.SURVEY_DELAY
@@ -753,21 +765,26 @@ class CgroupContainment(MemberTracking):
         # the count before its pidfd turns readable). Most teardowns end here, at the
         # first wake-up after the leader's exit, without listing the cgroup at all.
         if not self._members and not self._populated():
+            if self._unlisted is not None:
+                # Every member exited, escapees included, if any: the failed listing missed
+                # nothing (a leader slow to act on its stop signal on a loaded machine
+                # made it fail, where the tree then ended cleanly, without it).
+                logger.debug("%s: emptied, though not listed: %s", self.path, self._unlisted)
+                self._unlisted = None
             return self._now_empty()
-        if self._survey_due and (emptying := self._watch_emptying()) is not None:
-            return [emptying]
-        if self._survey_due and self._no_watch and time.monotonic() < self._survey_by:
-            # Out of file descriptors for the watch, the listing (which needs more) would
-            # fail: the held cgroup.events is read again in a moment instead, until the
-            # listing is due (seen in CI: a tree ending with its leader reported an error).
-            return NEED_SCAN
+        # The escalation's listing, deferred until the leader exited; or, something outlived
+        # the leader: track it by pidfd (and give escapees found only now the escalation).
+        list_now = self._survey_due or not self._members
         if self._survey_due:
-            self._survey_now()  # the escalation's listing, deferred until the leader exited
-        elif not self._members:
-            # Something outlived the leader: track it by pidfd (and give escapees found
-            # only now the escalation so far).
-            new = self._survey(track=True, pins=self.leader.pins_group)
-            self._signal_escapees(new, self._sent)
+            if (emptying := self._watch_emptying()) is not None:
+                return [emptying]
+            if self._no_watch and time.monotonic() < self._survey_by:
+                # Out of file descriptors for the watch, the listing (which needs more)
+                # would fail: the held cgroup.events is read again in a moment instead,
+                # until the listing is due.
+                list_now = False
+        if list_now and not self._try_survey_now():
+            return RETRY_LATER
         self._raise_denied()  # (the members are tracked: the next call waits on them)
         if not self._members:
             # Populated, yet nobody listed: the last members are finishing their exit
@@ -812,6 +829,23 @@ class CgroupContainment(MemberTracking):
             remaining = self._survey_by - now
         self.ask_again_within = remaining
         return self._emptying.fileno()
+
+    def _try_survey_now(self) -> bool:
+        """`_survey_now`, and whether it succeeded; if it failed, why is held (`_unlisted`)
+        and it is tried again within RETRY_PAUSE.
+
+        Not raised at once: the members are often exiting by then, and a tree seen empty
+        before its hard stop lost nothing to the failure. (Raised, it ended every teardown
+        in an error, however clean.)
+        """
+        try:
+            self._survey_now()
+        except OSError as exc:
+            self._unlisted = exc
+            self._survey_due, self.ask_again_within = True, RETRY_PAUSE
+            return False
+        self._unlisted = None  # (the escapees had their signals, if late)
+        return True
 
     def _survey_now(self) -> None:
         """The escalation's deferred listing: every member pinned by pidfd, and the escapees

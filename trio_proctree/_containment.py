@@ -15,7 +15,7 @@ import select
 import signal
 import time
 from collections.abc import Callable, Iterable
-from typing import Protocol
+from typing import Final, Protocol
 
 from . import _watchdog as watchdog
 from ._leader import Leader
@@ -28,16 +28,21 @@ logger = logging.getLogger("trio_proctree")
 
 
 class NeedScan(enum.Enum):
-    """Returned by `Containment.pending` when the next answer needs a /proc scan.
+    """Returned by `Containment.pending` when it cannot name pidfds to wait on yet."""
 
-    The driver yields to its event loop once and asks again, so that all the teardowns
-    that reach this point together share one scan.
-    """
-
+    #: The next answer needs a /proc scan: the driver yields to its event loop once and
+    #: asks again, so that all the teardowns that reach this point together share one scan.
     NEED_SCAN = enum.auto()
+    #: A look at the tree failed (out of file descriptors, say) and is to be taken again:
+    #: the driver pauses `RETRY_PAUSE` first.
+    RETRY_LATER = enum.auto()
 
 
-NEED_SCAN = NeedScan.NEED_SCAN
+NEED_SCAN: Final = NeedScan.NEED_SCAN
+RETRY_LATER: Final = NeedScan.RETRY_LATER
+#: Seconds between tries of a look at the tree that failed: out of file descriptors, a
+#: try costs microseconds, and a 5 s grace of them stays a few ms of CPU.
+RETRY_PAUSE = 0.05
 Pending = list[int] | NeedScan
 
 
@@ -83,7 +88,8 @@ class Containment(Protocol):
 
     def pending(self) -> Pending:
         """Pidfds to wait on (any turning readable: ask again); [] once the tree is empty;
-        `NEED_SCAN` to be asked again after the driver has yielded once."""
+        `NEED_SCAN` to be asked again after the driver has yielded once, `RETRY_LATER`
+        after `RETRY_PAUSE`."""
         ...
 
     #: If not None, the driver asks `pending` again after at most this many seconds, even

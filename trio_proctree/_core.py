@@ -17,7 +17,7 @@ import time
 from typing import Protocol
 
 from ._cgroup import remove_home
-from ._containment import NEED_SCAN, Containment, ContainmentLost
+from ._containment import NEED_SCAN, RETRY_LATER, RETRY_PAUSE, Containment, ContainmentLost
 from ._escalation import Escalation, SignalLike, parse_signal
 from ._leader import Leader
 from ._outcome import CleanupError, CleanupOutcome
@@ -250,9 +250,11 @@ class TreeCore:
         except Exception as exc:  # noqa: BLE001 - reported at the end; the escalation goes on
             if not any(type(exc) is type(seen) and exc.args == seen.args for seen in errors):
                 errors.append(exc)
-            return 0.05  # a degraded poll, only on this path: the error is raised at the end
+            return RETRY_PAUSE  # a degraded poll, only here: the error is raised at the end
         if pending is NEED_SCAN:
             return 0.001  # a member still finishing its exit: it takes microseconds
+        if pending is RETRY_LATER:
+            return RETRY_PAUSE
         return pending
 
     async def _wait_empty(

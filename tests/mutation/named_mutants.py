@@ -976,6 +976,20 @@ MUTANTS = [
         "    if False:\n        return None",
         "merely_imported",
     ),
+    (
+        "cgroup: a failed listing raised at once, though the tree then ended cleanly",
+        "_cgroup.py",
+        "        except OSError as exc:\n            self._unlisted = exc\n",
+        "        except OSError as exc:\n            raise\n",
+        "slow_to_stop_ends_cleanly",
+    ),
+    (
+        "cgroup: a listing that failed all through the grace not said by the hard stop",
+        "_cgroup.py",
+        "                raise unlisted  #",
+        "                pass  #",
+        "listing_that_never_worked",
+    ),
 ]
 
 
