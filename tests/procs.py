@@ -106,6 +106,23 @@ def reaped(child: int) -> bool:
     return False  # running, or a zombie yet to be reaped
 
 
+def wait_unreaped(child: int, *, within: float) -> bool:
+    """Wait up to ``within`` seconds for ``child`` (a child of this process) to exit, and
+    leave it unreaped: whether it is still there to be reaped (False if other code reaped
+    it). Its pidfd turns readable on its exit: an event, not a poll."""
+    try:
+        fd = os.pidfd_open(child)
+    except ProcessLookupError:
+        return False  # reaped already
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        assert poller.poll(within * 1000), f"pid {child} still runs after {within} s"
+    finally:
+        os.close(fd)
+    return not reaped(child)
+
+
 def untouched_child(pid: int) -> bool:
     """Whether our child ``pid`` runs with no fatal signal on its way to it.
 

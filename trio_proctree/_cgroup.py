@@ -28,7 +28,7 @@ import shlex
 import signal
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -543,9 +543,12 @@ class CgroupContainment(MemberTracking):
         #: That watch could not be made (out of file descriptors).
         self._no_watch = False
         #: Why the escalation's listing failed (out of file descriptors, say), held rather
-        #: than raised: it is tried again every RETRY_PAUSE, and a tree seen empty had no
-        #: escapee left to miss its stop signal. Raised by the hard stop (`kill`).
+        #: than raised: it is tried again (`_hold`), and a tree seen empty had no escapee
+        #: left to miss its stop signal. Raised by the hard stop (`kill`).
         self._unlisted: OSError | None = None
+        #: Seconds until that listing is tried again: RETRY_PAUSE, doubled at each failure
+        #: up to MAX_RETRY_PAUSE (a 5 s grace out of descriptors takes ~15 tries, not 100).
+        self._retry_pause = RETRY_PAUSE
         #: When the leader was taken in charge: it has joined its cgroup by then, or (through
         #: /bin/sh) is about to, so the join's change notice is about this old.
         self._attached_at = 0.0
@@ -614,10 +617,13 @@ class CgroupContainment(MemberTracking):
         except OSError as exc:
             logger.debug("%s: not looked at after cgroup.kill: %s", self.path, exc)
 
-    def _survey(self, *, track: bool, pins: bool) -> list[int]:
+    def _survey(self, *, track: bool, pins: bool, give: Sequence[int]) -> list[int]:
         """List the members, and return the escapees not known before (pinned by pidfd).
         With ``track``, every member listed is tracked by a pidfd, to be waited on.
         ``pins``: whether the unreaped leader pins the group id (the caller has just asked).
+        ``give``: the signals the caller gives new escapees; should the listing fail part
+        way (out of file descriptors, say), those it found have them before the error is
+        raised, as no later listing returns them again (they are known by then).
 
         A member of the group is told by ``getpgid`` alone: ``killpg`` reaches it, and a
         listed pid recycled by the time ``getpgid`` asks is in our pinned group only if it
@@ -635,6 +641,9 @@ class CgroupContainment(MemberTracking):
                 self._pin_listed(listed)
             self._lives_for_listed = None
             self._survey_listed(listed, new, track=track, pins=pins)
+        except OSError:
+            self._signal_escapees(new, give)
+            raise
         finally:
             self._unpin()
         return new
@@ -677,22 +686,36 @@ class CgroupContainment(MemberTracking):
                 self._survey_now()
             except OSError as exc:  # out of file descriptors, say: the hard stop goes out
                 logger.debug("%s: not listed before the hard stop: %s", self.path, exc)
+        failed: Exception | None = None
         try:
             super().kill()
-        finally:
-            if unlisted is not None:
-                raise unlisted  # (a hard stop's own error shows as its context)
+        except Exception as exc:  # noqa: BLE001 - raised below, after the held error
+            # (Only an Exception: a KeyboardInterrupt goes on as it is, unreplaced.)
+            failed = exc
+        if unlisted is not None:
+            if failed is not None and unlisted.__context__ is None:
+                unlisted.__context__ = failed  # (shown with it, not lost)
+            elif failed is not None:
+                logger.error("%s: the hard stop failed too", self.path, exc_info=failed)
+            raise unlisted
+        if failed is not None:
+            raise failed
 
     def signal(self, sig: int, *, escalation: bool = False) -> None:
         pins = self.leader.pins_group  # (asks the kernel; `exited` reads the answer)
         new: list[int] = []  # escapees this signal's listings find
         listing_failed: OSError | None = None
+        # What escapees found now get before this signal (a listing that fails part way
+        # gives them these, and this signal goes to every escapee known, below).
+        earlier = list(self._sent)
+        listed = False  # every member tracked by a listing of this call's
         if escalation and self.leader.exited:
             # A step after the leader exited: what still runs outlived it, and lingers.
             # Counted before the signal, which some of it may die of at once. (Only here
             # is the listing taken first: while the leader runs, nothing lingers yet.)
             try:
-                new = self._survey(track=True, pins=pins)
+                new = self._survey(track=True, pins=pins, give=earlier)
+                listed = True
             except OSError as exc:
                 # Out of file descriptors, say: the group still gets its signal below (a
                 # killpg needs none); the error is raised after it.
@@ -728,22 +751,35 @@ class CgroupContainment(MemberTracking):
         # Then the escapees, one pidfd each. An escalation also pins the members to wait on.
         if listing_failed is None and survey:
             try:
-                new += self._survey(track=escalation, pins=pins)
+                new += self._survey(track=escalation, pins=pins, give=earlier)
+                listed |= escalation
             except OSError as exc:
                 listing_failed = exc
-        if listing_failed is not None:
+        if listing_failed is None:
+            self._signal_escapees([pid for pid in self._escapees if pid not in new], step)
+            try:
+                self._catch_up(new, catch_up, pins=pins)
+            except OSError as exc:
+                listing_failed = exc
+        else:
             self._signal_escapees(self._escapees, step)  # those already known
-            self._raise_denied(listing_failed)
-        self._signal_escapees([pid for pid in self._escapees if pid not in new], step)
-        self._catch_up(new, catch_up, pins=pins)
+        if listing_failed is not None and not escalation:
+            self._raise_denied(listing_failed)  # a program's own signal: said at once
+        if listing_failed is not None:
+            # A step's: held, and tried again, as the deferred listing (`pending`).
+            self._hold(listing_failed)
+        elif listed and self._unlisted is not None:
+            # What a failed listing left out has the escalation so far now.
+            self._unlisted, self._survey_due, self.ask_again_within = None, False, None
         self._raise_denied()
 
     def _catch_up(self, new: list[int], signals: list[int], *, pins: bool) -> None:
         """Give escapees just found ``signals``; as one may have forked before its signal
-        came, list again (and give those) until a listing finds none new."""
+        came, list again (and give those) until a listing finds none new. (With no
+        signals to give, nothing has been told to stop: there is no fork race to chase.)"""
         self._signal_escapees(new, signals)
-        for _ in range(self.SURVEY_ROUNDS - 1 if new else 0):
-            new = self._survey(track=False, pins=pins)
+        for _ in range(self.SURVEY_ROUNDS - 1 if new and signals else 0):
+            new = self._survey(track=False, pins=pins, give=signals)
             if not new:
                 break
             self._signal_escapees(new, signals)
@@ -778,12 +814,13 @@ class CgroupContainment(MemberTracking):
         if self._survey_due:
             if (emptying := self._watch_emptying()) is not None:
                 return [emptying]
-            if self._no_watch and time.monotonic() < self._survey_by:
+            if self._no_watch and (remaining := self._survey_by - time.monotonic()) > 0:
                 # Out of file descriptors for the watch, the listing (which needs more)
                 # would fail: the held cgroup.events is read again in a moment instead,
                 # until the listing is due.
-                list_now = False
+                list_now, self.ask_again_within = False, remaining
         if list_now and not self._try_survey_now():
+            self._raise_denied()
             return RETRY_LATER
         self._raise_denied()  # (the members are tracked: the next call waits on them)
         if not self._members:
@@ -831,21 +868,30 @@ class CgroupContainment(MemberTracking):
         return self._emptying.fileno()
 
     def _try_survey_now(self) -> bool:
-        """`_survey_now`, and whether it succeeded; if it failed, why is held (`_unlisted`)
-        and it is tried again within RETRY_PAUSE.
-
-        Not raised at once: the members are often exiting by then, and a tree seen empty
-        before its hard stop lost nothing to the failure. (Raised, it ended every teardown
-        in an error, however clean.)
-        """
+        """`_survey_now`, and whether it succeeded; if it failed, why is held (`_hold`)."""
         try:
             self._survey_now()
         except OSError as exc:
-            self._unlisted = exc
-            self._survey_due, self.ask_again_within = True, RETRY_PAUSE
+            self._hold(exc)
             return False
         self._unlisted = None  # (the escapees had their signals, if late)
         return True
+
+    #: Seconds between tries of a failed listing, at most (see `_retry_pause`).
+    MAX_RETRY_PAUSE = 0.4
+
+    def _hold(self, failed: OSError) -> None:
+        """Keep why the escalation's listing failed, and have it tried again later (the
+        escapees it finds then get the escalation so far).
+
+        Not raised at once: the members are often exiting by then, and a tree seen empty
+        before its hard stop lost nothing to the failure. (Raised, it ended every teardown
+        in an error, however clean.) One held still when cleanup ends with the tree not
+        empty is raised by `release`: it may be why.
+        """
+        self._unlisted = failed
+        self._survey_due, self.ask_again_within = True, self._retry_pause
+        self._retry_pause = min(self._retry_pause * 2, self.MAX_RETRY_PAUSE)
 
     def _survey_now(self) -> None:
         """The escalation's deferred listing: every member pinned by pidfd, and the escapees
@@ -853,7 +899,8 @@ class CgroupContainment(MemberTracking):
         their signal came, until a listing finds none new."""
         self._survey_due, self.ask_again_within = False, None
         pins = self.leader.pins_group
-        self._catch_up(self._survey(track=True, pins=pins), self._sent, pins=pins)
+        new = self._survey(track=True, pins=pins, give=self._sent)
+        self._catch_up(new, self._sent, pins=pins)
 
     def _populated(self) -> bool:
         if self._events_fd < 0:
@@ -866,6 +913,16 @@ class CgroupContainment(MemberTracking):
         return []
 
     def release(self, *, emptied: bool = True) -> None:
+        try:
+            self._release(emptied=emptied)
+        finally:
+            unlisted, self._unlisted = self._unlisted, None
+        if unlisted is not None and not (emptied and self._emptied):
+            # A listing that failed after the hard stop: the likeliest reason the tree
+            # outlived it, to show as the cause of the error that says so.
+            raise unlisted
+
+    def _release(self, *, emptied: bool) -> None:
         if self._emptying is not None:
             self._emptying.close()
             self._emptying = None

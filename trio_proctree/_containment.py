@@ -34,14 +34,13 @@ class NeedScan(enum.Enum):
     #: asks again, so that all the teardowns that reach this point together share one scan.
     NEED_SCAN = enum.auto()
     #: A look at the tree failed (out of file descriptors, say) and is to be taken again:
-    #: the driver pauses `RETRY_PAUSE` first.
+    #: the driver pauses first, `ask_again_within` (else `RETRY_PAUSE`).
     RETRY_LATER = enum.auto()
 
 
 NEED_SCAN: Final = NeedScan.NEED_SCAN
 RETRY_LATER: Final = NeedScan.RETRY_LATER
-#: Seconds between tries of a look at the tree that failed: out of file descriptors, a
-#: try costs microseconds, and a 5 s grace of them stays a few ms of CPU.
+#: Seconds before a look at the tree that failed is taken again (the first time).
 RETRY_PAUSE = 0.05
 Pending = list[int] | NeedScan
 
@@ -89,7 +88,7 @@ class Containment(Protocol):
     def pending(self) -> Pending:
         """Pidfds to wait on (any turning readable: ask again); [] once the tree is empty;
         `NEED_SCAN` to be asked again after the driver has yielded once, `RETRY_LATER`
-        after `RETRY_PAUSE`."""
+        after a pause."""
         ...
 
     #: If not None, the driver asks `pending` again after at most this many seconds, even

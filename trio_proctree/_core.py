@@ -254,7 +254,7 @@ class TreeCore:
         if pending is NEED_SCAN:
             return 0.001  # a member still finishing its exit: it takes microseconds
         if pending is RETRY_LATER:
-            return RETRY_PAUSE
+            return self.containment.ask_again_within or RETRY_PAUSE
         return pending
 
     async def _wait_empty(

@@ -979,16 +979,30 @@ MUTANTS = [
     (
         "cgroup: a failed listing raised at once, though the tree then ended cleanly",
         "_cgroup.py",
-        "        except OSError as exc:\n            self._unlisted = exc\n",
-        "        except OSError as exc:\n            raise\n",
-        "slow_to_stop_ends_cleanly",
+        "            self._hold(exc)\n            return False",
+        "            raise",
+        "slow_to_stop_ends_cleanly or found_once_descriptors_are_back",
     ),
     (
         "cgroup: a listing that failed all through the grace not said by the hard stop",
         "_cgroup.py",
-        "                raise unlisted  #",
-        "                pass  #",
+        "        unlisted, self._unlisted = self._unlisted, None\n",
+        "        unlisted, self._unlisted = None, None\n",
         "listing_that_never_worked",
+    ),
+    (
+        "cgroup: a step's failed listing raised at once, though the tree then ended cleanly",
+        "_cgroup.py",
+        "            self._hold(listing_failed)",
+        "            raise listing_failed",
+        "lingering_member_still_gets_the_stop_signal",
+    ),
+    (
+        "cgroup: the escapees a listing found before it failed get no signal",
+        "_cgroup.py",
+        "        except OSError:\n            self._signal_escapees(new, give)\n            raise",
+        "        except OSError:\n            raise",
+        "escapees_a_failed_cgroup_listing_found",
     ),
 ]
 
