@@ -21,7 +21,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -791,14 +791,14 @@ async def test_a_subreaper_listing_reads_each_new_members_stat_once(
             reads[-1][int(found[1])] += 1
         return read_file(path, **kwargs)
 
-    def listing(self: SubreaperContainment) -> tuple[int, list[int]]:
+    def listing(self: SubreaperContainment, give: Sequence[int]) -> tuple[int, list[int]]:
         # (Reads outside the listings do not count: the reaping of dead members reads a
         # zombie's stat again before it reaps, on purpose.)
         nonlocal listing_now
         reads.append(collections.Counter())
         listing_now = True
         try:
-            return track(self)
+            return track(self, give)
         finally:
             listing_now = False
 

@@ -835,18 +835,23 @@ def test_short_of_file_descriptors_every_escapee_there_is_room_for_gets_the_stop
     assert tracked.survivors() == []
 
 
-def test_short_of_file_descriptors_the_escapees_a_failed_cgroup_listing_found_get_the_stop_signal(
-    tracked: Tracked, tmp_path: Path
+@pytest.mark.parametrize(("containment", "short_by"), [("cgroup", 4), ("subreaper", 2)])
+def test_short_of_file_descriptors_the_escapees_a_failed_listing_found_get_the_stop_signal(
+    tracked: Tracked, tmp_path: Path, containment: str, short_by: int
 ) -> None:
-    # Four descriptors short: the cgroup's listing pins both escapees (listed first, the
-    # oldest), then runs out on the sleeps they keep starting. Red before: the escapees
-    # it had pinned were known from then on, so no later listing gave them the signal, and
-    # the failed one did not either: they got only SIGKILL.
-    available("cgroup")
+    # The listing pins an escapee or two (listed first, the oldest), then runs out on the
+    # sleeps they keep starting. Red before: the escapees it had pinned were known from
+    # then on, so no later listing gave them the stop signal, and the failed one did not
+    # either: they got only SIGKILL (cgroup: both, in 3 of 3 runs; subreaper: one).
+    available(containment)
     handled = tmp_path / "handled"
     report = json.loads(
         procs.run_python(
-            ESCAPEES_FEW_FILE_DESCRIPTORS_LEFT, "cgroup", str(handled), "4", env=tracked.env
+            ESCAPEES_FEW_FILE_DESCRIPTORS_LEFT,
+            containment,
+            str(handled),
+            str(short_by),
+            env=tracked.env,
         )
     )
     assert report["handled"] == [True, True]

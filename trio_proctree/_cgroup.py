@@ -821,7 +821,9 @@ class CgroupContainment(MemberTracking):
                 list_now, self.ask_again_within = False, remaining
         if list_now and not self._try_survey_now():
             self._raise_denied()
-            return RETRY_LATER
+            # Tried again within ask_again_within; meanwhile an exit of a member tracked
+            # may end the tree sooner.
+            return list(self._members.values()) if self._members else RETRY_LATER
         self._raise_denied()  # (the members are tracked: the next call waits on them)
         if not self._members:
             # Populated, yet nobody listed: the last members are finishing their exit
@@ -874,7 +876,7 @@ class CgroupContainment(MemberTracking):
         except OSError as exc:
             self._hold(exc)
             return False
-        self._unlisted = None  # (the escapees had their signals, if late)
+        self._unlisted, self._retry_pause = None, RETRY_PAUSE  # (they had their signals)
         return True
 
     #: Seconds between tries of a failed listing, at most (see `_retry_pause`).
@@ -915,8 +917,14 @@ class CgroupContainment(MemberTracking):
     def release(self, *, emptied: bool = True) -> None:
         try:
             self._release(emptied=emptied)
-        finally:
+        except BaseException:
             unlisted, self._unlisted = self._unlisted, None
+            if unlisted is not None and not (emptied and self._emptied):
+                # (The held error, not the one in flight, which goes on.)
+                message = "%s: not listed after the hard stop"
+                logger.error(message, self.path, exc_info=unlisted)  # noqa: TRY400
+            raise
+        unlisted, self._unlisted = self._unlisted, None
         if unlisted is not None and not (emptied and self._emptied):
             # A listing that failed after the hard stop: the likeliest reason the tree
             # outlived it, to show as the cause of the error that says so.

@@ -14,7 +14,7 @@ import os
 import select
 import signal
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Final, Protocol
 
 from . import _watchdog as watchdog
@@ -505,8 +505,11 @@ class MemberTracking:
     def _hard_kill(self) -> None:
         raise NotImplementedError
 
-    def _track_new_members(self) -> tuple[int, list[int]]:
-        """Track listed members not tracked yet: (how many were listed, new escapees)."""
+    def _track_new_members(self, give: Sequence[int]) -> tuple[int, list[int]]:
+        """Track listed members not tracked yet: (how many were listed, new escapees).
+        ``give``: the signals the caller gives new escapees; should the listing fail part
+        way (out of file descriptors, say), those it found have them before the error is
+        raised, as no later listing returns them again (they are tracked by then)."""
         new_escapees: list[int] = []
         try:
             try:
@@ -525,6 +528,9 @@ class MemberTracking:
                 finally:
                     self._pin_in_listing = True
             self._track(listed, new_escapees)
+        except OSError:
+            self._signal_escapees(new_escapees, give)
+            raise
         finally:
             self._unpin()
         return len(listed), new_escapees
@@ -667,9 +673,12 @@ class MemberTracking:
         self._surveyed |= escalation
         listing_failed = None
         found: list[int] = []  # escapees this signal's listing finds
+        # What escapees found now get before this signal (a listing that fails part way
+        # gives them these, and this signal goes to every escapee known, below).
+        earlier = list(self._sent)
         if survey and self.survey_first:
             try:
-                _, found = self._track_new_members()
+                _, found = self._track_new_members(give=earlier)
             except OSError as exc:
                 # Out of file descriptors, say: the group still gets its signal below (a
                 # killpg needs none); the error is raised after it.
@@ -694,7 +703,7 @@ class MemberTracking:
         # which the caller would be waiting for anyway. Then the escapees, one by one.
         if listing_failed is None and survey and not self.survey_first:
             try:
-                _, found = self._track_new_members()
+                _, found = self._track_new_members(give=earlier)
             except OSError as exc:  # out of file descriptors, say: raised below
                 listing_failed = exc
         if listing_failed is not None:
@@ -747,7 +756,7 @@ class MemberTracking:
         # Every tracked member has exited: a new listing says whether others remain (forked
         # while we signalled, say); they get the escalation's signals so far.
         if not self._members:
-            listed, new_escapees = self._track_new_members()
+            listed, new_escapees = self._track_new_members(give=self._sent)
             self._signal_escapees(new_escapees, self._sent)
             self._raise_denied()  # (the members are tracked: the next call waits on them)
             if not self._members and (listed or self._undecided):

@@ -207,7 +207,7 @@ class SubreaperContainment(MemberTracking):
         # up (a member may fork until its SIGKILL lands).
         killed: set[int] = set()
         while True:
-            self._track_new_members()
+            self._track_new_members(give=[signal.SIGKILL])
             self._members.forget_exited()
             targets = [pid for pid in self._members if pid not in killed]
             if not targets:

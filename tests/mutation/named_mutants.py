@@ -1002,7 +1002,14 @@ MUTANTS = [
         "_cgroup.py",
         "        except OSError:\n            self._signal_escapees(new, give)\n            raise",
         "        except OSError:\n            raise",
-        "escapees_a_failed_cgroup_listing_found",
+        "escapees_a_failed_listing_found and cgroup",
+    ),
+    (
+        "subreaper: the escapees a listing found before it failed get no signal",
+        "_containment.py",
+        "        except OSError:\n            self._signal_escapees(new_escapees, give)\n            raise",
+        "        except OSError:\n            raise",
+        "escapees_a_failed_listing_found and subreaper",
     ),
 ]
 
