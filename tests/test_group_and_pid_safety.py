@@ -302,7 +302,11 @@ async def test_a_leader_reaped_before_its_pidfd_opened_never_lends_its_group_a_s
                 [lost] = said
                 assert "1 process(es) in a group with its id were left alone" in str(lost)
                 break
-            assert said == []  # (nothing in a group with that id: nothing to say)
+            # The pid went to no stranger of ours. Nothing is said, unless another program
+            # (a concurrent test's, seen in CI) took it and led a group of that id: that
+            # group, too, is left alone, and said to be.
+            assert [str(lost) for lost in said if "were left alone" not in str(lost)] == []
+            assert len(said) <= 1
     else:  # pragma: no cover
         pytest.skip("could not make the kernel reuse the pid")
     assert tracked.survivors() == []
