@@ -915,19 +915,20 @@ class CgroupContainment(MemberTracking):
         return []
 
     def release(self, *, emptied: bool = True) -> None:
+        # A listing that failed after the hard stop: the likeliest reason the tree outlived
+        # it, to show as the cause of the error that says so (a tree that ended lost
+        # nothing to it).
+        unlisted, self._unlisted = self._unlisted, None
+        if emptied and self._emptied:
+            unlisted = None
         try:
             self._release(emptied=emptied)
         except BaseException:
-            unlisted, self._unlisted = self._unlisted, None
-            if unlisted is not None and not (emptied and self._emptied):
-                # (The held error, not the one in flight, which goes on.)
+            if unlisted is not None:  # (the held error; the one in flight goes on)
                 message = "%s: not listed after the hard stop"
                 logger.error(message, self.path, exc_info=unlisted)  # noqa: TRY400
             raise
-        unlisted, self._unlisted = self._unlisted, None
-        if unlisted is not None and not (emptied and self._emptied):
-            # A listing that failed after the hard stop: the likeliest reason the tree
-            # outlived it, to show as the cause of the error that says so.
+        if unlisted is not None:
             raise unlisted
 
     def _release(self, *, emptied: bool) -> None:
