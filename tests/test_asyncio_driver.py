@@ -565,6 +565,27 @@ def test_an_asyncio_tree_can_be_killed_whole_before_its_block_ends(
     assert tracked.survivors() == []
 
 
+def test_an_asyncio_tree_the_program_killed_is_waited_for_not_signalled_again(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # The block ends while the tree is still dying of kill(), which does not wait: cleanup
+    # waits for it, and sends nothing more (red before: SIGTERM and SIGCONT went out).
+    async def main() -> tuple[Any, int]:
+        async with open_process_tree(
+            ["sh", "-c", "sleep 60 & exec sleep 61"], grace=0.5, **contained
+        ) as tree:
+            procs.remember(tree.pid)
+            tree.kill()
+        return tree.outcome, tree.pid
+
+    outcome, pid = asyncio.run(main())
+    assert outcome is not None
+    assert outcome.signals == ()
+    assert outcome.returncode == -signal.SIGKILL
+    assert not procs.alive(pid)
+    assert tracked.survivors() == []
+
+
 @pytest.mark.parametrize("canceller", ["asyncio.wait_for", "anyio.move_on_after"])
 def test_a_spawn_still_queued_for_a_worker_thread_is_dropped_when_cancelled(
     tracked: Tracked, contained: dict[str, Any], tmp_path: Path, canceller: str

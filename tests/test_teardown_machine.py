@@ -79,6 +79,55 @@ def test_a_tree_outliving_sigkill_is_reported_not_emptied() -> None:
     assert drive(teardown, [False, False])[-1] == Finished(emptied=False)
 
 
+def test_a_tree_the_program_killed_is_waited_for_without_a_signal(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    policy = Escalation(steps=[(signal.SIGTERM, 3.0)], close_stdin=1.0, kill_wait=0.5)
+    teardown = Teardown(policy, label=LABEL, stdin_open=True, killed=True)
+    # No close-stdin step, no stop signal: what runs is dying of the program's SIGKILL.
+    with caplog.at_level(logging.DEBUG, logger="trio_proctree"):
+        assert drive(teardown, [True]) == [AwaitEmpty(0.5, grace=False), Finished(emptied=True)]
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.DEBUG, f"{LABEL}: killed by the program, waiting up to 0.5s for it to end")
+    ]
+    assert teardown.signals == []
+    assert not teardown.stdin_closed
+    assert not teardown.grace_expired
+
+
+def test_what_outlives_the_programs_kill_gets_the_hard_stop(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    policy = Escalation(steps=[(signal.SIGTERM, 3.0)], kill_wait=0.5)
+    teardown = Teardown(policy, label=LABEL, stdin_open=False, killed=True)
+    with caplog.at_level(logging.WARNING, logger="trio_proctree"):
+        assert drive(teardown, [False, True]) == [
+            AwaitEmpty(0.5, grace=False),
+            KillAll(),
+            AwaitEmpty(0.5, grace=False),
+            Finished(emptied=True),
+        ]
+    assert teardown.signals == [signal.SIGKILL]
+    assert not teardown.grace_expired  # no grace was given: the program chose SIGKILL
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{LABEL} still running 0.5s after the program's SIGKILL; sending SIGKILL to the tree"
+    ]
+
+
+def test_the_wait_after_the_programs_kill_keeps_within_the_stated_bound() -> None:
+    # The first wait takes only what the graceful steps would have had: with none to
+    # give (grace 0), the hard stop comes at once, and cleanup stays within worst_case.
+    for policy, first in [
+        (Escalation.graceful(0.0), None),
+        (Escalation(steps=[(signal.SIGTERM, 0.2)], kill_wait=2.0), 0.2),
+    ]:
+        teardown = Teardown(policy, label=LABEL, stdin_open=False, killed=True)
+        actions = drive(teardown, [False, True] if first is not None else [True])
+        waits = [action.timeout for action in actions if isinstance(action, AwaitEmpty)]
+        assert waits == ([first] if first is not None else []) + [policy.kill_wait]
+        assert sum(waits) <= policy.worst_case
+
+
 def test_close_stdin_comes_first_and_can_be_enough() -> None:
     policy = Escalation(steps=[(signal.SIGTERM, 1.0)], close_stdin=2.0)
     teardown = Teardown(policy, label=LABEL, stdin_open=True)
@@ -268,6 +317,11 @@ def test_durations_refuse_the_rest_naming_the_setting(value: object) -> None:
     [
         ({"close_stdin": -1}, "close_stdin must be a finite number of seconds >= 0, not -1"),
         ({"kill_wait": float("inf")}, "kill_wait must be a finite number of seconds >= 0, not inf"),
+        (
+            {"kill_wait": 0},
+            "kill_wait must be a finite number of seconds > 0, not 0: "
+            "SIGKILL takes a moment to land",
+        ),
         (
             {"steps": [(signal.SIGTERM, -1)]},
             "step wait must be a finite number of seconds >= 0, not -1",

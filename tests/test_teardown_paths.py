@@ -211,6 +211,27 @@ async def test_a_tree_that_already_ended_gets_no_signal(
     assert tree.outcome.returncode == 0
 
 
+async def test_a_tree_the_program_killed_is_waited_for_not_signalled_again(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # Red before: the block ended while the tree was still dying of the program's SIGKILL
+    # (kill() does not wait), and cleanup took it for a running tree: it sent SIGTERM and
+    # SIGCONT to processes already past acting on them, and said so in the outcome.
+    async with open_process_tree(
+        TWO_SLEEPS, grace=0.5, stdout=subprocess.PIPE, **contained
+    ) as tree:
+        assert tree.stdout is not None
+        members = await read_pids(tree.stdout, 2)
+        procs.remember(tree.pid)
+        tree.kill()
+    assert not any(procs.alive(pid) for pid in [tree.pid, *members])
+    assert tree.outcome is not None
+    assert tree.outcome.signals == ()
+    assert not tree.outcome.grace_expired
+    assert tree.outcome.returncode == -signal.SIGKILL
+    assert tracked.survivors() == []
+
+
 async def test_cancellation_while_spawning_still_stops_the_tree(
     tracked: Tracked,
     caplog: pytest.LogCaptureFixture,

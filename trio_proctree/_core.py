@@ -97,6 +97,8 @@ class TreeCore:
         self._record: tuple[Teardown, int, int, float, int | None] | None = None
         self._outcome: CleanupOutcome | None = None
         self._cleaned_up = False
+        #: Whether the program's SIGKILL went to the whole tree (`ProcessTree.kill`).
+        self._killed = False
         self.stdin_piped = spawned.stdin is not None
         _open_trees.add(self)
         logger.debug("%s started, contained by %s", self.label, containment.name)
@@ -109,6 +111,7 @@ class TreeCore:
             # once the next tree has it. (The leader's pidfd is closed, too.)
             return
         self.containment.signal(sig)
+        self._killed |= sig == signal.SIGKILL  # (only once it went out: it raised else)
 
     async def cleanup(self, io: LoopIO) -> None:
         """Stop the tree as the policy says, reap the leader, record `outcome`.
@@ -123,7 +126,9 @@ class TreeCore:
         # The close-stdin step runs for any tree whose stdin was made a pipe: closed
         # already (by the program, or by run_process_tree once it fed the input), it
         # still gives a CLI finishing that input its wait before the first signal.
-        teardown = Teardown(self.policy, label=self.label, stdin_open=self.stdin_piped)
+        teardown = Teardown(
+            self.policy, label=self.label, stdin_open=self.stdin_piped, killed=self._killed
+        )
         errors: list[Exception] = []
         action: object = None
         try:
@@ -333,8 +338,10 @@ class TreeView:
     def kill(self) -> None:
         """Send SIGKILL to every process in the tree, now: no grace, nothing can catch it.
 
-        Like `trio.Process.kill`, for the whole tree; cleanup, at the end, then finds it
-        gone and reaps the leader. A no-op once cleanup has run.
+        Like `trio.Process.kill`, for the whole tree. It does not wait: cleanup, at the
+        end, waits for the tree to be gone and reaps the leader, with no stop signal of
+        its own (what outlives that wait, within the policy's bound, gets the hard stop).
+        A no-op once cleanup has run.
         """
         self._core.send_signal(signal.SIGKILL)
 

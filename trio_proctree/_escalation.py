@@ -159,8 +159,13 @@ class Escalation:
     @property
     def worst_case(self) -> float:
         """The longest cleanup can take, in seconds: every wait running out in full."""
-        waits = sum(step.wait for step in self.graceful_steps)
-        return (self.close_stdin or 0.0) + waits + self.kill_wait
+        return time_before_the_hard_stop(self) + self.kill_wait
+
+
+def time_before_the_hard_stop(policy: Escalation) -> float:
+    """The most the waits before SIGKILL (close stdin, each step's) take, in seconds."""
+    waits = sum(step.wait for step in policy.graceful_steps)
+    return (policy.close_stdin or 0.0) + waits
 
 
 DEFAULT_GRACE = 5.0

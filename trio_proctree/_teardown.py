@@ -13,7 +13,7 @@ from collections.abc import Generator
 
 import attrs
 
-from ._escalation import Escalation, signal_name
+from ._escalation import Escalation, signal_name, time_before_the_hard_stop
 
 logger = logging.getLogger("trio_proctree")
 
@@ -71,10 +71,14 @@ class Teardown:
     It also keeps the record of what it asked for, for the cleanup outcome.
     """
 
-    def __init__(self, policy: Escalation, *, label: str, stdin_open: bool) -> None:
+    def __init__(
+        self, policy: Escalation, *, label: str, stdin_open: bool, killed: bool = False
+    ) -> None:
+        """``killed``: the program sent the whole tree SIGKILL before cleanup began."""
         self.policy = policy
         self.label = label
         self._stdin_open = stdin_open
+        self._killed = killed
         self.signals: list[int] = []
         self.stdin_closed = False
         self.grace_expired = False
@@ -95,6 +99,8 @@ class Teardown:
 
     def _run(self) -> Generator[Action, bool | None, Finished]:
         policy = self.policy
+        if self._killed:
+            return (yield from self._after_the_programs_kill())
         if policy.close_stdin is not None and self._stdin_open:
             logger.debug("%s: closing stdin, waiting up to %gs", self.label, policy.close_stdin)
             self.stdin_closed = True
@@ -127,6 +133,29 @@ class Teardown:
                 last.wait,
                 signal_name(last.signal),
             )
+        return (yield from self._hard_stop())
+
+    def _after_the_programs_kill(self) -> Generator[Action, bool | None, Finished]:
+        # The program killed the tree (``kill()``), and what still runs is dying of it: a
+        # stop signal now would reach processes past acting on one, and be recorded as sent
+        # (a block that ends right after kill() finds its tree dying, as kill() does not
+        # wait). Waited for as after the hard stop, within what the graceful steps would
+        # have had, so the bound the docs state holds; only what outlives that wait (missed
+        # by the program's SIGKILL, or stuck in the kernel) gets the hard stop.
+        policy = self.policy
+        wait = min(policy.kill_wait, time_before_the_hard_stop(policy))
+        logger.debug("%s: killed by the program, waiting up to %gs for it to end", self.label, wait)
+        if wait > 0 and (yield AwaitEmpty(wait, grace=False)):
+            return Finished(emptied=True)
+        logger.warning(
+            "%s still running %gs after the program's SIGKILL; sending SIGKILL to the tree",
+            self.label,
+            wait,
+        )
+        return (yield from self._hard_stop())
+
+    def _hard_stop(self) -> Generator[Action, bool | None, Finished]:
+        policy = self.policy
         logger.debug(
             "%s: sending SIGKILL to the tree, waiting up to %gs", self.label, policy.kill_wait
         )

@@ -1011,6 +1011,13 @@ MUTANTS = [
         "        except OSError:\n            raise",
         "escapees_a_failed_listing_found and subreaper",
     ),
+    (
+        "kill(): cleanup takes a tree the program killed for a running one and signals it",
+        "_core.py",
+        "        self._killed |= sig == signal.SIGKILL",
+        "        pass",
+        "program_killed",
+    ),
 ]
 
 
