@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import os
+import shlex
 import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -114,3 +115,14 @@ async def read_pids(stream: trio.abc.ReceiveStream, count: int) -> list[int]:
     for pid in pids:
         procs.remember(pid)
     return pids
+
+
+def slow_to_die() -> list[str]:
+    """A tree whose member takes milliseconds to die even of SIGKILL (it frees the 256 MB
+    it wrote; ~6 ms here, where a ``sleep`` takes microseconds), and says its pid once
+    they are written: a cleanup that begins right after the tree was killed finds it
+    still running."""
+    member = (
+        "import os, time; b = b'x' * (256 << 20); print(os.getpid(), flush=True); time.sleep(60)"
+    )
+    return ["sh", "-c", f"{shlex.join([*procs.python(), '-c', member])} & exec sleep 61"]

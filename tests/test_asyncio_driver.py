@@ -25,7 +25,7 @@ import trio_proctree.asyncio
 from trio_proctree.asyncio import open_process_tree, run_process_tree
 
 from . import procs
-from .conftest import Tracked
+from .conftest import Tracked, slow_to_die
 from .test_bad_input import BAD_REQUESTS
 from .test_containment import LEADER_IGNORES_TERM_ESCAPEE_HANDLES_IT
 from .test_escalation import INPUT_CASES, LETS_A_CLI_FINISH
@@ -568,21 +568,25 @@ def test_an_asyncio_tree_can_be_killed_whole_before_its_block_ends(
 def test_an_asyncio_tree_the_program_killed_is_waited_for_not_signalled_again(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:
-    # The block ends while the tree is still dying of kill(), which does not wait: cleanup
-    # waits for it, and sends nothing more (red before: SIGTERM and SIGCONT went out).
-    async def main() -> tuple[Any, int]:
+    # The block ends while the tree is still dying of kill(), which does not wait (this
+    # member takes ms to die): cleanup waits for it, and sends nothing more (red before:
+    # SIGTERM and SIGCONT went out).
+    async def main() -> tuple[Any, int, int]:
         async with open_process_tree(
-            ["sh", "-c", "sleep 60 & exec sleep 61"], grace=0.5, **contained
+            slow_to_die(), grace=0.5, stdout=subprocess.PIPE, **contained
         ) as tree:
+            [member] = await read_pids(tree.stdout, 1)
             procs.remember(tree.pid)
+            procs.remember(member)
             tree.kill()
-        return tree.outcome, tree.pid
+        return tree.outcome, tree.pid, member
 
-    outcome, pid = asyncio.run(main())
+    outcome, pid, member = asyncio.run(main())
     assert outcome is not None
     assert outcome.signals == ()
+    assert outcome.lingering_killed == 0
     assert outcome.returncode == -signal.SIGKILL
-    assert not procs.alive(pid)
+    assert not any(procs.alive(pid) for pid in [pid, member])
     assert tracked.survivors() == []
 
 

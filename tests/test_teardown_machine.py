@@ -85,14 +85,15 @@ def test_a_tree_the_program_killed_is_waited_for_without_a_signal(
     policy = Escalation(steps=[(signal.SIGTERM, 3.0)], close_stdin=1.0, kill_wait=0.5)
     teardown = Teardown(policy, label=LABEL, stdin_open=True, killed=True)
     # No close-stdin step, no stop signal: what runs is dying of the program's SIGKILL.
+    # A grace all the same (grace=True): a Ctrl-C cuts it short.
     with caplog.at_level(logging.DEBUG, logger="trio_proctree"):
-        assert drive(teardown, [True]) == [AwaitEmpty(0.5, grace=False), Finished(emptied=True)]
+        assert drive(teardown, [True]) == [AwaitEmpty(0.5, grace=True), Finished(emptied=True)]
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
         (logging.DEBUG, f"{LABEL}: killed by the program, waiting up to 0.5s for it to end")
     ]
     assert teardown.signals == []
-    assert not teardown.stdin_closed
-    assert not teardown.grace_expired
+    assert teardown.stdin_closed is False
+    assert teardown.grace_expired is False
 
 
 def test_what_outlives_the_programs_kill_gets_the_hard_stop(
@@ -102,30 +103,58 @@ def test_what_outlives_the_programs_kill_gets_the_hard_stop(
     teardown = Teardown(policy, label=LABEL, stdin_open=False, killed=True)
     with caplog.at_level(logging.WARNING, logger="trio_proctree"):
         assert drive(teardown, [False, True]) == [
-            AwaitEmpty(0.5, grace=False),
+            AwaitEmpty(0.5, grace=True),
             KillAll(),
             AwaitEmpty(0.5, grace=False),
             Finished(emptied=True),
         ]
     assert teardown.signals == [signal.SIGKILL]
-    assert not teardown.grace_expired  # no grace was given: the program chose SIGKILL
+    assert teardown.grace_expired is False  # no grace was given: the program chose SIGKILL
     assert [r.getMessage() for r in caplog.records] == [
-        f"{LABEL} still running 0.5s after the program's SIGKILL; sending SIGKILL to the tree"
+        f"{LABEL} still running 0.5s into cleanup, after the program's SIGKILL; "
+        "sending SIGKILL to the tree"
     ]
 
 
-def test_the_wait_after_the_programs_kill_keeps_within_the_stated_bound() -> None:
-    # The first wait takes only what the graceful steps would have had: with none to
-    # give (grace 0), the hard stop comes at once, and cleanup stays within worst_case.
-    for policy, first in [
-        (Escalation.graceful(0.0), None),
-        (Escalation(steps=[(signal.SIGTERM, 0.2)], kill_wait=2.0), 0.2),
-    ]:
-        teardown = Teardown(policy, label=LABEL, stdin_open=False, killed=True)
-        actions = drive(teardown, [False, True] if first is not None else [True])
-        waits = [action.timeout for action in actions if isinstance(action, AwaitEmpty)]
-        assert waits == ([first] if first is not None else []) + [policy.kill_wait]
-        assert sum(waits) <= policy.worst_case
+def test_a_killed_tree_with_no_time_before_the_hard_stop_gets_it_at_once_quietly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # grace 0: nothing to wait before SIGKILL, so nothing is waited, and nothing warned
+    # of (the tree has not outlived anything).
+    policy = Escalation.graceful(0.0)
+    teardown = Teardown(policy, label=LABEL, stdin_open=False, killed=True)
+    with caplog.at_level(logging.DEBUG, logger="trio_proctree"):
+        assert drive(teardown, [True]) == [
+            KillAll(),
+            AwaitEmpty(policy.kill_wait, grace=False),
+            Finished(emptied=True),
+        ]
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.DEBUG, f"{LABEL}: killed by the program, no time to wait before SIGKILL"),
+        (logging.DEBUG, f"{LABEL}: sending SIGKILL to the tree, waiting up to 2s"),
+    ]
+    assert teardown.signals == [signal.SIGKILL]
+
+
+@pytest.mark.parametrize(
+    ("close_stdin", "stdin_open", "first"),
+    [(None, False, 0.2), (5.0, False, 0.2), (5.0, True, 2.0), (0.1, True, 0.3)],
+)
+def test_the_wait_after_the_programs_kill_keeps_within_this_trees_bound(
+    close_stdin: float | None, stdin_open: bool, first: float
+) -> None:
+    # The first wait takes only what this tree's graceful steps would have had (the
+    # close-stdin step only for a stdin that is a pipe), so a killed tree's cleanup takes
+    # no longer than the same tree's would have.
+    policy = Escalation(steps=[(signal.SIGTERM, 0.2)], close_stdin=close_stdin, kill_wait=2.0)
+    teardown = Teardown(policy, label=LABEL, stdin_open=stdin_open, killed=True)
+    actions = drive(teardown, [False, True])
+    waits = [action.timeout for action in actions if isinstance(action, AwaitEmpty)]
+    assert waits == pytest.approx([first, policy.kill_wait])
+    unkilled = Teardown(policy, label=LABEL, stdin_open=stdin_open)
+    graceful_waits = 1 + (close_stdin is not None and stdin_open)
+    longest = drive(unkilled, [False] * graceful_waits + [True])
+    assert sum(waits) <= sum(a.timeout for a in longest if isinstance(a, AwaitEmpty)) + 1e-9
 
 
 def test_close_stdin_comes_first_and_can_be_enough() -> None:

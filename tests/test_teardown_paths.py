@@ -19,7 +19,7 @@ import trio_proctree._trio
 from trio_proctree import open_process_tree
 
 from . import procs
-from .conftest import Tracked, read_pids
+from .conftest import Tracked, read_pids, slow_to_die
 
 # A leader that starts two members and says their pids.
 TWO_SLEEPS = ["sh", "-c", "sleep 60 & echo $!; sleep 61 & echo $!; wait"]
@@ -215,19 +215,21 @@ async def test_a_tree_the_program_killed_is_waited_for_not_signalled_again(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:
     # Red before: the block ended while the tree was still dying of the program's SIGKILL
-    # (kill() does not wait), and cleanup took it for a running tree: it sent SIGTERM and
-    # SIGCONT to processes already past acting on them, and said so in the outcome.
+    # (kill() does not wait; this member takes ms to die), and cleanup took it for a
+    # running tree: it sent SIGTERM and SIGCONT to processes already past acting on them,
+    # and said so in the outcome; a process group counted the member as left behind.
     async with open_process_tree(
-        TWO_SLEEPS, grace=0.5, stdout=subprocess.PIPE, **contained
+        slow_to_die(), grace=0.5, stdout=subprocess.PIPE, **contained
     ) as tree:
         assert tree.stdout is not None
-        members = await read_pids(tree.stdout, 2)
+        [member] = await read_pids(tree.stdout, 1)
         procs.remember(tree.pid)
         tree.kill()
-    assert not any(procs.alive(pid) for pid in [tree.pid, *members])
+    assert not any(procs.alive(pid) for pid in [tree.pid, member])
     assert tree.outcome is not None
     assert tree.outcome.signals == ()
-    assert not tree.outcome.grace_expired
+    assert tree.outcome.grace_expired is False
+    assert tree.outcome.lingering_killed == 0
     assert tree.outcome.returncode == -signal.SIGKILL
     assert tracked.survivors() == []
 

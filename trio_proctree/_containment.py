@@ -272,6 +272,10 @@ class ProcessGroupContainment:
         if escalation:
             self._step_taken()
         self._signal(sig, wake=escalation)
+        if sig == signal.SIGKILL:
+            # The program's kill() is a step too: what cleanup then finds running was
+            # dying of it, and lingers only if still running at cleanup's hard stop.
+            self._stepped = True
 
     def _step_taken(self) -> None:
         """A step of cleanup: who it finds still running, found after the leader exited

@@ -159,13 +159,15 @@ class Escalation:
     @property
     def worst_case(self) -> float:
         """The longest cleanup can take, in seconds: every wait running out in full."""
-        return time_before_the_hard_stop(self) + self.kill_wait
+        return time_before_the_hard_stop(self, stdin_piped=True) + self.kill_wait
 
 
-def time_before_the_hard_stop(policy: Escalation) -> float:
-    """The most the waits before SIGKILL (close stdin, each step's) take, in seconds."""
+def time_before_the_hard_stop(policy: Escalation, *, stdin_piped: bool) -> float:
+    """The most the waits before SIGKILL (close stdin, each step's) take, in seconds, for
+    a tree whose stdin is a pipe (``stdin_piped``: the close-stdin step runs) or not."""
     waits = sum(step.wait for step in policy.graceful_steps)
-    return (policy.close_stdin or 0.0) + waits
+    close_stdin = (policy.close_stdin or 0.0) if stdin_piped else 0.0
+    return close_stdin + waits
 
 
 DEFAULT_GRACE = 5.0

@@ -15,8 +15,9 @@ class CleanupOutcome:
 
     #: How the tree was held together: ``"cgroup"``, ``"subreaper"`` or ``"group"``.
     containment: str
-    #: Signals sent to the whole tree, in order (each stop signal is followed by SIGCONT).
-    #: Empty when nothing was left running.
+    #: Signals cleanup sent to the whole tree, in order (each stop signal is followed by
+    #: SIGCONT). Empty when nothing was left running, or when the program had killed the
+    #: tree (``kill()``) and it ended within the wait that follows (no stop signal then).
     signals: tuple[int, ...]
     #: Whether the close-stdin step ran first (its pipe closed then, or closed already).
     stdin_closed: bool
@@ -30,7 +31,8 @@ class CleanupOutcome:
     #: exiting when cleanup begins may.
     lingering_killed: int
     #: Members outside the tree's process group (``setsid`` daemons, double forks) that
-    #: cleanup found and stopped; a process group alone cannot see them. When the leader
+    #: were found and stopped, by cleanup or by a signal the program sent through the tree
+    #: (``kill()``); a process group alone cannot see them. When the leader
     #: was reaped by someone else, the group is unknown and every member found counts.
     escapees_killed: int
     #: Seconds from the start of cleanup until the leader was reaped.

@@ -139,16 +139,24 @@ class Teardown:
         # The program killed the tree (``kill()``), and what still runs is dying of it: a
         # stop signal now would reach processes past acting on one, and be recorded as sent
         # (a block that ends right after kill() finds its tree dying, as kill() does not
-        # wait). Waited for as after the hard stop, within what the graceful steps would
-        # have had, so the bound the docs state holds; only what outlives that wait (missed
-        # by the program's SIGKILL, or stuck in the kernel) gets the hard stop.
+        # wait). Waited for as after the hard stop, within what this tree's graceful steps
+        # would have had (so the bound the docs state holds), and a grace all the same: a
+        # Ctrl-C cuts it short. Only what outlives it (missed by the program's SIGKILL, or
+        # stuck in the kernel) gets the hard stop.
         policy = self.policy
-        wait = min(policy.kill_wait, time_before_the_hard_stop(policy))
+        wait = min(
+            policy.kill_wait, time_before_the_hard_stop(policy, stdin_piped=self._stdin_open)
+        )
+        if wait == 0:
+            # (No time to wait for it: the hard stop at once, as the policy says.)
+            logger.debug("%s: killed by the program, no time to wait before SIGKILL", self.label)
+            return (yield from self._hard_stop())
         logger.debug("%s: killed by the program, waiting up to %gs for it to end", self.label, wait)
-        if wait > 0 and (yield AwaitEmpty(wait, grace=False)):
+        if (yield AwaitEmpty(wait)):
             return Finished(emptied=True)
         logger.warning(
-            "%s still running %gs after the program's SIGKILL; sending SIGKILL to the tree",
+            "%s still running %gs into cleanup, after the program's SIGKILL; sending SIGKILL "
+            "to the tree",
             self.label,
             wait,
         )

@@ -1018,6 +1018,15 @@ MUTANTS = [
         "        pass",
         "program_killed",
     ),
+    (
+        "group: a member dying of the program's kill() counted as left behind by the leader",
+        "_containment.py",
+        "            # dying of it, and lingers only if still running at cleanup's hard stop.\n"
+        "            self._stepped = True",
+        "            # dying of it, and lingers only if still running at cleanup's hard stop.\n"
+        "            pass",
+        "program_killed and group",
+    ),
 ]
 
 
