@@ -16,6 +16,7 @@ import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -401,12 +402,24 @@ def test_a_parent_killed_before_its_leader_joined_the_cgroup_takes_the_tree_alon
             # (Asked before Popen reaps it: Popen takes a child reaped elsewhere for one that
             # exited 0, as CI once reported, with nothing else to go on.)
             waited = procs.wait_unreaped(parent.pid, within=30)
-            said = parent.stdout.read()
+            # What it said so far, not up to EOF: a leader that got to run holds the pipe
+            # (red before: reading to EOF waited for that `sleep 60` to end, and the
+            # check below then found nothing running; the mutant survived so).
+            said = _said_so_far(parent.stdout)
             assert waited, f"reaped by someone else in this process, having said {said!r}"
             assert parent.wait(timeout=5) == -signal.SIGKILL, said
-        # The leader waits for the watchdog to finish before its exec, then must not get
-        # to run `sleep 60`.
-        assert until_none_survive(tracked, within=5.0) == []
+            # The leader waits for the watchdog to finish before its exec, then must not
+            # get to run `sleep 60`.
+            assert until_none_survive(tracked, within=5.0) == []
+
+
+def _said_so_far(stream: IO[bytes]) -> bytes:
+    """What a child wrote to its pipe up to now, without waiting for more."""
+    os.set_blocking(stream.fileno(), False)
+    try:
+        return stream.read() or b""  # (None: nothing written yet)
+    except BlockingIOError:
+        return b""
 
 
 # Holds a cgroup tree; says the tree's cgroup and its watchdog's pid, then waits.
