@@ -46,7 +46,7 @@ from collections.abc import Iterable
 logger = logging.getLogger("trio_proctree")
 
 _WATCHDOG = r"""
-import os, queue, resource, signal, sys, threading, time
+import os, queue, resource, select, signal, sys, threading, time
 
 def stat(pid):
     try:
@@ -100,19 +100,44 @@ def remove_cgroups(paths):
     # cgroup.procs after its exec, a write that can wait tens of ms), and the cgroup.kill
     # above missed it. So each cgroup goes: a removed cgroup cannot be joined, and the
     # wrapper exits without running the command. Until then, whoever made it in is killed
-    # again. Members may take a while to die, and there is no event to wait on here: this
-    # runs once, after the parent has gone, and usually takes a few ms (bounded: at a
-    # normal exit the interpreter waits for us).
+    # again. Woken by each cgroup's cgroup.events (the kernel flags it when the cgroup
+    # empties, or is joined), not by a clock: a 5 ms pause only where a cgroup reads empty
+    # and still would not go, or its cgroup.events would not open. Bounded: at a normal
+    # exit the interpreter waits for us.
     deadline = time.monotonic() + 2
-    while True:
-        for path in list(paths):
-            if removed(path):
-                paths.remove(path)
-            else:
+    poller = select.poll()
+    events = {}  # path -> its cgroup.events, open
+    try:
+        while True:
+            soon = False
+            for path in list(paths):
+                if removed(path):
+                    paths.remove(path)
+                    if (fd := events.pop(path, None)) is not None:
+                        poller.unregister(fd)  # (a removed cgroup's file stays flagged)
+                        os.close(fd)
+                    continue
                 kill_cgroup(path)
-        if not paths or time.monotonic() >= deadline:
-            return
-        time.sleep(0.005)
+                soon = not watch_emptying(path, events, poller) or soon
+            left = deadline - time.monotonic()
+            if not paths or left <= 0:
+                return
+            poller.poll(1000 * (min(left, 0.005) if soon else left))
+    finally:
+        for fd in events.values():
+            os.close(fd)
+
+def watch_emptying(path, events, poller):
+    # Whether the cgroup is watched and still populated: its file is read after each
+    # wake-up (else it stays flagged) and after it opens (it may have emptied before).
+    fd = events.get(path)
+    try:
+        if fd is None:
+            fd = events[path] = os.open(os.path.join(path, "cgroup.events"), os.O_RDONLY)
+            poller.register(fd, select.POLLPRI)
+        return os.pread(fd, 64, 0).startswith(b"populated 1")
+    except OSError:
+        return False
 
 def removed(path):
     # Cgroups the members made inside it first, the deepest first.
