@@ -9,6 +9,7 @@ import pytest
 
 from . import procs
 from .conftest import lock_path, steers_pids
+from .mutation.named_mutants import MUTANTS, ROOT
 from .test_group_and_pid_safety import needs_root, next_pid_after
 
 pytest_plugins = ["pytester"]
@@ -96,3 +97,15 @@ def pidfds_unique() -> bool:
         finally:
             one.kill()
             two.kill()
+
+
+def test_every_named_mutant_still_applies_to_exactly_one_place() -> None:
+    # Red before: seven named mutants' original text had gone from the code it mutates
+    # (changed since), two more matched two places; the mutation run stops at the first
+    # stale one, so the rest went unrun, and nothing else in the suite said so.
+    assert len(MUTANTS) > 100
+    places = {
+        name: (ROOT / "trio_proctree" / path).read_text().count(original)
+        for name, path, original, _mutated, _tests in MUTANTS
+    }
+    assert {name: count for name, count in places.items() if count != 1} == {}

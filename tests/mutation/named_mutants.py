@@ -198,16 +198,18 @@ MUTANTS = [
     (
         "cgroup: escapees not sent the stop signal",
         "_cgroup.py",
-        "        self._catch_up(self._survey(track=True, pins=pins), self._sent, pins=pins)\n",
-        "        self._survey(track=True, pins=pins)\n",
+        "        new = self._survey(track=True, pins=pins, give=self._sent)\n"
+        "        self._catch_up(new, self._sent, pins=pins)\n",
+        "        self._survey(track=True, pins=pins, give=self._sent)\n",
         "test_stopped_escapee_gets_sigcont",
     ),
     (
         "cgroup: escapees not sent a signal the program sends",
         "_cgroup.py",
-        "        self._signal_escapees([pid for pid in self._escapees if pid not in new], step)\n"
-        "        self._catch_up(new, catch_up, pins=pins)\n",
-        "        pass\n",
+        "            self._signal_escapees([pid for pid in self._escapees if pid not in new], step)\n"
+        "            try:\n"
+        "                self._catch_up(new, catch_up, pins=pins)\n",
+        "            try:\n                pass\n",
         "send_signal_reaches_an_escapee and (cgroup or auto)",
     ),
     (
@@ -221,8 +223,8 @@ MUTANTS = [
     (
         "cgroup: an escapee found late misses the stop signal",
         "_cgroup.py",
-        "            self._signal_escapees(new, self._sent)",
-        "            pass",
+        "        self._catch_up(new, self._sent, pins=pins)\n",
+        "        self._catch_up(new, [], pins=pins)\n",
         "started_during_the_stop and cgroup",
     ),
     (
@@ -236,8 +238,8 @@ MUTANTS = [
         "cgroup: called empty without reading cgroup.events",
         "_cgroup.py",
         "        if not self._members and not self._populated():\n"
-        "            return self._now_empty()",
-        "        if not self._members:\n            return self._now_empty()",
+        "            if self._unlisted is not None:",
+        "        if not self._members:\n            if self._unlisted is not None:",
         "lingering and cgroup",
     ),
     (
@@ -309,8 +311,8 @@ MUTANTS = [
     (
         "cgroup: members still exiting after the leader are listed, not waited for",
         "_cgroup.py",
-        "        if self._survey_due and (emptying := self._watch_emptying()) is not None:\n"
-        "            return [emptying]\n",
+        "            if (emptying := self._watch_emptying()) is not None:\n"
+        "                return [emptying]\n",
         "",
         "still_exiting_after_the_leader",
     ),
@@ -331,10 +333,10 @@ MUTANTS = [
     (
         "cgroup: a failed listing of what outlived the leader skips the step's signal",
         "_cgroup.py",
-        "            try:\n                new = self._survey(track=True, pins=pins)\n"
-        "            except OSError as exc:\n",
-        "            new = self._survey(track=True, pins=pins)\n"
-        "            try:\n                pass\n            except OSError as exc:\n",
+        "            try:\n                new = self._survey(track=True, pins=pins, give=earlier)\n"
+        "                listed = True\n            except OSError as exc:\n",
+        "            new = self._survey(track=True, pins=pins, give=earlier)\n"
+        "            try:\n                listed = True\n            except OSError as exc:\n",
         "lingering_member_still and cgroup",
     ),
     (
@@ -355,8 +357,10 @@ MUTANTS = [
     (
         "cgroup: no listing while the leader still runs",
         "_cgroup.py",
-        "                    self._survey_now()  # the leader outlived SURVEY_DELAY",
-        "                    pass",
+        "                    # The leader outlived SURVEY_DELAY (or a failed listing is tried again).\n"
+        "                    self._try_survey_now()\n",
+        "                    # The leader outlived SURVEY_DELAY (or a failed listing is tried again).\n"
+        "                    pass\n",
         "leader_ignores_it and (cgroup or auto)",
     ),
     (
@@ -508,8 +512,9 @@ MUTANTS = [
     (
         "fds: a failed listing skips the group's signal",
         "_containment.py",
+        "                # killpg needs none); the error is raised after it.\n"
         "                listing_failed = exc",
-        "                raise",
+        "                # killpg needs none); the error is raised after it.\n                raise",
         "file_descriptors and subreaper",
     ),
     (
@@ -986,7 +991,9 @@ MUTANTS = [
     (
         "cgroup: a listing that failed all through the grace not said by the hard stop",
         "_cgroup.py",
+        "        # signal: said once the hard stop (which reaches them) has gone out.\n"
         "        unlisted, self._unlisted = self._unlisted, None\n",
+        "        # signal: said once the hard stop (which reaches them) has gone out.\n"
         "        unlisted, self._unlisted = None, None\n",
         "listing_that_never_worked",
     ),
