@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import IO
 
 import pytest
 
-from trio_proctree import _cgroup
+from trio_proctree import _cgroup, _watchdog
 from trio_proctree._procfs import read_file
 
 from . import procs
@@ -362,8 +363,10 @@ DIES_BEFORE_THE_JOIN = textwrap.dedent(
     WATCHDOG = _watchdog.running()[0].pid
 
     def die_before_the_join():
-        os.closerange(3, 65536)
+        # The parent first: closing every descriptor closes Popen's pipe for exec errors
+        # too, and Popen, back at once, let the block end and stop this leader first.
         os.kill(os.getppid(), signal.SIGKILL)
+        os.closerange(3, 65536)  # (the watchdog sees its parent gone once we close ours)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:  # a stranger's exit: no event to wait on
             try:
@@ -520,6 +523,73 @@ def _run_a_parent_killed_with_sigkill(tracked: Tracked, cgroup: str) -> None:
     assert not os.path.exists(tree)
     assert not os.path.exists(home)
     assert until_none_survive(tracked, within=1.0) == []
+
+
+#: Joins the cgroup whose cgroup.procs is its argument once it has written 100 MB (so it
+#: takes ms to die), says so, and waits.
+JOINS_LATE_AND_DIES_SLOWLY = (
+    "import os, sys, time; b = b'x' * (100 << 20); "
+    "open(sys.argv[1], 'w').write(str(os.getpid())); print(1, flush=True); time.sleep(60)"
+)
+
+
+def test_a_watchdog_whose_cgroup_someone_else_removes_does_not_sleep_out_its_bound(
+    tracked: Tracked,
+) -> None:
+    # After its parent died, the watchdog kills each cgroup and waits for it to empty to
+    # remove it. Red before (the first form of event-driven waiting): it waited on the
+    # cgroup's cgroup.events alone; the kernel holds back a notice that comes within 10 ms
+    # of the last (here: the join), and drops it when the cgroup is removed first, and
+    # the removal wakes nobody: it slept out its whole bound, 2 s. Seen in CI as a
+    # watchdog that outlived its parent by over a second (a failed spawn's own rmdir had
+    # raced the watchdog's, on a cgroup a leader had just been started in).
+    available("cgroup")
+    with private_cgroup() as cgroup:
+        tree = os.path.join(cgroup, "tree")
+        os.mkdir(tree)
+        watchdog = subprocess.Popen(
+            [*procs.python(), "-I", "-S", "-c", _watchdog._WATCHDOG],
+            stdin=subprocess.PIPE,
+            start_new_session=True,
+            env=tracked.env,
+        )
+        done = threading.Event()
+
+        def remove_once_empty() -> None:  # as another process's rmdir would
+            while not done.is_set():
+                try:
+                    os.rmdir(tree)
+                except FileNotFoundError:
+                    return
+                except OSError:
+                    continue  # (still populated: tried again at once, as the race is)
+                return
+
+        remover = threading.Thread(target=remove_once_empty)
+        member = subprocess.Popen(
+            [*procs.python(), "-c", JOINS_LATE_AND_DIES_SLOWLY, f"{tree}/cgroup.procs"],
+            stdout=subprocess.PIPE,
+            env=tracked.env,
+        )
+        with member:
+            try:
+                assert watchdog.stdin is not None and member.stdout is not None
+                watchdog.stdin.write(f"+cgroup {tree}\n".encode())
+                watchdog.stdin.flush()
+                assert member.stdout.readline() == b"1\n"  # in the cgroup
+                watchdog.stdin.close()  # its parent's death, as the watchdog sees it
+                remover.start()
+                # Within tens of ms as a rule; 2 s if it waits on the removed cgroup.
+                assert watchdog.wait(timeout=1.0) == 0
+            finally:
+                done.set()
+                if remover.is_alive():
+                    remover.join()
+                if watchdog.poll() is None:
+                    watchdog.kill()  # our own child, by pid
+                    watchdog.wait()
+            assert member.wait(timeout=5) == -signal.SIGKILL
+        assert not os.path.exists(tree)
 
 
 # An outer tree whose leader is a Python program holding an inner tree (with an escapee);

@@ -223,8 +223,8 @@ MUTANTS = [
     (
         "cgroup: an escapee found late misses the stop signal",
         "_cgroup.py",
-        "        self._catch_up(new, self._sent, pins=pins)\n",
-        "        self._catch_up(new, [], pins=pins)\n",
+        "        list_now = self._survey_due or not self._members\n",
+        "        list_now = self._survey_due\n",
         "started_during_the_stop and cgroup",
     ),
     (
@@ -1033,6 +1033,13 @@ MUTANTS = [
         "            # dying of it, and lingers only if still running at cleanup's hard stop.\n"
         "            pass",
         "program_killed and group",
+    ),
+    (
+        "watchdog: a killed cgroup waited on by its cgroup.events alone",
+        "_watchdog.py",
+        "            poller.poll(1000 * min(left, 0.005))",
+        "            poller.poll(1000 * left)",
+        "someone_else_removes",
     ),
 ]
 
