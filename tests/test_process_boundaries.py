@@ -581,14 +581,15 @@ def test_a_watchdog_whose_cgroup_someone_else_removes_does_not_sleep_out_its_bou
                 remover.start()
                 # Within tens of ms as a rule; 2 s if it waits on the removed cgroup.
                 assert watchdog.wait(timeout=1.0) == 0
+                assert member.wait(timeout=5) == -signal.SIGKILL
             finally:
                 done.set()
                 if remover.is_alive():
                     remover.join()
-                if watchdog.poll() is None:
-                    watchdog.kill()  # our own child, by pid
-                    watchdog.wait()
-            assert member.wait(timeout=5) == -signal.SIGKILL
+                for ours in (watchdog, member):  # (only after a failure: our own, by pid)
+                    if ours.poll() is None:
+                        ours.kill()
+                        ours.wait()
         assert not os.path.exists(tree)
 
 

@@ -150,16 +150,18 @@ class Teardown:
         if wait == 0:
             # (No time to wait for it: the hard stop at once, as the policy says.)
             logger.debug("%s: killed by the program, no time to wait before SIGKILL", self.label)
-            return (yield from self._hard_stop())
-        logger.debug("%s: killed by the program, waiting up to %gs for it to end", self.label, wait)
-        if (yield AwaitEmpty(wait)):
-            return Finished(emptied=True)
-        logger.warning(
-            "%s still running %gs into cleanup, after the program's SIGKILL; sending SIGKILL "
-            "to the tree",
-            self.label,
-            wait,
-        )
+        else:
+            logger.debug(
+                "%s: killed by the program, waiting up to %gs for it to end", self.label, wait
+            )
+            if (yield AwaitEmpty(wait)):
+                return Finished(emptied=True)
+            logger.warning(
+                "%s still running %gs into cleanup, after the program's SIGKILL; sending "
+                "SIGKILL to the tree",
+                self.label,
+                wait,
+            )
         return (yield from self._hard_stop())
 
     def _hard_stop(self) -> Generator[Action, bool | None, Finished]:
