@@ -270,6 +270,45 @@ async def test_kill_and_terminate_reach_the_whole_tree_escapees_included(
     assert tracked.survivors() == []
 
 
+def join_late(tree: ProcessTree, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """A ``sleep 60`` of ours made a member of ``tree`` outside its process group, as an
+    escapee's child forked after a listing is: moved into the tree's cgroup, or, under a
+    subreaper, carrying the tree's marker (a child of ours that has it is the tree's)."""
+    containment = tree._core.containment
+    if isinstance(containment, SubreaperContainment):
+        env = {**env, containment.marker: "1"}
+    late = subprocess.Popen(["sleep", "60"], env=env)
+    procs.remember(late.pid)
+    if isinstance(containment, CgroupContainment):
+        Path(containment.path, "cgroup.procs").write_text(str(late.pid))
+    return late
+
+
+async def test_a_member_found_after_the_programs_kill_gets_sigkill_at_once(
+    tracked: Tracked, strong: str
+) -> None:
+    # kill() lists the tree once (the group and cgroup.kill aside): a member that an
+    # escapee forks right after that listing, or that shows up only later, is found by
+    # cleanup. The tree was killed: it must get SIGKILL then, not sit out cleanup's wait
+    # for the dying tree (up to the grace, 2 s by default) until the hard stop.
+    grace = 0.5
+    async with open_process_tree(
+        ["sleep", "60"], grace=grace, env=tracked.env, containment=strong
+    ) as tree:
+        tree.kill()
+        late = join_late(tree, tracked.env)
+    try:
+        assert tree.outcome is not None
+        assert tree.outcome.signals == ()  # no hard stop was needed
+        assert tree.outcome.escapees_killed == 1
+        assert tree.outcome.duration < grace / 2
+        assert late.wait(timeout=5) in (-signal.SIGKILL, 0)  # (0: reaped as an orphan of ours)
+    finally:
+        late.kill()
+        late.wait()
+    assert tracked.survivors() == []
+
+
 async def stop_signal_handled_after(
     tracked: Tracked, containment: str, grace: float, *, during_cleanup: bool = False
 ) -> tuple[float | None, ProcessTree]:

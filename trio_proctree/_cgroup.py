@@ -741,13 +741,17 @@ class CgroupContainment(MemberTracking):
             # that much later; a grace is seconds.
             survey, self._survey_due = False, True
             self._survey_by = time.monotonic() + self.SURVEY_DELAY
-        if escalation:
+        # Replayed to escapees found later: the escalation's signals, and the program's
+        # SIGKILL (a member found after this call's listings belongs to a tree that is to
+        # die, and must not sit out cleanup's wait for it until the hard stop).
+        replayed = escalation or sig == signal.SIGKILL
+        if replayed:
             self._sent.extend(step)
         # Escapees found now get the escalation so far, and then this signal: a program's
         # signal during cleanup may be the first to find an escapee (while the escalation's
         # listing waits, say), and the escapees it finds are known from then on, so no
         # later listing of the escalation's would give them its signals.
-        catch_up = self._sent if escalation else [*self._sent, sig]
+        catch_up = self._sent if replayed else [*self._sent, sig]
         # Then the escapees, one pidfd each. An escalation also pins the members to wait on.
         if listing_failed is None and survey:
             try:

@@ -698,10 +698,12 @@ class MemberTracking:
         # through the leader's pidfd, or, on kernels that cannot, every member the listing
         # confirms is signalled through its own pidfd, as an escapee.)
         self._signal_group(sig, pins=pins, wake=escalation)
-        if escalation:
+        if escalation or sig == signal.SIGKILL:
             # Replayed to escapees found later (pending() looks for more once every tracked
             # member has exited); kept as soon as the group has it, so that a listing that
-            # fails below cannot lose it.
+            # fails below cannot lose it. The program's SIGKILL too: a member found later
+            # (forked by an escapee after the listing below, say) belongs to a tree that
+            # is to die, and must not sit out cleanup's wait for it until the hard stop.
             self._sent.extend(step)
         # ...while we learn who else is in the tree: that work overlaps the members' exit,
         # which the caller would be waiting for anyway. Then the escapees, one by one.
@@ -716,7 +718,7 @@ class MemberTracking:
         if not escalation:
             # A program's signal during cleanup may be the first to find an escapee: it
             # gets the escalation so far first.
-            self._signal_escapees(found, self._sent)
+            self._signal_escapees(found, earlier)
         self._signal_escapees(self._escapees, step)
         self._raise_denied()
 

@@ -215,9 +215,9 @@ MUTANTS = [
     (
         "subreaper: escapees not sent the stop signal",
         "_containment.py",
-        "            self._signal_escapees(found, self._sent)\n"
+        "            self._signal_escapees(found, earlier)\n"
         "        self._signal_escapees(self._escapees, step)",
-        "            self._signal_escapees(found, self._sent)\n        pass",
+        "            self._signal_escapees(found, earlier)\n        pass",
         "test_stopped_escapee_gets_sigcont",
     ),
     (
@@ -342,8 +342,9 @@ MUTANTS = [
     (
         "subreaper: a failed listing loses the step for escapees found later",
         "_containment.py",
-        "            # fails below cannot lose it.\n            self._sent.extend(step)\n",
-        "            # fails below cannot lose it.\n"
+        "            # is to die, and must not sit out cleanup's wait for it until the hard stop.\n"
+        "            self._sent.extend(step)\n",
+        "            # is to die, and must not sit out cleanup's wait for it until the hard stop.\n"
         "            self._sent.extend(step if listing_failed is None else [])\n",
         "descriptors_are_back and subreaper",
     ),
@@ -373,16 +374,30 @@ MUTANTS = [
     (
         "cgroup: an escapee a program's signal finds gets only that signal",
         "_cgroup.py",
-        "        catch_up = self._sent if escalation else [*self._sent, sig]",
-        "        catch_up = self._sent if escalation else [sig]",
+        "        catch_up = self._sent if replayed else [*self._sent, sig]",
+        "        catch_up = self._sent if replayed else [sig]",
         "(program_finds_during_cleanup or during_cleanup_does_not_hold_back) and (cgroup or auto)",
     ),
     (
         "subreaper: an escapee a program's signal finds gets only that signal",
         "_containment.py",
-        "            self._signal_escapees(found, self._sent)\n",
+        "            self._signal_escapees(found, earlier)\n",
         "            pass\n",
         "program_finds_during_cleanup and subreaper",
+    ),
+    (
+        "cgroup: a member found after the program's kill is not given SIGKILL",
+        "_cgroup.py",
+        "        replayed = escalation or sig == signal.SIGKILL\n",
+        "        replayed = escalation\n",
+        "found_after_the_programs_kill and (cgroup or auto)",
+    ),
+    (
+        "subreaper: a member found after the program's kill is not given SIGKILL",
+        "_containment.py",
+        "        if escalation or sig == signal.SIGKILL:\n",
+        "        if escalation:\n",
+        "found_after_the_programs_kill and subreaper",
     ),
     (
         "watchdog: trees never registered",
