@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import signal
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from trio_proctree import _watchdog, open_process_tree, run_process_tree
+from trio_proctree import _spawn, _watchdog, open_process_tree, run_process_tree
 
 from . import procs
 from .conftest import Tracked
@@ -162,6 +163,71 @@ async def test_a_script_whose_interpreter_is_there_runs(
     result = await run_process_tree([str(script)], capture_stdout=True, **contained)
     assert result.stdout == b"ran\n"
     assert tracked.survivors() == []
+
+
+#: Executable files of no format the kernel runs (with no binfmt_misc handler registered):
+#: execve fails with ENOEXEC, and Popen raises it. The text, were it run by a shell,
+#: would leave a mark.
+NOT_PROGRAMS = {
+    "text-without-#!": b"touch {mark}\n",
+    "empty": b"",
+    "bytes": b"\0\1\2 not a program\ntouch {mark}\n",
+}
+
+
+@pytest.mark.skipif(
+    _spawn.binfmt_misc_handlers(), reason="binfmt_misc handlers may run any file: exec decides"
+)
+@pytest.mark.parametrize("case", list(NOT_PROGRAMS))
+@pytest.mark.parametrize("entry", [_open, _run], ids=["open_process_tree", "run_process_tree"])
+async def test_an_executable_file_that_is_no_program_raises_exec_format_error(
+    nothing_leaks: None,
+    entry: Callable[..., Callable[[], Any]],
+    tmp_path: Path,
+    contained: dict[str, Any],
+    case: str,
+) -> None:
+    # As subprocess raises it, from the kernel's ENOEXEC, under every containment. Red
+    # before under cgroup containment through /bin/sh: sh's exec runs a file the kernel
+    # cannot as a shell script (POSIX asks it to), so the text of a file that was never
+    # meant to run ran as shell commands (and an empty file "succeeded"), where the other
+    # containments, and the same code on another machine, raised.
+    mark = tmp_path / "ran"
+    tool = tmp_path / "tool"
+    tool.write_bytes(NOT_PROGRAMS[case].replace(b"{mark}", bytes(mark)))
+    tool.chmod(0o755)
+    with pytest.raises(OSError) as raised:
+        await entry([str(tool)], **contained)()
+    assert raised.value.errno == errno.ENOEXEC
+    assert raised.value.filename == str(tool)
+    assert not mark.exists()
+
+
+def test_a_registered_binfmt_misc_handler_leaves_the_file_to_the_exec(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Such a handler may run a file by any bytes or by its name (a .jar, a .exe): trio_proctree
+    # cannot tell, and refuses nothing then. (A stand-in for the mounted file system: no
+    # test may register a handler, which would change how every exec on the machine runs.)
+    binfmt = tmp_path / "binfmt_misc"
+    binfmt.mkdir()
+    (binfmt / "register").write_text("")
+    monkeypatch.setattr(_spawn, "BINFMT_MISC", str(binfmt))
+    assert _spawn.binfmt_misc_handlers() == []  # no status: not mounted
+    (binfmt / "status").write_text("enabled\n")
+    (binfmt / "jar").write_text("disabled\ninterpreter /usr/bin/jexec\n")
+    assert _spawn.binfmt_misc_handlers() == []  # one, switched off
+    (binfmt / "wine").write_text("enabled\ninterpreter /usr/bin/wine\nextension .exe\n")
+    assert _spawn.binfmt_misc_handlers() == ["wine"]
+    tool = tmp_path / "tool.exe"
+    tool.write_bytes(b"MZ not a Linux program\n")
+    tool.chmod(0o755)
+    open_process_tree([str(tool)])  # checked, and not refused: the exec decides
+    (binfmt / "status").write_text("disabled\n")
+    assert _spawn.binfmt_misc_handlers() == []
+    with pytest.raises(OSError) as raised:
+        open_process_tree([str(tool)])
+    assert raised.value.errno == errno.ENOEXEC
 
 
 async def test_directory_is_not_an_executable(nothing_leaks: None, tmp_path: Path) -> None:

@@ -88,6 +88,18 @@ def test_run_not_executable_exits_126(tracked: Tracked, tmp_path: Path) -> None:
     assert "script.sh" in result.stderr
 
 
+def test_run_a_file_of_no_program_format_exits_126(tracked: Tracked, tmp_path: Path) -> None:
+    # Found, but not a program the kernel can run (no #! line): 126, as for a file without
+    # the x bit, and as sh and env(1) say it; 125 is for trio-proctree failing itself.
+    tool_file = tmp_path / "notes"
+    tool_file.write_text("echo hi\n")
+    tool_file.chmod(0o755)
+    result = run_tool("run", "--", str(tool_file), env=tracked.env)
+    assert result.returncode == 126, result.stderr
+    assert "notes" in result.stderr
+    assert "Exec format error" in result.stderr
+
+
 @needs_root
 def test_run_failing_itself_exits_125(tracked: Tracked) -> None:
     # In a mount namespace without the cgroup v2 hierarchy, --containment cgroup cannot be.

@@ -12,6 +12,7 @@ executable; 127 when it is not found.
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import os
 import signal
@@ -56,7 +57,13 @@ def run(options: RunOptions) -> int:
     except PermissionError as exc:
         _complain(f"{options.command[0]}: {exc.strerror}")
         return NOT_EXECUTABLE
-    except (OSError, ContainmentUnavailable, NotImplementedError) as exc:
+    except OSError as exc:
+        if exc.errno == errno.ENOEXEC:  # found, but no program the kernel runs
+            _complain(f"{options.command[0]}: {exc.strerror}")
+            return NOT_EXECUTABLE
+        _complain(str(exc))
+        return TOOL_FAILED
+    except (ContainmentUnavailable, NotImplementedError) as exc:
         _complain(str(exc))
         return TOOL_FAILED
 

@@ -115,6 +115,20 @@ MUTANTS = [
         "test_a_failed_spawn_whose_leader_had_started_a_member and pidfd",
     ),
     (
+        "spawn: a file of no format Linux runs left to /bin/sh's exec",
+        "_spawn.py",
+        "        if not binfmt_misc_handlers():\n",
+        "        if False:\n",
+        "no_program_raises_exec_format_error and cgroup",
+    ),
+    (
+        "spawn: binfmt_misc handlers counted while the file system is switched off",
+        "_spawn.py",
+        '            if status.read().strip() != "enabled":\n',
+        "            if False:\n",
+        "binfmt_misc_handler_leaves",
+    ),
+    (
         "spawn: a kernel without waitid(P_PIDFD) let through",
         "_spawn.py",
         "    except (AttributeError, OSError) as exc:\n        raise NotImplementedError(\n"
