@@ -5,7 +5,9 @@ from __future__ import annotations
 import errno
 import math
 import os
+import shutil
 import signal
+import struct
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from trio_proctree import _spawn, _watchdog, open_process_tree, run_process_tree
+from trio_proctree import _exec_check, _watchdog, open_process_tree, run_process_tree
 
 from . import procs
 from .conftest import Tracked
@@ -165,6 +167,89 @@ async def test_a_script_whose_interpreter_is_there_runs(
     assert tracked.survivors() == []
 
 
+def with_interpreter(program: str, interpreter: bytes, into: Path) -> Path:
+    """A copy of ELF ``program`` (dynamically linked) whose program interpreter (PT_INTERP,
+    the dynamic loader the kernel starts it with) is ``interpreter``, of the same length
+    as the one it names now (no longer than that, NUL-padded: the kernel reads up to it)."""
+    data = Path(program).read_bytes()
+    phoff, phentsize, phnum = struct.unpack_from("<QxxxxxxxxxxxxxxHH", data, 32)
+    for index in range(phnum):
+        entry = phoff + index * phentsize
+        kind, _flags, offset, _vaddr, _paddr, size = struct.unpack_from("<IIQQQQ", data, entry)
+        if kind == 3:  # PT_INTERP
+            assert len(interpreter) < size
+            patched = interpreter.ljust(size, b"\0")
+            into.write_bytes(data[:offset] + patched + data[offset + size :])
+            into.chmod(0o755)
+            return into
+    raise AssertionError(f"{program} has no program interpreter")
+
+
+async def test_an_elf_program_whose_interpreter_is_missing_raises_file_not_found(
+    nothing_leaks: None, tmp_path: Path, contained: dict[str, Any]
+) -> None:
+    # A program built for another C library (a musl build on a glibc system, say) names a
+    # dynamic loader that is not there: the kernel's ENOENT, which subprocess raises as
+    # "No such file or directory" for a file that is plainly there. Said here with the
+    # loader's name, under every containment. Red before under cgroup containment
+    # through /bin/sh: exit status 127 and "not found", from a message naming the wrapper.
+    program = with_interpreter(
+        shutil.which("true") or "/bin/true", b"/lib/ld-musl-x86_64.so.1", tmp_path / "tool"
+    )
+    with pytest.raises(FileNotFoundError) as raised:
+        await _run([str(program)], **contained)()
+    assert "no such interpreter '/lib/ld-musl-x86_64.so.1'" in str(raised.value)
+    assert raised.value.filename == str(program)
+
+
+def synthetic_elf(*, is_64: bool, byte_order: str, machine: int, interpreter: bytes) -> bytes:
+    """The headers of an ELF program that names ``interpreter`` (NUL-ended), laid out as
+    the ELF specification says for each class and byte order: nothing that would run."""
+    elf_class, data = (2 if is_64 else 1), (1 if byte_order == "<" else 2)
+    ident = b"\x7fELF" + bytes([elf_class, data, 1]).ljust(12, b"\0")  # (16 bytes in all)
+    if is_64:
+        header_size, entry_size = 64, 56
+        header = struct.pack(
+            byte_order + "HHIQQQIHHHHHH", 2, machine, 1, 0, header_size, 0, 0, 64, 56, 2, 0, 0, 0
+        )
+        entries = [(1, 5, 0, 0, 0, 0, 0, 0), (3, 4, 0, 0, 0, 0, 0, 1)]
+        entry_format = byte_order + "IIQQQQQQ"
+        where = header_size + 2 * entry_size
+        entries[1] = (3, 4, where, 0, 0, len(interpreter), len(interpreter), 1)
+    else:
+        header_size, entry_size = 52, 32
+        header = struct.pack(
+            byte_order + "HHIIIIIHHHHHH", 2, machine, 1, 0, header_size, 0, 0, 52, 32, 2, 0, 0, 0
+        )
+        entry_format = byte_order + "IIIIIIII"
+        where = header_size + 2 * entry_size
+        entries = [(1, 0, 0, 0, 0, 0, 5, 0), (3, where, 0, 0, len(interpreter), 0, 4, 1)]
+    table = b"".join(struct.pack(entry_format, *entry) for entry in entries)
+    return ident + header + table + interpreter
+
+
+@pytest.mark.parametrize("is_64", [True, False], ids=["64-bit", "32-bit"])
+@pytest.mark.parametrize("byte_order", ["<", ">"], ids=["little-endian", "big-endian"])
+def test_the_elf_interpreter_is_read_in_each_class_and_byte_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, is_64: bool, byte_order: str
+) -> None:
+    # Only programs of this machine's layout are read (where the kernel would look for
+    # their loader): each is stood in for here by declaring it this machine's.
+    machine = 183  # (EM_AARCH64: any number, the same on both sides)
+    monkeypatch.setattr(_exec_check, "_own_elf_layout", lambda: (byte_order, is_64, machine))
+    data = synthetic_elf(
+        is_64=is_64, byte_order=byte_order, machine=machine, interpreter=b"/lib/ld-x.so.1\0"
+    )
+    program = tmp_path / "program"
+    program.write_bytes(data)
+    with program.open("rb") as file:
+        assert _exec_check._elf_interpreter(file.fileno(), data[:256]) == "/lib/ld-x.so.1"
+    # Another machine's program is the kernel's (or a binfmt_misc handler's) to judge.
+    monkeypatch.setattr(_exec_check, "_own_elf_layout", lambda: (byte_order, is_64, machine + 1))
+    with program.open("rb") as file:
+        assert _exec_check._elf_interpreter(file.fileno(), data[:256]) is None
+
+
 #: Executable files of no format the kernel runs (with no binfmt_misc handler registered):
 #: execve fails with ENOEXEC, and Popen raises it. The text, were it run by a shell,
 #: would leave a mark.
@@ -176,7 +261,7 @@ NOT_PROGRAMS = {
 
 
 @pytest.mark.skipif(
-    _spawn.binfmt_misc_handlers(), reason="binfmt_misc handlers may run any file: exec decides"
+    _exec_check.binfmt_misc_handlers(), reason="binfmt_misc handlers may run any file: exec decides"
 )
 @pytest.mark.parametrize("case", list(NOT_PROGRAMS))
 @pytest.mark.parametrize("entry", [_open, _run], ids=["open_process_tree", "run_process_tree"])
@@ -212,19 +297,19 @@ def test_a_registered_binfmt_misc_handler_leaves_the_file_to_the_exec(
     binfmt = tmp_path / "binfmt_misc"
     binfmt.mkdir()
     (binfmt / "register").write_text("")
-    monkeypatch.setattr(_spawn, "BINFMT_MISC", str(binfmt))
-    assert _spawn.binfmt_misc_handlers() == []  # no status: not mounted
+    monkeypatch.setattr(_exec_check, "BINFMT_MISC", str(binfmt))
+    assert _exec_check.binfmt_misc_handlers() == []  # no status: not mounted
     (binfmt / "status").write_text("enabled\n")
     (binfmt / "jar").write_text("disabled\ninterpreter /usr/bin/jexec\n")
-    assert _spawn.binfmt_misc_handlers() == []  # one, switched off
+    assert _exec_check.binfmt_misc_handlers() == []  # one, switched off
     (binfmt / "wine").write_text("enabled\ninterpreter /usr/bin/wine\nextension .exe\n")
-    assert _spawn.binfmt_misc_handlers() == ["wine"]
+    assert _exec_check.binfmt_misc_handlers() == ["wine"]
     tool = tmp_path / "tool.exe"
     tool.write_bytes(b"MZ not a Linux program\n")
     tool.chmod(0o755)
     open_process_tree([str(tool)])  # checked, and not refused: the exec decides
     (binfmt / "status").write_text("disabled\n")
-    assert _spawn.binfmt_misc_handlers() == []
+    assert _exec_check.binfmt_misc_handlers() == []
     with pytest.raises(OSError) as raised:
         open_process_tree([str(tool)])
     assert raised.value.errno == errno.ENOEXEC

@@ -25,6 +25,7 @@ from typing import Any, Union, cast
 import attrs
 
 from . import _spawn_into_cgroup as direct
+from ._exec_check import check_runnable
 from ._leader import LOST
 from ._pidfd import open_pidfd
 from ._spawn_into_cgroup import IntoCgroup
@@ -300,80 +301,8 @@ def inherited_environment() -> dict[bytes, bytes]:
 def _resolve_executable(program: Any, *, env: Mapping[Any, Any] | None, cwd: Any) -> str:
     """Find ``program`` the way `subprocess.Popen` will, raising the error it would."""
     path = _find_executable(program, env=env, cwd=cwd)
-    _check_runnable(path, os.fsdecode(program), cwd)
+    check_runnable(path, os.fsdecode(program), cwd)
     return path
-
-
-def _check_runnable(path: str, name: str, cwd: Any) -> None:
-    """Raise what the kernel's execve makes Popen raise for a file it cannot run: OSError
-    (ENOEXEC) for a file of no format it runs, FileNotFoundError for a script whose ``#!``
-    interpreter is missing.
-
-    Started through /bin/sh (cgroup containment, where the C library cannot start a
-    process in a cgroup), the program would instead be run by sh's exec, which runs a
-    file the kernel refuses as a shell script (POSIX asks it to: the text of a file never
-    meant to run would run as commands), and exits with status 127 for a missing
-    interpreter, with a message naming the wrapper.
-    """
-    try:
-        with open(path, "rb") as script:
-            head = script.read(256)  # (the kernel reads no more of a #! line either)
-    except OSError:
-        return  # not ours to read: the exec will say what it says
-    if head.startswith(b"\x7fELF"):
-        return  # (one for another machine, or broken, is the kernel's to refuse)
-    if not head.startswith(b"#!"):
-        # The formats Linux runs itself are ELF and #! scripts (a.out went in 6.1);
-        # anything else runs only through a binfmt_misc handler, which may match on any
-        # bytes or on the file's name: where one is registered, the exec decides.
-        if not binfmt_misc_handlers():
-            raise OSError(
-                errno.ENOEXEC, "Exec format error (neither an ELF program nor a #! script)", name
-            )
-        return
-    if b"\n" not in head:
-        return  # (a #! line the kernel cuts short is its to refuse, with ENOEXEC)
-    # Read as the kernel reads it: up to the newline (or a NUL), the name after spaces
-    # and tabs, up to the next; a \r is part of it (a script saved with CRLF line ends
-    # names "/bin/sh\r", which the kernel does not find either).
-    line = head[2 : head.index(b"\n")].split(b"\0", 1)[0].lstrip(b" \t")
-    name_end = min((i for i in (line.find(b" "), line.find(b"\t")) if i >= 0), default=len(line))
-    if not line[:name_end]:
-        return
-    interpreter = os.fsdecode(line[:name_end])
-    if cwd is not None and not os.path.isabs(interpreter):
-        interpreter = os.path.join(os.fsdecode(cwd), interpreter)
-    if not os.path.exists(interpreter):
-        raise FileNotFoundError(
-            errno.ENOENT, f"no such interpreter {interpreter!r} (the #! line of {name})", name
-        )
-
-
-#: Where Linux lists the binfmt_misc handlers, when that file system is mounted.
-BINFMT_MISC = "/proc/sys/fs/binfmt_misc"
-
-
-def binfmt_misc_handlers() -> list[str]:
-    """The names of the binfmt_misc handlers that can run programs now: none when the file
-    system is not mounted, or it is but switched off (its ``status`` file)."""
-    try:
-        names = os.listdir(BINFMT_MISC)
-        with open(os.path.join(BINFMT_MISC, "status")) as status:
-            if status.read().strip() != "enabled":
-                return []
-    except OSError:
-        return []
-    handlers: list[str] = []
-    for name in names:
-        if name in ("register", "status"):
-            continue
-        try:
-            with open(os.path.join(BINFMT_MISC, name)) as entry:
-                if entry.readline().strip() == "enabled":
-                    handlers.append(name)
-        except OSError:
-            continue  # (removed meanwhile)
-    return handlers
 
 
 def _find_executable(program: Any, *, env: Mapping[Any, Any] | None, cwd: Any) -> str:
