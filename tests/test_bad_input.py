@@ -307,12 +307,46 @@ def test_a_registered_binfmt_misc_handler_leaves_the_file_to_the_exec(
     tool = tmp_path / "tool.exe"
     tool.write_bytes(b"MZ not a Linux program\n")
     tool.chmod(0o755)
-    open_process_tree([str(tool)])  # checked, and not refused: the exec decides
+    assert _exec_check.refusal(str(tool), "tool.exe", None) is None  # the exec decides
     (binfmt / "status").write_text("disabled\n")
     assert _exec_check.binfmt_misc_handlers() == []
-    with pytest.raises(OSError) as raised:
-        open_process_tree([str(tool)])
-    assert raised.value.errno == errno.ENOEXEC
+    refused = _exec_check.refusal(str(tool), "tool.exe", None)
+    assert refused is not None
+    assert refused.errno == errno.ENOEXEC
+
+
+#: Files the kernel refuses to run, which Popen's search passes over for the next on PATH.
+REFUSED_ON_PATH = {
+    "no-format": b"touch {mark}\n",
+    "no-interpreter": b"#!/nonexistent/interpreter\ntouch {mark}\n",
+}
+
+
+@pytest.mark.skipif(
+    _exec_check.binfmt_misc_handlers(), reason="binfmt_misc handlers may run any file: exec decides"
+)
+@pytest.mark.parametrize("case", list(REFUSED_ON_PATH))
+async def test_the_search_passes_over_a_file_the_kernel_refuses_as_popen_does(
+    tracked: Tracked, tmp_path: Path, contained: dict[str, Any], case: str
+) -> None:
+    # Popen's exec goes on down PATH past a file the kernel refuses, and runs the next.
+    # Red before (no-format) under every containment: the early check refused the first
+    # file found (and before that, under cgroup, sh's exec ran it as a script).
+    mark = tmp_path / "ran"
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    (first / "tool").write_bytes(REFUSED_ON_PATH[case].replace(b"{mark}", bytes(mark)))
+    (second / "tool").write_bytes(b"#!/bin/sh\necho second\n")
+    for tool in (first / "tool", second / "tool"):
+        tool.chmod(0o755)
+    env = {**contained["env"], "PATH": f"{first}:{second}:{os.environ['PATH']}"}
+    result = await run_process_tree(
+        ["tool"], capture_stdout=True, env=env, containment=contained["containment"]
+    )
+    assert result.stdout == b"second\n"
+    assert not mark.exists()
+    assert tracked.survivors() == []
 
 
 async def test_directory_is_not_an_executable(nothing_leaks: None, tmp_path: Path) -> None:

@@ -570,10 +570,17 @@ class CgroupContainment(MemberTracking):
             self._direct = True
         if executable is not None:
             argv[0] = executable  # (sh's exec cannot set a different argv[0])
+        if plan.resolved is not None and plan.resolved.passed_over:
+            # sh's own search would stop at the first file on PATH, which the kernel
+            # refuses (sh then runs it as a script): the one Popen's search settles on is
+            # named instead, which argv[0] then shows too.
+            argv[0] = plan.resolved.path
         procs = os.path.join(self.path, "cgroup.procs")
         command = ["/bin/sh", "-c", _keep_pwd(options.get("env")) + _JOIN_AND_EXEC, procs, *argv]
         plan = super().prepare(plan)
-        return attrs.evolve(plan, command=command, options=options, into_cgroup=direct)
+        return attrs.evolve(
+            plan, command=command, options=options, into_cgroup=direct, through_sh=True
+        )
 
     @property
     def backstop(self) -> list[str]:

@@ -1,12 +1,11 @@
-"""What the kernel's execve would refuse to run, found before anything is started.
+"""What the kernel's execve would refuse to run, read off the file before anything starts.
 
 `subprocess.Popen` raises the kernel's error when the exec fails. Under cgroup
 containment where the C library cannot start a process in a cgroup, the command is run
-by /bin/sh's exec instead (the leader joins its cgroup first), and sh reports these
+by /bin/sh's exec instead (the leader joins its cgroup first), and sh deals with these
 failures its own way: it runs a file the kernel refuses as a shell script (POSIX asks
 it to), and exits with status 127 and a message naming the wrapper where the kernel
-found no interpreter. So the checks here raise, under every containment, what Popen
-would: bad input fails early, the same on every machine.
+found no interpreter. Read here, they are raised as Popen would raise them.
 """
 
 from __future__ import annotations
@@ -24,50 +23,60 @@ _ELF_MAGIC = b"\x7fELF"
 _PT_INTERP = 3
 
 
-def check_runnable(path: str, name: str, cwd: Any) -> None:
-    """Raise what the exec of ``path`` (the program ``name``, run in ``cwd``) would make
-    Popen raise, where the file itself says it: OSError (ENOEXEC) for a file of no format
-    Linux runs, FileNotFoundError for a ``#!`` script or a dynamically linked ELF program
-    whose interpreter is missing. A file we may not read is left to the exec."""
+def refusal(path: str, name: str, cwd: Any) -> OSError | None:
+    """What the exec of ``path`` (the program ``name``, run in ``cwd``) would fail with,
+    where the file itself says it; None where it says nothing against running.
+
+    FileNotFoundError for a ``#!`` script or a dynamically linked ELF program whose
+    interpreter is missing; OSError (ENOEXEC) for a file of no format Linux runs. A file
+    we may not read is left to the exec.
+    """
     try:
         with open(path, "rb") as program:
             head = program.read(256)  # (the kernel reads no more of a #! line either)
             loader = _elf_interpreter(program.fileno(), head)
     except OSError:
-        return  # not ours to read: the exec will say what it says
+        return None  # not ours to read: the exec will say what it says
     if head.startswith(_ELF_MAGIC):
-        if loader is not None:
-            _check_interpreter(loader, "the ELF program interpreter", name, cwd)
-        return
-    if not head.startswith(b"#!"):
-        # The formats Linux runs itself are ELF and #! scripts (a.out went in 6.1);
-        # anything else runs only through a binfmt_misc handler, which may match on any
-        # bytes or on the file's name: where one is registered, the exec decides.
-        if not binfmt_misc_handlers():
-            raise OSError(
-                errno.ENOEXEC, "Exec format error (neither an ELF program nor a #! script)", name
-            )
-        return
+        if loader is None:
+            return None
+        return _missing(loader, "the ELF program interpreter", name, cwd)
+    if head.startswith(b"#!"):
+        return _script_refusal(head, name, cwd)
+    # The formats Linux runs itself are ELF and #! scripts (a.out went in 6.1); anything
+    # else runs only through a binfmt_misc handler, which may match on any bytes or on
+    # the file's name: where one is registered, the exec decides.
+    if binfmt_misc_handlers():
+        return None
+    return OSError(errno.ENOEXEC, os.strerror(errno.ENOEXEC), name)  # (as Popen says it)
+
+
+def _script_refusal(head: bytes, name: str, cwd: Any) -> OSError | None:
+    """`refusal` for a file that starts with ``#!`` (``head``: its first 256 bytes)."""
     if b"\n" not in head:
-        return  # (a #! line the kernel cuts short is its to refuse, with ENOEXEC)
+        return None  # (a #! line the kernel cuts short is its to refuse, with ENOEXEC)
     # Read as the kernel reads it: up to the newline (or a NUL), the name after spaces
     # and tabs, up to the next; a \r is part of it (a script saved with CRLF line ends
     # names "/bin/sh\r", which the kernel does not find either).
     line = head[2 : head.index(b"\n")].split(b"\0", 1)[0].lstrip(b" \t")
     name_end = min((i for i in (line.find(b" "), line.find(b"\t")) if i >= 0), default=len(line))
-    if line[:name_end]:
-        _check_interpreter(os.fsdecode(line[:name_end]), "the #! line", name, cwd)
+    if not line[:name_end]:
+        return None
+    return _missing(os.fsdecode(line[:name_end]), "the #! line", name, cwd)
 
 
-def _check_interpreter(interpreter: str, named_by: str, name: str, cwd: Any) -> None:
+def _missing(interpreter: str, named_by: str, name: str, cwd: Any) -> OSError | None:
+    """FileNotFoundError if ``interpreter`` (``named_by`` the program ``name``) is not
+    there, as the kernel looks for it."""
     if cwd is not None and not os.path.isabs(interpreter):
         interpreter = os.path.join(os.fsdecode(cwd), interpreter)  # (as the kernel opens it)
     # (A binfmt_misc handler may take the file before the kernel's own formats do, and
     # run it its own way: where one is registered, the exec decides.)
-    if not os.path.exists(interpreter) and not binfmt_misc_handlers():
-        raise FileNotFoundError(
-            errno.ENOENT, f"no such interpreter {interpreter!r} ({named_by} of {name})", name
-        )
+    if os.path.exists(interpreter) or binfmt_misc_handlers():
+        return None
+    return FileNotFoundError(
+        errno.ENOENT, f"no such interpreter {interpreter!r} ({named_by} of {name})", name
+    )
 
 
 def _elf_interpreter(fd: int, head: bytes) -> str | None:

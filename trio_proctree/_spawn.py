@@ -20,12 +20,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Union, cast
+from typing import Any, NoReturn, Union, cast
 
 import attrs
 
 from . import _spawn_into_cgroup as direct
-from ._exec_check import check_runnable
+from ._exec_check import refusal
 from ._leader import LOST
 from ._pidfd import open_pidfd
 from ._spawn_into_cgroup import IntoCgroup
@@ -78,6 +78,22 @@ def _require_pidfd() -> None:
 
 
 @attrs.frozen
+class Resolved:
+    """Where Popen's search for a program settles, read off the files before it runs."""
+
+    #: The file it execs: the first on the search that the kernel would run, or None
+    #: where none would (then ``refused`` says why).
+    path: str | None
+    #: Whether it passed over a file of no format the kernel runs to get there: sh's
+    #: exec would stop at that one (it runs such a file as a script), and must be given
+    #: ``path``. (Files missing, not executable or missing an interpreter, it passes over.)
+    passed_over: bool = False
+    #: What the exec would fail with, where no file on the search runs and only the exec
+    #: itself would say it (ENOEXEC: a binfmt_misc handler we cannot see may run it).
+    refused: OSError | None = None
+
+
+@attrs.frozen
 class SpawnPlan:
     """A checked request to start a tree's leader."""
 
@@ -101,6 +117,11 @@ class SpawnPlan:
     #: Whether the leader runs as another user or group than ours (``user=``, ``group=``,
     #: ``extra_groups=`` naming others): then it cannot join a cgroup that we own.
     changes_user: bool = False
+    #: Where Popen's search for ``program`` settles (None until it was looked for).
+    resolved: Resolved | None = None
+    #: Whether ``command`` runs the program through /bin/sh's exec (`CgroupContainment`),
+    #: whose own search would not settle where Popen's does when the kernel refuses a file.
+    through_sh: bool = False
 
 
 @attrs.define
@@ -141,7 +162,6 @@ def plan_spawn(command: Command, options: Mapping[str, Any]) -> SpawnPlan:
         ValueError: for an empty command or an option that would break containment.
         FileNotFoundError: if the executable (or ``cwd``) does not exist.
         PermissionError: if the executable is not an executable file.
-        OSError: (``ENOEXEC``) if it is a file of no format Linux runs.
     """
     require_supported_platform()
     options = dict(options)
@@ -162,7 +182,7 @@ def plan_spawn(command: Command, options: Mapping[str, Any]) -> SpawnPlan:
         program = options.get("executable") or "/bin/sh"
     else:
         program = options.get("executable") or argv[0]
-    _resolve_executable(program, env=options.get("env"), cwd=options.get("cwd"))
+    resolved = _resolve_executable(program, env=options.get("env"), cwd=options.get("cwd"))
     return SpawnPlan(
         command=command if isinstance(command, (str, bytes)) else argv,
         options=options,
@@ -173,6 +193,7 @@ def plan_spawn(command: Command, options: Mapping[str, Any]) -> SpawnPlan:
         program=program,
         args=command,
         changes_user=changes_user,
+        resolved=resolved,
     )
 
 
@@ -298,15 +319,14 @@ def inherited_environment() -> dict[bytes, bytes]:
     return {os.fsencode(name): os.fsencode(value) for name, value in os.environ.copy().items()}
 
 
-def _resolve_executable(program: Any, *, env: Mapping[Any, Any] | None, cwd: Any) -> str:
-    """Find ``program`` the way `subprocess.Popen` will, raising the error it would."""
-    path = _find_executable(program, env=env, cwd=cwd)
-    check_runnable(path, os.fsdecode(program), cwd)
-    return path
+def _resolve_executable(program: Any, *, env: Mapping[Any, Any] | None, cwd: Any) -> Resolved:
+    """Find ``program`` the way `subprocess.Popen`'s exec will, raising the error it would.
 
-
-def _find_executable(program: Any, *, env: Mapping[Any, Any] | None, cwd: Any) -> str:
-    """Where Popen will find ``program``, or the error it would raise."""
+    As Popen's child does, each candidate in turn until one would exec, passing over
+    those the kernel refuses (missing, not executable, an interpreter missing, no format
+    it runs); the first error other than "not there" is the one reported. It is raised
+    now, but for ENOEXEC, which only the exec can be sure of (`Resolved.refused`).
+    """
     name = os.fsdecode(program)
     directory = None if cwd is None else os.fsdecode(cwd)
     if directory is not None:
@@ -318,29 +338,67 @@ def _find_executable(program: Any, *, env: Mapping[Any, Any] | None, cwd: Any) -
             raise FileNotFoundError(errno.ENOENT, "no such executable", name)
         if found is _NOT_EXECUTABLE:
             raise PermissionError(errno.EACCES, "not an executable file", name)
-        return path
+        return _first_that_runs([path], name, cwd) or _nothing_runs(name, [])
     search = os.get_exec_path(env)
     key = (name, tuple(search), directory)
-    if (known := _found_before.get(key)) is not None and _look_at(known) is _EXECUTABLE:
-        # Still there: Popen's own search finds it (or one earlier on PATH). One stat, not
-        # one per PATH entry before it (~0.3 ms a spawn with a long PATH, on this VM).
+    known = _found_before.get(key)
+    if (
+        known is not None
+        and known.path is not None
+        and _look_at(known.path) is _EXECUTABLE
+        and refusal(known.path, name, cwd) is None
+    ):
+        # Still there: Popen's own search finds it (or one earlier on PATH). One stat and
+        # one look at it, not one per PATH entry before it (~0.3 ms a spawn with a long
+        # PATH, on this VM).
         return known
-    denied = None
+    candidates: list[str] = []
     for entry in search:
         folder = os.fsdecode(entry) or "."
         if directory is not None:
             folder = os.path.join(directory, folder)
-        candidate = os.path.join(folder, name)
+        candidates.append(os.path.join(folder, name))
+    resolved = _first_that_runs(candidates, name, cwd)
+    if resolved is None:
+        return _nothing_runs(name, search)
+    if resolved.path is not None:
+        if len(_found_before) >= 256:  # (bounded: commands and PATHs are few)
+            _found_before.clear()
+        _found_before[key] = resolved
+    return resolved
+
+
+def _first_that_runs(candidates: list[str], name: str, cwd: Any) -> Resolved | None:
+    """The first of ``candidates`` that the kernel would run; else, where the exec
+    alone can tell, why none would (`Resolved.refused`). None if none is there to run;
+    raises the error Popen would, for a candidate that is there."""
+    failed: OSError | None = None  # the first error other than "not there"
+    missing_interpreter: OSError | None = None
+    no_format: OSError | None = None  # (ENOEXEC: sh's exec runs such a file as a script)
+    for candidate in candidates:
         found = _look_at(candidate)
-        if found is _EXECUTABLE:
-            if len(_found_before) >= 256:  # (bounded: commands and PATHs are few)
-                _found_before.clear()
-            _found_before[key] = candidate
-            return candidate
-        if denied is None and found is _NOT_EXECUTABLE:
-            denied = candidate
-    if denied is not None:
-        raise PermissionError(errno.EACCES, "not an executable file", denied)
+        if found is _NOT_EXECUTABLE:
+            failed = failed or PermissionError(errno.EACCES, "not an executable file", candidate)
+            continue
+        if found is _MISSING:
+            continue
+        refused = refusal(candidate, name, cwd)
+        if refused is None:
+            return Resolved(candidate, passed_over=no_format is not None)
+        if refused.errno == errno.ENOENT:
+            missing_interpreter = missing_interpreter or refused
+        else:
+            failed, no_format = failed or refused, no_format or refused
+    if failed is not None and failed is no_format:
+        return Resolved(None, refused=failed)
+    if failed is not None:
+        raise failed
+    if missing_interpreter is not None:
+        raise missing_interpreter
+    return None
+
+
+def _nothing_runs(name: str, search: list[bytes] | list[str]) -> NoReturn:
     raise FileNotFoundError(
         errno.ENOENT,
         f"no such executable on PATH ({os.pathsep.join(map(os.fsdecode, search))})",
@@ -369,7 +427,7 @@ _MISSING, _NOT_EXECUTABLE, _EXECUTABLE = "missing", "not executable", "executabl
 
 #: Where each command was found on its PATH, checked again (one stat) before it is
 #: trusted: a command that existed is looked for from scratch once it is gone.
-_found_before: dict[tuple[str, tuple[Any, ...], str | None], str] = {}
+_found_before: dict[tuple[str, tuple[Any, ...], str | None], Resolved] = {}
 
 
 def _look_at(path: str) -> str:
@@ -415,6 +473,7 @@ def spawn(plan: SpawnPlan) -> Spawned:
         pid = _start_in_cgroup(plan, stdio)
         popen = None
         if pid is None:
+            _refuse_what_sh_would_run_as_a_script(plan)
             popen = cast(
                 "subprocess.Popen[bytes]", subprocess.Popen(plan.command, **stdio, **plan.options)
             )
@@ -523,6 +582,13 @@ def _start_in_cgroup(plan: SpawnPlan, stdio: Mapping[str, Any]) -> int | None:
         return direct.start(plan.into_cgroup, plan.options, fds)
     except direct.Refused:
         return None
+
+
+def _refuse_what_sh_would_run_as_a_script(plan: SpawnPlan) -> None:
+    """Raise ENOEXEC, as Popen's exec would, for a program that its command would have
+    /bin/sh's exec run (as a script: sh's way with a file the kernel refuses)."""
+    if plan.through_sh and plan.resolved is not None and plan.resolved.refused is not None:
+        raise plan.resolved.refused
 
 
 def _pipe(child_ends: list[int], *, child_reads: bool) -> tuple[int, int]:

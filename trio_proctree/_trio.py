@@ -325,8 +325,8 @@ def open_process_tree(
       ValueError: empty command, bad ``grace``, invalid ``stop_signal``.
       FileNotFoundError: the executable does not exist.
       PermissionError: the executable is not executable.
-      OSError: (``ENOEXEC``) the executable is a file of no format Linux runs (a text
-        file with no ``#!`` line, say), as `subprocess` raises it.
+      OSError: (``ENOEXEC``, when the block is entered) the executable is a file of no
+        format Linux runs (a text file with no ``#!`` line, say), as `subprocess` raises it.
       ContainmentUnavailable: the ``containment`` asked for is not available here (none
         is under a /proc of another pid namespace).
       NotImplementedError: on platforms other than Linux.

@@ -117,8 +117,8 @@ MUTANTS = [
     (
         "exec check: an ELF program's missing loader left to the exec",
         "_exec_check.py",
-        '            _check_interpreter(loader, "the ELF program interpreter", name, cwd)\n',
-        "            pass\n",
+        '        return _missing(loader, "the ELF program interpreter", name, cwd)\n',
+        "        return None\n",
         "elf_program_whose_interpreter_is_missing",
     ),
     (
@@ -129,10 +129,24 @@ MUTANTS = [
         "class_and_byte_order",
     ),
     (
+        "spawn: the search stops at a file the kernel refuses, as Popen's does not",
+        "_spawn.py",
+        "            failed, no_format = failed or refused, no_format or refused\n",
+        "            raise refused\n",
+        "passes_over_a_file_the_kernel_refuses",
+    ),
+    (
+        "cgroup: sh's exec given the name, where Popen's search passed over a file",
+        "_cgroup.py",
+        "            argv[0] = plan.resolved.path\n",
+        "            pass\n",
+        "passes_over_a_file_the_kernel_refuses and cgroup",
+    ),
+    (
         "exec check: a file of no format Linux runs left to /bin/sh's exec",
         "_exec_check.py",
-        "        if not binfmt_misc_handlers():\n",
-        "        if False:\n",
+        "    return OSError(errno.ENOEXEC, os.strerror(errno.ENOEXEC), name)",
+        "    return None",
         "no_program_raises_exec_format_error and cgroup",
     ),
     (
@@ -717,8 +731,8 @@ MUTANTS = [
     (
         "spawn: where a program was found on PATH trusted without a look",
         "_spawn.py",
-        "    if (known := _found_before.get(key)) is not None and _look_at(known) is _EXECUTABLE:",
-        "    if (known := _found_before.get(key)) is not None:",
+        "        and _look_at(known.path) is _EXECUTABLE\n",
+        "",
         "looked_for_again_once_gone",
     ),
     (
