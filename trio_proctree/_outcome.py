@@ -28,7 +28,9 @@ class CleanupOutcome:
     #: leaves one), or at a later step (a member that ignored the stop signal that ended
     #: the leader, say). Members that stop with the leader on the same signal from cleanup
     #: do not count; after a signal the program sent itself (``send_signal``), those still
-    #: exiting when cleanup begins may.
+    #: exiting when cleanup begins may. After the program's ``kill()``, only those still
+    #: running at cleanup's hard stop count (the rest were dying of it, or were found later
+    #: and given its SIGKILL then).
     lingering_killed: int
     #: Members outside the tree's process group (``setsid`` daemons, double forks) that
     #: were found and stopped, by cleanup or by a signal the program sent through the tree
