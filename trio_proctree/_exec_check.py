@@ -21,6 +21,8 @@ BINFMT_MISC = "/proc/sys/fs/binfmt_misc"
 
 _ELF_MAGIC = b"\x7fELF"
 _PT_INTERP = 3
+#: The longest path Linux takes (PATH_MAX), which bounds a program interpreter's name.
+_PATH_MAX = 4096
 
 
 def refusal(path: str, name: str, cwd: Any) -> OSError | None:
@@ -104,7 +106,7 @@ def _elf_interpreter(fd: int, head: bytes) -> str | None:
         if fields[0] != _PT_INTERP:
             continue
         offset, size = (fields[2], fields[5]) if is_64 else (fields[1], fields[4])
-        if not 2 <= size <= os.pathconf("/", "PC_PATH_MAX"):
+        if not 2 <= size <= _PATH_MAX:
             return None
         named = os.pread(fd, size, offset)
         if len(named) != size or not named.endswith(b"\0"):
