@@ -261,7 +261,8 @@ NOT_PROGRAMS = {
 
 
 @pytest.mark.skipif(
-    _exec_check.binfmt_misc_handlers(), reason="binfmt_misc handlers may run any file: exec decides"
+    bool(_exec_check.binfmt_misc_handlers()),
+    reason="binfmt_misc handlers may run any file: exec decides",
 )
 @pytest.mark.parametrize("case", list(NOT_PROGRAMS))
 @pytest.mark.parametrize("entry", [_open, _run], ids=["open_process_tree", "run_process_tree"])
@@ -323,7 +324,8 @@ REFUSED_ON_PATH = {
 
 
 @pytest.mark.skipif(
-    _exec_check.binfmt_misc_handlers(), reason="binfmt_misc handlers may run any file: exec decides"
+    bool(_exec_check.binfmt_misc_handlers()),
+    reason="binfmt_misc handlers may run any file: exec decides",
 )
 @pytest.mark.parametrize("case", list(REFUSED_ON_PATH))
 async def test_the_search_passes_over_a_file_the_kernel_refuses_as_popen_does(

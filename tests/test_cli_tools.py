@@ -91,7 +91,7 @@ def test_run_not_executable_exits_126(tracked: Tracked, tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(
-    binfmt_misc_handlers(), reason="binfmt_misc handlers may run any file: exec decides"
+    bool(binfmt_misc_handlers()), reason="binfmt_misc handlers may run any file: exec decides"
 )
 def test_run_a_file_of_no_program_format_exits_126(tracked: Tracked, tmp_path: Path) -> None:
     # Found, but not a program the kernel can run (no #! line): 126, POSIX's status for a
