@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 import trio_proctree.asyncio
+from trio_proctree import Escalation, Step
 from trio_proctree.asyncio import open_process_tree, run_process_tree
 
 from . import procs
@@ -587,6 +588,40 @@ def test_an_asyncio_tree_the_program_killed_is_waited_for_not_signalled_again(
     assert outcome.lingering_killed == 0
     assert outcome.returncode == -signal.SIGKILL
     assert not any(procs.alive(pid) for pid in [pid, member])
+    assert tracked.survivors() == []
+
+
+def test_an_asyncio_tree_gets_a_step_for_its_leader_alone(
+    tracked: Tracked, contained: dict[str, Any], tmp_path: Path
+) -> None:
+    # The escalation is written once, for both drivers: a leader-only step here too.
+    from .test_escalation import _COORDINATOR, _MEMBER  # noqa: PLC0415 - the trio test's shapes
+
+    leader = tmp_path / "leader"
+    leader.write_text(_COORDINATOR)
+    (tmp_path / "leader.member").write_text(_MEMBER)  # ("$0.member")
+    policy = Escalation(steps=[Step(signal.SIGTERM, 5.0, leader_only=True)])
+
+    async def main() -> tuple[bytes, Any]:
+        async with open_process_tree(
+            ["sh", str(leader)], escalation=policy, stdout=subprocess.PIPE, **contained
+        ) as tree:
+            # Taken off the tree: its cleanup leaves it open, to be read to the end here.
+            stdout, tree.stdout = tree.stdout, None
+            assert stdout is not None
+            said = b""
+            while said.count(b"ready") < 2:
+                said += await stdout.read(4096)
+            await tree.aclose()
+            said += await stdout.read()  # (to its end: the tree is gone)
+        return said, tree.outcome
+
+    said, outcome = asyncio.run(main())
+    assert b"member stopped by the leader" in said
+    assert b"member got TERM" not in said
+    assert outcome is not None
+    assert outcome.signals == (signal.SIGTERM, signal.SIGCONT)
+    assert not outcome.grace_expired
     assert tracked.survivors() == []
 
 

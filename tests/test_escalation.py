@@ -183,6 +183,136 @@ async def test_steps_run_in_order_until_one_works(
     assert tracked.survivors() == []
 
 
+#: A member that says which signal reached it: the stop signal (from cleanup, to every
+#: process), or SIGUSR1 (from its leader, which stops it that way).
+_MEMBER = """
+trap 'echo member got TERM; exit 0' TERM
+trap 'echo member stopped by the leader; exit 0' USR1
+echo member ready
+while :; do sleep 0.05; done
+"""
+#: A leader that stops its member in order on SIGTERM (as a server's main process stops
+#: its workers), then exits.
+_COORDINATOR = """
+sh "$0.member" &
+member=$!
+trap 'kill -USR1 $member; wait $member; echo leader done; exit 0' TERM
+echo leader ready
+wait $member
+"""
+
+
+async def said_through_cleanup(tree: Any, ready: int, *, stop_leader: bool = False) -> bytes:
+    """What the tree writes: up to ``ready`` lines saying "ready", then through its
+    cleanup (run here) to its end. The pipe is taken off the tree, so that its cleanup
+    leaves it open to be read to the end (closed under a read, the last lines were lost).
+    ``stop_leader``: SIGSTOP the leader before the cleanup (as job control does)."""
+    stdout, tree.stdout = tree.stdout, None
+    said = b""
+    try:
+        while said.count(b"ready") < ready:
+            said += await stdout.receive_some()
+        if stop_leader:
+            os.kill(tree.pid, signal.SIGSTOP)  # (our child, not reaped: its pid is its own)
+            while procs.state(tree.pid) != "T":  # (no event says it stopped)
+                await trio.sleep(0.001)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(tree.aclose)
+            while chunk := await stdout.receive_some():
+                said += chunk
+    finally:
+        await stdout.aclose()
+    return said
+
+
+async def test_a_leader_only_step_lets_the_leader_stop_the_tree_in_order(
+    tracked: Tracked, contained: dict[str, Any], tmp_path: Path
+) -> None:
+    # systemd's KillMode=mixed: the stop signal to the main process alone, which stops the
+    # rest its own way (a server's workers, a build's jobs); what is left at the end of
+    # the grace gets SIGKILL with the rest.
+    leader = tmp_path / "leader"
+    leader.write_text(_COORDINATOR)
+    (tmp_path / "leader.member").write_text(_MEMBER)  # ("$0.member")
+    policy = Escalation(steps=[Step(signal.SIGTERM, 5.0, leader_only=True)])
+    async with open_process_tree(
+        ["sh", str(leader)], escalation=policy, stdout=subprocess.PIPE, **contained
+    ) as tree:
+        said = await said_through_cleanup(tree, ready=2)
+    assert b"member stopped by the leader" in said
+    assert b"leader done" in said
+    assert b"member got TERM" not in said
+    outcome = tree.outcome
+    assert outcome is not None
+    assert outcome.signals == (signal.SIGTERM, signal.SIGCONT)
+    assert not outcome.grace_expired
+    assert outcome.returncode == 0
+    assert tracked.survivors() == []
+
+
+async def test_a_stopped_leader_is_woken_to_act_on_a_leader_only_step(
+    tracked: Tracked, contained: dict[str, Any], tmp_path: Path
+) -> None:
+    # As for a step to every process: SIGCONT after the signal, to the leader alone here.
+    leader = tmp_path / "leader"
+    leader.write_text(_COORDINATOR)
+    (tmp_path / "leader.member").write_text(_MEMBER)  # ("$0.member")
+    policy = Escalation(steps=[Step(signal.SIGTERM, 5.0, leader_only=True)])
+    async with open_process_tree(
+        ["sh", str(leader)], escalation=policy, stdout=subprocess.PIPE, **contained
+    ) as tree:
+        said = await said_through_cleanup(tree, ready=2, stop_leader=True)
+    assert b"member stopped by the leader" in said
+    assert b"member got TERM" not in said
+    assert tree.outcome is not None
+    assert not tree.outcome.grace_expired
+    assert tracked.survivors() == []
+
+
+async def test_a_leader_only_step_goes_to_the_whole_tree_once_the_leader_exited(
+    tracked: Tracked, contained: dict[str, Any], tmp_path: Path
+) -> None:
+    # Nobody is left to pass it on: what outlived the leader gets the stop signal itself,
+    # as with a step for every process (not only SIGKILL at the end of the grace).
+    member = tmp_path / "member"
+    member.write_text(_MEMBER)
+    policy = Escalation(steps=[Step(signal.SIGTERM, 5.0, leader_only=True)])
+    async with open_process_tree(
+        ["sh", "-c", f"sh {member} & exit 0"],
+        escalation=policy,
+        stdout=subprocess.PIPE,
+        **contained,
+    ) as tree:
+        assert await tree.wait() == 0
+        said = await said_through_cleanup(tree, ready=1)
+    assert b"member got TERM" in said
+    outcome = tree.outcome
+    assert outcome is not None
+    assert outcome.signals == (signal.SIGTERM, signal.SIGCONT)
+    assert not outcome.grace_expired
+    assert tracked.survivors() == []
+
+
+async def test_the_hard_stop_after_a_leader_only_step_reaches_every_process(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    policy = Escalation(steps=[Step(signal.SIGTERM, 0.3, leader_only=True)])
+    async with open_process_tree(
+        ["sh", "-c", "trap '' TERM; sleep 60 & echo $!; wait"],
+        escalation=policy,
+        stdout=subprocess.PIPE,
+        **contained,
+    ) as tree:
+        assert tree.stdout is not None
+        [member] = await read_pids(tree.stdout, 1)
+    assert not procs.alive(member)
+    outcome = tree.outcome
+    assert outcome is not None
+    assert outcome.signals == (signal.SIGTERM, signal.SIGCONT, signal.SIGKILL)
+    assert outcome.grace_expired
+    assert tracked.survivors() == []
+
+
 async def test_close_stdin_step_lets_a_cli_flush_and_exit_without_a_signal(
     tracked: Tracked, tmp_path: object, contained: dict[str, Any]
 ) -> None:

@@ -60,6 +60,52 @@ def test_a_cooperative_tree_gets_the_stop_signal_and_sigcont_only() -> None:
     assert not teardown.grace_expired
 
 
+def test_a_step_can_be_for_the_leader_alone() -> None:
+    step = Step(signal.SIGTERM, 1.0, leader_only=True)
+    assert step.leader_only is True
+    assert Step(signal.SIGTERM, 1.0).leader_only is False
+    assert Escalation(steps=[(signal.SIGTERM, 1.0, True)]).steps == (step,)
+    assert Escalation(steps=[(signal.SIGTERM, 1.0)]).steps[0].leader_only is False
+
+
+@pytest.mark.parametrize("step", [(signal.SIGTERM,), (signal.SIGTERM, 1.0, True, "more")])
+def test_a_step_of_another_shape_is_refused(step: tuple[object, ...]) -> None:
+    with pytest.raises(ValueError) as refused:
+        Escalation(steps=[step])  # type: ignore[list-item]
+    assert str(refused.value) == (
+        f"a step is (signal, wait) or (signal, wait, leader_only), not {step!r}"
+    )
+
+
+@pytest.mark.parametrize("flag", ["yes", 1, None])
+def test_leader_only_must_be_true_or_false(flag: object) -> None:
+    with pytest.raises(ValueError) as refused:
+        Step(signal.SIGTERM, 1.0, leader_only=flag)  # type: ignore[arg-type]
+    assert str(refused.value) == f"leader_only must be True or False, not {flag!r}"
+
+
+def test_a_step_for_the_leader_alone_is_asked_of_the_driver_as_such(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    policy = Escalation(steps=[Step(signal.SIGTERM, 1.0, leader_only=True), (signal.SIGINT, 2.0)])
+    teardown = Teardown(policy, label=LABEL, stdin_open=False)
+    with caplog.at_level(logging.DEBUG, logger="trio_proctree"):
+        assert drive(teardown, [False, True]) == [
+            SendSignal(signal.SIGTERM, leader_only=True),
+            AwaitEmpty(1.0),
+            SendSignal(signal.SIGINT, leader_only=False),
+            AwaitEmpty(2.0),
+            Finished(emptied=True),
+        ]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{LABEL}: sending SIGTERM to the leader, waiting up to 1s",
+        f"{LABEL}: still running 1s after SIGTERM",
+        f"{LABEL}: sending SIGINT to the tree, waiting up to 2s",
+    ]
+    # (Recorded as sent, the leader-only ones too: the outcome's signals are cleanup's.)
+    assert teardown.signals == [signal.SIGTERM, signal.SIGCONT, signal.SIGINT, signal.SIGCONT]
+
+
 def test_grace_running_out_brings_sigkill() -> None:
     policy = Escalation(steps=[(signal.SIGTERM, 1.0)], kill_wait=0.5)
     teardown = Teardown(policy, label=LABEL, stdin_open=False)

@@ -35,7 +35,14 @@ import attrs
 
 from . import _spawn_into_cgroup as direct_spawn
 from . import _watchdog as watchdog
-from ._containment import NEED_SCAN, RETRY_LATER, RETRY_PAUSE, MemberTracking, Pending
+from ._containment import (
+    NEED_SCAN,
+    RETRY_LATER,
+    RETRY_PAUSE,
+    MemberTracking,
+    Pending,
+    signal_leader_alone,
+)
 from ._leader import Leader
 from ._pidfd import open_pidfd
 from ._procfs import ProcStat, proc_hides_processes, read_file, read_stat
@@ -708,7 +715,9 @@ class CgroupContainment(MemberTracking):
         if failed is not None:
             raise failed
 
-    def signal(self, sig: int, *, escalation: bool = False) -> None:
+    def signal(self, sig: int, *, escalation: bool = False, leader_only: bool = False) -> None:
+        if leader_only and signal_leader_alone(self.leader, sig):
+            return  # (no listing: what the leader does not stop is listed at its exit)
         pins = self.leader.pins_group  # (asks the kernel; `exited` reads the answer)
         new: list[int] = []  # escapees this signal's listings find
         listing_failed: OSError | None = None

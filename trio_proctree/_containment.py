@@ -70,14 +70,15 @@ class Containment(Protocol):
         """Take charge of the tree whose leader has just started."""
         ...
 
-    def signal(self, sig: int, *, escalation: bool = False) -> None:
+    def signal(self, sig: int, *, escalation: bool = False, leader_only: bool = False) -> None:
         """Send ``sig`` to every process in the tree.
 
         ``escalation``: as a graceful step of cleanup, so followed by SIGCONT, which wakes
         stopped members to act on ``sig``. A step may reach some members only in a later
         `pending` (a cgroup lists its escapees once the leader has exited, within
         `ask_again_within`); a member first found by a later signal gets the escalation's
-        signals before it.
+        signals before it. ``leader_only``: a step for the leader alone, while it runs
+        (`signal_leader_alone`); members found later do not get it.
         """
         ...
 
@@ -168,6 +169,22 @@ class Pidfds(dict[int, int]):
         fd = self.pop(pid)
         if fd not in self._borrowed:
             os.close(fd)
+
+
+def signal_leader_alone(leader: Leader, sig: int) -> bool:
+    """A step for the leader alone: ``sig``, then SIGCONT, through its pidfd (never another
+    process that took its pid). Whether the leader ran to take them: once it has exited,
+    nobody is left to pass the step on, and the caller gives it to every process.
+
+    (Decided once, as the step is taken: a leader that exits during the wait, leaving
+    members running, has had its chance to stop them, as under systemd's
+    ``KillMode=mixed``; what it left gets the next step, or SIGKILL at the grace's end.)
+    """
+    if leader.poll() is not None or leader.reaped or leader.lost:
+        return False
+    signal_pidfd(leader.pidfd, sig)
+    signal_pidfd(leader.pidfd, signal.SIGCONT)
+    return True
 
 
 #: ``pidfd_send_signal``'s flag for the process group led by the pidfd's process (Linux
@@ -268,9 +285,12 @@ class ProcessGroupContainment:
     def escapees(self) -> int:
         return 0  # a process group cannot see them
 
-    def signal(self, sig: int, *, escalation: bool = False) -> None:
+    def signal(self, sig: int, *, escalation: bool = False, leader_only: bool = False) -> None:
+        assert self._leader is not None
         if escalation:
             self._step_taken()
+        if leader_only and signal_leader_alone(self._leader, sig):
+            return
         self._signal(sig, wake=escalation)
         if sig == signal.SIGKILL:
             # The program's kill() is a step too: what cleanup then finds running was
@@ -672,7 +692,9 @@ class MemberTracking:
     #: Learn the members before the group's signal (else after it, overlapping their exit).
     survey_first = False
 
-    def signal(self, sig: int, *, escalation: bool = False) -> None:
+    def signal(self, sig: int, *, escalation: bool = False, leader_only: bool = False) -> None:
+        if leader_only and signal_leader_alone(self.leader, sig):
+            return  # (no listing: what the leader does not stop is listed at its exit)
         survey = not (escalation and self._surveyed)  # for an escalation, once
         self._surveyed |= escalation
         listing_failed = None

@@ -152,7 +152,7 @@ class TreeCore:
                     if (error := await io.close_stdin(within)) is not None:
                         errors.append(error)
                 elif isinstance(action, SendSignal):
-                    self._step(errors, action.signal)
+                    self._step(errors, action.signal, leader_only=action.leader_only)
                 elif isinstance(action, KillAll):  # pragma: no branch
                     self._step(errors, None)
                 action = teardown.send(emptied)
@@ -233,12 +233,12 @@ class TreeCore:
             self._record = None  # (nor the escalation kept alive for it)
         return self._outcome
 
-    def _step(self, errors: list[Exception], sig: int | None) -> None:
+    def _step(self, errors: list[Exception], sig: int | None, *, leader_only: bool = False) -> None:
         try:
             if sig is None:
                 self.containment.kill()
             else:
-                self.containment.signal(sig, escalation=True)
+                self.containment.signal(sig, escalation=True, leader_only=leader_only)
         except Exception as exc:  # noqa: BLE001 - even a bug here must not stop the escalation
             errors.append(exc)
 

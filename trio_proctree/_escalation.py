@@ -100,17 +100,42 @@ def _kill_wait(value: float) -> float:
     return seconds
 
 
+def _leader_only(value: bool) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"leader_only must be True or False, not {value!r}")
+    return value
+
+
 @attrs.frozen
 class Step:
     """One escalation step: send ``signal`` to every process in the tree, then wait up to
-    ``wait`` seconds for the tree to empty."""
+    ``wait`` seconds for the tree to empty.
+
+    With ``leader_only``, the signal goes to the leader alone, which is to stop the rest
+    its own way (a server's main process its workers, in order; systemd's
+    ``KillMode=mixed``); the wait is still for the whole tree. Once the leader has exited,
+    nobody is left to pass it on, and the step goes to every process.
+    """
 
     signal: int = attrs.field(converter=parse_stop_signal)
     wait: float = attrs.field(converter=_step_wait)
+    leader_only: bool = attrs.field(default=False, converter=_leader_only)
 
 
-def _as_steps(steps: Iterable[Step | tuple[SignalLike, float]]) -> tuple[Step, ...]:
-    converted = tuple(s if isinstance(s, Step) else Step(*s) for s in steps)
+def _as_step(step: Step | tuple[SignalLike, float] | tuple[SignalLike, float, bool]) -> Step:
+    if isinstance(step, Step):
+        return step
+    if len(step) == 2:
+        return Step(step[0], step[1])
+    if len(step) == 3:
+        return Step(step[0], step[1], leader_only=step[2])
+    raise ValueError(f"a step is (signal, wait) or (signal, wait, leader_only), not {step!r}")
+
+
+def _as_steps(
+    steps: Iterable[Step | tuple[SignalLike, float] | tuple[SignalLike, float, bool]],
+) -> tuple[Step, ...]:
+    converted = tuple(_as_step(step) for step in steps)
     if not converted:
         raise ValueError("an Escalation needs at least one (signal, wait) step")
     return converted

@@ -16,8 +16,9 @@ class CleanupOutcome:
     #: How the tree was held together: ``"cgroup"``, ``"subreaper"`` or ``"group"``.
     containment: str
     #: Signals cleanup sent to the whole tree, in order (each stop signal is followed by
-    #: SIGCONT). Empty when nothing was left running, or when the program had killed the
-    #: tree (``kill()``) and it ended within the wait that follows (no stop signal then).
+    #: SIGCONT), or to the leader alone for a `Step` with ``leader_only``, while it ran.
+    #: Empty when nothing was left running, or when the program had killed the tree
+    #: (``kill()``) and it ended within the wait that follows (no stop signal then).
     signals: tuple[int, ...]
     #: Whether the close-stdin step ran first (its pipe closed then, or closed already).
     stdin_closed: bool

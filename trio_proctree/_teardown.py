@@ -26,9 +26,11 @@ class CloseStdin:
 @attrs.frozen
 class SendSignal:
     """Send ``signal`` to every process in the tree, then SIGCONT: a stopped process never
-    acts on a stop signal, so it is woken to act on it."""
+    acts on a stop signal, so it is woken to act on it. ``leader_only``: both to the
+    leader alone, while it runs (else to every process: nobody is left to pass it on)."""
 
     signal: int
+    leader_only: bool = False
 
 
 @attrs.frozen
@@ -110,15 +112,16 @@ class Teardown:
         for step in policy.graceful_steps:
             if logger.isEnabledFor(logging.DEBUG):  # (naming the signal costs, on this path)
                 logger.debug(
-                    "%s: sending %s to the tree, waiting up to %gs",
+                    "%s: sending %s to the %s, waiting up to %gs",
                     self.label,
                     signal_name(step.signal),
+                    "leader" if step.leader_only else "tree",
                     step.wait,
                 )
             # The signal and the SIGCONT that wakes stopped processes to act on it: one
             # action, so that the containment makes one pass over the tree for both.
             self.signals += (step.signal, signal.SIGCONT)
-            yield SendSignal(step.signal)
+            yield SendSignal(step.signal, step.leader_only)
             if (yield AwaitEmpty(step.wait)):
                 return Finished(emptied=True)
             logger.debug(

@@ -143,6 +143,27 @@ MUTANTS = [
         "passes_over_a_file_the_kernel_refuses and cgroup",
     ),
     (
+        "escalation: a leader-only step sent to every process too",
+        "_containment.py",
+        "    signal_pidfd(leader.pidfd, signal.SIGCONT)\n    return True\n",
+        "    signal_pidfd(leader.pidfd, signal.SIGCONT)\n    return False\n",
+        "leader_only_step_lets_the_leader_stop",
+    ),
+    (
+        "escalation: a leader-only step given to a leader that has exited",
+        "_containment.py",
+        "    if leader.poll() is not None or leader.reaped or leader.lost:\n        return False\n",
+        "    if False:\n        return False\n",
+        "leader_only_step_goes_to_the_whole_tree",
+    ),
+    (
+        "escalation: no SIGCONT to the leader after a leader-only step",
+        "_containment.py",
+        "    signal_pidfd(leader.pidfd, signal.SIGCONT)\n    return True\n",
+        "    return True\n",
+        "stopped_leader_is_woken",
+    ),
+    (
         "exec check: a file of no format Linux runs left to /bin/sh's exec",
         "_exec_check.py",
         "    return OSError(errno.ENOEXEC, os.strerror(errno.ENOEXEC), name)",
