@@ -351,6 +351,33 @@ async def test_the_search_passes_over_a_file_the_kernel_refuses_as_popen_does(
     assert tracked.survivors() == []
 
 
+@pytest.mark.skipif(
+    bool(_exec_check.binfmt_misc_handlers()),
+    reason="binfmt_misc handlers may run any file: exec decides",
+)
+async def test_the_search_in_relative_folders_from_a_relative_cwd_runs_what_popen_runs(
+    tracked: Tracked, tmp_path: Path, contained: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # PATH entries relative to a relative cwd, a refused file in the first: Popen runs the
+    # second, from the cwd. Red before under cgroup (helper-4): the wrapper's sh, already
+    # in the cwd, was given the path from ours ("exec: sub/second/tool: not found", 127).
+    work = tmp_path / "sub"
+    for folder, text in (
+        ("first", b"echo not a program\n"),
+        ("second", b"#!/bin/sh\necho second\n"),
+    ):
+        (work / folder).mkdir(parents=True)
+        (work / folder / "tool").write_bytes(text)
+        (work / folder / "tool").chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    env = {**contained["env"], "PATH": f"first:second:{os.environ['PATH']}"}
+    result = await run_process_tree(
+        ["tool"], capture_stdout=True, cwd="sub", env=env, containment=contained["containment"]
+    )
+    assert result.stdout == b"second\n"
+    assert tracked.survivors() == []
+
+
 async def test_directory_is_not_an_executable(nothing_leaks: None, tmp_path: Path) -> None:
     with pytest.raises(PermissionError):
         await _open([str(tmp_path)])()

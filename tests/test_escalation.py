@@ -183,13 +183,16 @@ async def test_steps_run_in_order_until_one_works(
     assert tracked.survivors() == []
 
 
-#: A member that says which signal reached it: the stop signal (from cleanup, to every
-#: process), or SIGUSR1 (from its leader, which stops it that way).
+#: A member that says which signals reached it: the stop signal (from cleanup, to every
+#: process), and SIGUSR1 (from its leader, which stops it that way), then exits. (Each
+#: trap notes its signal, and the loop ends: sh runs the traps of signals that came
+#: together in the order of their numbers, USR1's first, and one that exited at once
+#: would hide the other.)
 _MEMBER = """
-trap 'echo member got TERM; exit 0' TERM
-trap 'echo member stopped by the leader; exit 0' USR1
-echo member ready
-while :; do sleep 0.05; done
+trap 'echo member got TERM; stop=1' TERM
+trap 'echo member stopped by the leader; stop=1' USR1
+echo member ready $$
+while [ -z "$stop" ]; do sleep 0.05; done
 """
 #: A leader that stops its member in order on SIGTERM (as a server's main process stops
 #: its workers), then exits.
@@ -206,16 +209,20 @@ async def said_through_cleanup(tree: Any, ready: int, *, stop_leader: bool = Fal
     """What the tree writes: up to ``ready`` lines saying "ready", then through its
     cleanup (run here) to its end. The pipe is taken off the tree, so that its cleanup
     leaves it open to be read to the end (closed under a read, the last lines were lost).
-    ``stop_leader``: SIGSTOP the leader before the cleanup (as job control does)."""
+    ``stop_leader``: SIGSTOP the tree before the cleanup, as job control does."""
     stdout, tree.stdout = tree.stdout, None
     said = b""
     try:
-        while said.count(b"ready") < ready:
+        while said.count(b"ready") < ready or not said.endswith(b"\n"):  # (whole lines)
             said += await stdout.receive_some()
         if stop_leader:
-            os.kill(tree.pid, signal.SIGSTOP)  # (our child, not reaped: its pid is its own)
-            while procs.state(tree.pid) != "T":  # (no event says it stopped)
-                await trio.sleep(0.001)
+            # The whole tree, as job control stops it (Ctrl-Z): the leader, and the member
+            # that is to act on the leader's signal. (The member's state may read "D",
+            # not "T": a shell waiting for a vfork child that was stopped before its exec.)
+            tree.send_signal(signal.SIGSTOP)
+            with trio.fail_after(5):
+                while procs.state(tree.pid) != "T":  # (no event says it stopped)
+                    await trio.sleep(0.001)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(tree.aclose)
             while chunk := await stdout.receive_some():
@@ -250,10 +257,11 @@ async def test_a_leader_only_step_lets_the_leader_stop_the_tree_in_order(
     assert tracked.survivors() == []
 
 
-async def test_a_stopped_leader_is_woken_to_act_on_a_leader_only_step(
+async def test_a_stopped_tree_is_woken_to_act_on_a_leader_only_step(
     tracked: Tracked, contained: dict[str, Any], tmp_path: Path
 ) -> None:
-    # As for a step to every process: SIGCONT after the signal, to the leader alone here.
+    # As for a step to every process: SIGCONT after the signal, to every process (the
+    # members the leader is to stop were stopped with it).
     leader = tmp_path / "leader"
     leader.write_text(_COORDINATOR)
     (tmp_path / "leader.member").write_text(_MEMBER)  # ("$0.member")
@@ -310,6 +318,30 @@ async def test_the_hard_stop_after_a_leader_only_step_reaches_every_process(
     assert outcome is not None
     assert outcome.signals == (signal.SIGTERM, signal.SIGCONT, signal.SIGKILL)
     assert outcome.grace_expired
+    assert tracked.survivors() == []
+
+
+async def test_escapees_are_counted_after_steps_for_the_leader_alone(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # Such steps list nothing (the leader is to stop the rest); the hard stop then still
+    # counts the escapees it stops. Red before under cgroup (helper-4): cgroup.kill needs
+    # no listing, and the escapee died uncounted.
+    if contained["containment"] == "group":
+        pytest.skip("a process group cannot see escapees (see test_containment.py)")
+    policy = Escalation(steps=[Step(signal.SIGTERM, 0.3, leader_only=True)])
+    async with open_process_tree(
+        ["sh", "-c", "setsid -f sleep 60; trap '' TERM; sleep 61 & echo ready; wait"],
+        escalation=policy,
+        stdout=subprocess.PIPE,
+        **contained,
+    ) as tree:
+        assert tree.stdout is not None
+        assert await tree.stdout.receive_some() == b"ready\n"
+    outcome = tree.outcome
+    assert outcome is not None
+    assert outcome.grace_expired
+    assert outcome.escapees_killed == 1
     assert tracked.survivors() == []
 
 

@@ -77,6 +77,18 @@ def test_a_step_of_another_shape_is_refused(step: tuple[object, ...]) -> None:
     )
 
 
+def test_a_sigkill_step_cannot_be_for_the_leader_alone() -> None:
+    # It would end the graceful steps there (graceful_steps stops at SIGKILL) and reach
+    # every process: silently not what was asked (helper-4).
+    with pytest.raises(ValueError) as refused:
+        Step(signal.SIGKILL, 3.0, leader_only=True)
+    assert str(refused.value) == (
+        "a SIGKILL step ends the graceful steps and reaches every process: it cannot be "
+        "for the leader alone"
+    )
+    assert Step(signal.SIGKILL, 3.0).leader_only is False
+
+
 @pytest.mark.parametrize("flag", ["yes", 1, None])
 def test_leader_only_must_be_true_or_false(flag: object) -> None:
     with pytest.raises(ValueError) as refused:

@@ -577,11 +577,12 @@ class CgroupContainment(MemberTracking):
             self._direct = True
         if executable is not None:
             argv[0] = executable  # (sh's exec cannot set a different argv[0])
-        if plan.resolved is not None and plan.resolved.passed_over:
-            # sh's own search would stop at the first file on PATH, which the kernel
-            # refuses (sh then runs it as a script): the one Popen's search settles on is
-            # named instead, which argv[0] then shows too.
-            argv[0] = plan.resolved.path
+        found = plan.resolved
+        if found is not None and found.passed_over and found.path is not None:
+            # sh's own search may stop at a file on PATH that the kernel refuses (dash runs
+            # one of no format as a script; bash stops at one missing its interpreter):
+            # the one Popen's search settles on is named instead, which argv[0] shows too.
+            argv[0] = os.path.abspath(found.path)  # (sh runs in the tree's cwd)
         procs = os.path.join(self.path, "cgroup.procs")
         command = ["/bin/sh", "-c", _keep_pwd(options.get("env")) + _JOIN_AND_EXEC, procs, *argv]
         plan = super().prepare(plan)
@@ -692,9 +693,10 @@ class CgroupContainment(MemberTracking):
         # A listing that failed all through the grace left any escapee without its stop
         # signal: said once the hard stop (which reaches them) has gone out.
         unlisted, self._unlisted = self._unlisted, None
-        if self._survey_due:
+        if self._survey_due or not self._surveyed:
             # The graceful wait ended before the deferred listing (no grace, or Ctrl-C cut it
-            # short): take it now, so that the escapees are counted and the lingering known
+            # short), or no step listed at all (steps for the leader alone list nothing):
+            # take it now, so that the escapees are counted and the lingering known
             # before the hard stop, which itself needs no listing (cgroup.kill).
             try:
                 self._survey_now()
@@ -717,7 +719,10 @@ class CgroupContainment(MemberTracking):
 
     def signal(self, sig: int, *, escalation: bool = False, leader_only: bool = False) -> None:
         if leader_only and signal_leader_alone(self.leader, sig):
-            return  # (no listing: what the leader does not stop is listed at its exit)
+            # No listing: what the leader does not stop is listed at its exit (or before
+            # the hard stop: `kill`).
+            self._wake_all()
+            return
         pins = self.leader.pins_group  # (asks the kernel; `exited` reads the answer)
         new: list[int] = []  # escapees this signal's listings find
         listing_failed: OSError | None = None

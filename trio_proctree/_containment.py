@@ -172,18 +172,19 @@ class Pidfds(dict[int, int]):
 
 
 def signal_leader_alone(leader: Leader, sig: int) -> bool:
-    """A step for the leader alone: ``sig``, then SIGCONT, through its pidfd (never another
-    process that took its pid). Whether the leader ran to take them: once it has exited,
-    nobody is left to pass the step on, and the caller gives it to every process.
+    """A step for the leader alone: ``sig`` through its pidfd (never another process that
+    took its pid). Whether the leader ran to take it: once it has exited, nobody is left
+    to pass the step on, and the caller gives it to every process. (The caller then wakes
+    every process with SIGCONT: the members the leader is to stop may have been stopped
+    with it, by job control, and could not act on its signal.)
 
-    (Decided once, as the step is taken: a leader that exits during the wait, leaving
-    members running, has had its chance to stop them, as under systemd's
-    ``KillMode=mixed``; what it left gets the next step, or SIGKILL at the grace's end.)
+    Decided once, as the step is taken: a leader that exits during the wait, leaving
+    members running, has had its chance to stop them; what it left gets the next step,
+    or SIGKILL at the grace's end.
     """
     if leader.poll() is not None or leader.reaped or leader.lost:
         return False
     signal_pidfd(leader.pidfd, sig)
-    signal_pidfd(leader.pidfd, signal.SIGCONT)
     return True
 
 
@@ -290,6 +291,8 @@ class ProcessGroupContainment:
         if escalation:
             self._step_taken()
         if leader_only and signal_leader_alone(self._leader, sig):
+            with contextlib.suppress(ContainmentLost):  # (as for any signal to the group)
+                self._signal(signal.SIGCONT)  # (see signal_leader_alone)
             return
         self._signal(sig, wake=escalation)
         if sig == signal.SIGKILL:
@@ -694,7 +697,9 @@ class MemberTracking:
 
     def signal(self, sig: int, *, escalation: bool = False, leader_only: bool = False) -> None:
         if leader_only and signal_leader_alone(self.leader, sig):
-            return  # (no listing: what the leader does not stop is listed at its exit)
+            # No listing: what the leader does not stop is listed at its exit.
+            self._wake_all()
+            return
         survey = not (escalation and self._surveyed)  # for an escalation, once
         self._surveyed |= escalation
         listing_failed = None
@@ -742,6 +747,13 @@ class MemberTracking:
             # gets the escalation so far first.
             self._signal_escapees(found, earlier)
         self._signal_escapees(self._escapees, step)
+        self._raise_denied()
+
+    def _wake_all(self) -> None:
+        """SIGCONT to the group and to the escapees known, after a step for the leader
+        alone (see `signal_leader_alone`)."""
+        self._signal_group(signal.SIGCONT, pins=self.leader.pins_group)
+        self._signal_escapees(self._escapees, [signal.SIGCONT])
         self._raise_denied()
 
     def _signal_group(self, sig: int, *, pins: bool, wake: bool = False) -> None:

@@ -112,14 +112,24 @@ class Step:
     ``wait`` seconds for the tree to empty.
 
     With ``leader_only``, the signal goes to the leader alone, which is to stop the rest
-    its own way (a server's main process its workers, in order; systemd's
-    ``KillMode=mixed``); the wait is still for the whole tree. Once the leader has exited,
-    nobody is left to pass it on, and the step goes to every process.
+    its own way (a server's main process its workers, in order; as systemd's
+    ``KillMode=mixed`` does), and SIGCONT to every process; the wait is still for the
+    whole tree. A leader already gone when the step comes cannot pass it on: the step then
+    goes to every process. (One that exits during the wait, leaving members running, had
+    its chance: they get the next step, or SIGKILL at the grace's end.) SIGKILL cannot be
+    for the leader alone: it ends the graceful steps and reaches every process.
     """
 
     signal: int = attrs.field(converter=parse_stop_signal)
     wait: float = attrs.field(converter=_step_wait)
     leader_only: bool = attrs.field(default=False, converter=_leader_only)
+
+    def __attrs_post_init__(self) -> None:
+        if self.leader_only and self.signal == signal.SIGKILL:
+            raise ValueError(
+                "a SIGKILL step ends the graceful steps and reaches every process: it "
+                "cannot be for the leader alone"
+            )
 
 
 def _as_step(step: Step | tuple[SignalLike, float] | tuple[SignalLike, float, bool]) -> Step:
@@ -150,7 +160,8 @@ class Escalation:
     1. if ``close_stdin`` is set and the tree's stdin was made a pipe, close it (unless
        closed already: by the program, or by `run_process_tree` once it fed the input) and
        wait up to ``close_stdin`` seconds (for CLIs that flush their last output on EOF);
-    2. for each `Step`: send its signal to every process in the tree, then SIGCONT (so that
+    2. for each `Step`: send its signal to every process in the tree (or, with
+       ``leader_only``, to the leader alone), then SIGCONT to every process (so that
        stopped members can act on it), and wait up to its ``wait``;
     3. SIGKILL every process in the tree and wait up to ``kill_wait`` (more than 0) for it
        to be gone.

@@ -16,7 +16,8 @@ class CleanupOutcome:
     #: How the tree was held together: ``"cgroup"``, ``"subreaper"`` or ``"group"``.
     containment: str
     #: Signals cleanup sent to the whole tree, in order (each stop signal is followed by
-    #: SIGCONT), or to the leader alone for a `Step` with ``leader_only``, while it ran.
+    #: SIGCONT), a `Step` with ``leader_only`` to the leader alone, while it ran (its
+    #: SIGCONT to every process).
     #: Empty when nothing was left running, or when the program had killed the tree
     #: (``kill()``) and it ended within the wait that follows (no stop signal then).
     signals: tuple[int, ...]

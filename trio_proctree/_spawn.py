@@ -84,9 +84,9 @@ class Resolved:
     #: The file it execs: the first on the search that the kernel would run, or None
     #: where none would (then ``refused`` says why).
     path: str | None
-    #: Whether it passed over a file of no format the kernel runs to get there: sh's
-    #: exec would stop at that one (it runs such a file as a script), and must be given
-    #: ``path``. (Files missing, not executable or missing an interpreter, it passes over.)
+    #: Whether it passed over a file the kernel refuses (of no format it runs, or whose
+    #: interpreter is missing) to get there: sh's exec may stop at that one (dash runs
+    #: the first as a script, bash stops at either), and must be given ``path``.
     passed_over: bool = False
     #: What the exec would fail with, where no file on the search runs and only the exec
     #: itself would say it (ENOEXEC: a binfmt_misc handler we cannot see may run it).
@@ -375,6 +375,7 @@ def _first_that_runs(candidates: list[str], name: str, cwd: Any) -> Resolved | N
     failed: OSError | None = None  # the first error other than "not there"
     missing_interpreter: OSError | None = None
     no_format: OSError | None = None  # (ENOEXEC: sh's exec runs such a file as a script)
+    passed_over = False  # a file there that the kernel refuses
     for candidate in candidates:
         found = _look_at(candidate)
         if found is _NOT_EXECUTABLE:
@@ -384,7 +385,8 @@ def _first_that_runs(candidates: list[str], name: str, cwd: Any) -> Resolved | N
             continue
         refused = refusal(candidate, name, cwd)
         if refused is None:
-            return Resolved(candidate, passed_over=no_format is not None)
+            return Resolved(candidate, passed_over=passed_over)
+        passed_over = True
         if refused.errno == errno.ENOENT:
             missing_interpreter = missing_interpreter or refused
         else:

@@ -26,7 +26,7 @@ class CloseStdin:
 @attrs.frozen
 class SendSignal:
     """Send ``signal`` to every process in the tree, then SIGCONT: a stopped process never
-    acts on a stop signal, so it is woken to act on it. ``leader_only``: both to the
+    acts on a stop signal, so it is woken to act on it. ``leader_only``: the signal to the
     leader alone, while it runs (else to every process: nobody is left to pass it on)."""
 
     signal: int

@@ -138,15 +138,15 @@ MUTANTS = [
     (
         "cgroup: sh's exec given the name, where Popen's search passed over a file",
         "_cgroup.py",
-        "            argv[0] = plan.resolved.path\n",
+        "            argv[0] = os.path.abspath(found.path)  # (sh runs in the tree's cwd)\n",
         "            pass\n",
         "passes_over_a_file_the_kernel_refuses and cgroup",
     ),
     (
         "escalation: a leader-only step sent to every process too",
         "_containment.py",
-        "    signal_pidfd(leader.pidfd, signal.SIGCONT)\n    return True\n",
-        "    signal_pidfd(leader.pidfd, signal.SIGCONT)\n    return False\n",
+        "    signal_pidfd(leader.pidfd, sig)\n    return True\n",
+        "    signal_pidfd(leader.pidfd, sig)\n    return False\n",
         "leader_only_step_lets_the_leader_stop",
     ),
     (
@@ -157,11 +157,25 @@ MUTANTS = [
         "leader_only_step_goes_to_the_whole_tree",
     ),
     (
-        "escalation: no SIGCONT to the leader after a leader-only step",
+        "escalation: no SIGCONT to the tree after a leader-only step (group)",
         "_containment.py",
-        "    signal_pidfd(leader.pidfd, signal.SIGCONT)\n    return True\n",
-        "    return True\n",
-        "stopped_leader_is_woken",
+        "                self._signal(signal.SIGCONT)  # (see signal_leader_alone)\n",
+        "                pass\n",
+        "stopped_tree_is_woken and group",
+    ),
+    (
+        "escalation: no SIGCONT to the tree after a leader-only step (cgroup, subreaper)",
+        "_containment.py",
+        "        self._signal_group(signal.SIGCONT, pins=self.leader.pins_group)\n",
+        "        pass\n",
+        "stopped_tree_is_woken and (cgroup or subreaper)",
+    ),
+    (
+        "cgroup: escapees not listed before the hard stop when no step listed them",
+        "_cgroup.py",
+        "        if self._survey_due or not self._surveyed:\n            # The",
+        "        if self._survey_due:\n            # The",
+        "escapees_are_counted_after_steps_for_the_leader_alone",
     ),
     (
         "exec check: a file of no format Linux runs left to /bin/sh's exec",
@@ -430,8 +444,8 @@ MUTANTS = [
     (
         "cgroup: the hard stop without the deferred listing",
         "_cgroup.py",
-        "        if self._survey_due:\n            # The graceful wait ended",
-        "        if False:\n            # The graceful wait ended",
+        "        if self._survey_due or not self._surveyed:\n            # The graceful wait ended",
+        "        if not self._surveyed:\n            # The graceful wait ended",
         "counted_with_no_grace and (cgroup or auto)",
     ),
     (
