@@ -13,6 +13,7 @@ import trio
 
 from trio_proctree import ContainmentUnavailable
 from trio_proctree._choose import choose_containment
+from trio_proctree._exec_check import binfmt_misc_handlers
 
 from . import procs
 from .skip_reasons import pytest_runtest_call  # noqa: F401 - reported with their reasons
@@ -79,6 +80,11 @@ def pid_namespaces_alone() -> Iterator[None]:
 steers_pids = pytest.mark.usefixtures("pid_allocation_alone")
 #: For a test that makes pid namespaces (or sees one end), run while no other test does.
 makes_pid_namespaces = pytest.mark.usefixtures("pid_namespaces_alone")
+#: For a test of a file the kernel refuses to run: a registered binfmt_misc handler may
+#: run any file (trio_proctree then leaves it to the exec), so the test cannot say.
+kernel_refuses = pytest.mark.skipif(
+    bool(binfmt_misc_handlers()), reason="binfmt_misc handlers may run any file: exec decides"
+)
 
 
 @pytest.fixture(params=CONTAINMENTS)

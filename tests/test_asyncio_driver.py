@@ -22,7 +22,6 @@ from typing import Any
 import pytest
 
 import trio_proctree.asyncio
-from trio_proctree import Escalation, Step
 from trio_proctree.asyncio import open_process_tree, run_process_tree
 
 from . import procs
@@ -595,20 +594,16 @@ def test_an_asyncio_tree_gets_a_step_for_its_leader_alone(
     tracked: Tracked, contained: dict[str, Any], tmp_path: Path
 ) -> None:
     # The escalation is written once, for both drivers: a leader-only step here too.
-    from .test_escalation import _COORDINATOR, _MEMBER  # noqa: PLC0415 - the trio test's shapes
+    from .test_escalation import LEADER_ONLY, coordinator  # noqa: PLC0415 - the trio test's
 
-    leader = tmp_path / "leader"
-    leader.write_text(_COORDINATOR)
-    (tmp_path / "leader.member").write_text(_MEMBER)  # ("$0.member")
     said = tmp_path / "said"
-    policy = Escalation(steps=[Step(signal.SIGTERM, 5.0, leader_only=True)])
 
     async def main() -> Any:
         # Into a file, read once the tree is gone: cleanup closes the pipes it made,
         # and what was still in one would be lost (seen in CI: 1 run in 6).
         with said.open("wb") as out:
             async with open_process_tree(
-                ["sh", str(leader)], escalation=policy, stdout=out, **contained
+                coordinator(tmp_path), escalation=LEADER_ONLY, stdout=out, **contained
             ) as tree:
                 deadline = time.monotonic() + 5
                 while said.read_bytes().count(b"ready") < 2:

@@ -18,7 +18,7 @@ import pytest
 from trio_proctree import _exec_check, _watchdog, open_process_tree, run_process_tree
 
 from . import procs
-from .conftest import Tracked
+from .conftest import Tracked, kernel_refuses
 
 
 def our_children() -> set[int]:
@@ -260,10 +260,7 @@ NOT_PROGRAMS = {
 }
 
 
-@pytest.mark.skipif(
-    bool(_exec_check.binfmt_misc_handlers()),
-    reason="binfmt_misc handlers may run any file: exec decides",
-)
+@kernel_refuses
 @pytest.mark.parametrize("case", list(NOT_PROGRAMS))
 @pytest.mark.parametrize("entry", [_open, _run], ids=["open_process_tree", "run_process_tree"])
 async def test_an_executable_file_that_is_no_program_raises_exec_format_error(
@@ -323,10 +320,7 @@ REFUSED_ON_PATH = {
 }
 
 
-@pytest.mark.skipif(
-    bool(_exec_check.binfmt_misc_handlers()),
-    reason="binfmt_misc handlers may run any file: exec decides",
-)
+@kernel_refuses
 @pytest.mark.parametrize("case", list(REFUSED_ON_PATH))
 async def test_the_search_passes_over_a_file_the_kernel_refuses_as_popen_does(
     tracked: Tracked, tmp_path: Path, contained: dict[str, Any], case: str
@@ -351,10 +345,7 @@ async def test_the_search_passes_over_a_file_the_kernel_refuses_as_popen_does(
     assert tracked.survivors() == []
 
 
-@pytest.mark.skipif(
-    bool(_exec_check.binfmt_misc_handlers()),
-    reason="binfmt_misc handlers may run any file: exec decides",
-)
+@kernel_refuses
 async def test_the_search_in_relative_folders_from_a_relative_cwd_runs_what_popen_runs(
     tracked: Tracked, tmp_path: Path, contained: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:

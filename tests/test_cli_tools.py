@@ -18,10 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from trio_proctree._exec_check import binfmt_misc_handlers
-
 from . import procs
-from .conftest import Tracked
+from .conftest import Tracked, kernel_refuses
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mount namespace)")
 
@@ -90,9 +88,7 @@ def test_run_not_executable_exits_126(tracked: Tracked, tmp_path: Path) -> None:
     assert "script.sh" in result.stderr
 
 
-@pytest.mark.skipif(
-    bool(binfmt_misc_handlers()), reason="binfmt_misc handlers may run any file: exec decides"
-)
+@kernel_refuses
 def test_run_a_file_of_no_program_format_exits_126(tracked: Tracked, tmp_path: Path) -> None:
     # Found, but not a program the kernel can run (no #! line): 126, POSIX's status for a
     # command found but not run, as for a file without the x bit; 125 is for trio-proctree

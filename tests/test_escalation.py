@@ -205,17 +205,29 @@ wait $member
 """
 
 
-async def said_through_cleanup(tree: Any, ready: int, *, stop_leader: bool = False) -> bytes:
+#: One stop signal, to the leader alone, with time for the whole tree to end.
+LEADER_ONLY = Escalation(steps=[Step(signal.SIGTERM, 5.0, leader_only=True)])
+
+
+def coordinator(folder: Path) -> list[str]:
+    """The command of a `_COORDINATOR` tree, its scripts written in ``folder``."""
+    leader = folder / "leader"
+    leader.write_text(_COORDINATOR)
+    (folder / "leader.member").write_text(_MEMBER)  # ("$0.member")
+    return ["sh", str(leader)]
+
+
+async def said_through_cleanup(tree: Any, ready: int, *, stop_tree: bool = False) -> bytes:
     """What the tree writes: up to ``ready`` lines saying "ready", then through its
     cleanup (run here) to its end. The pipe is taken off the tree, so that its cleanup
     leaves it open to be read to the end (closed under a read, the last lines were lost).
-    ``stop_leader``: SIGSTOP the tree before the cleanup, as job control does."""
+    ``stop_tree``: SIGSTOP the tree before the cleanup, as job control does."""
     stdout, tree.stdout = tree.stdout, None
     said = b""
     try:
         while said.count(b"ready") < ready or not said.endswith(b"\n"):  # (whole lines)
             said += await stdout.receive_some()
-        if stop_leader:
+        if stop_tree:
             # The whole tree, as job control stops it (Ctrl-Z): the leader, and the member
             # that is to act on the leader's signal. (The member's state may read "D",
             # not "T": a shell waiting for a vfork child that was stopped before its exec.)
@@ -238,12 +250,8 @@ async def test_a_leader_only_step_lets_the_leader_stop_the_tree_in_order(
     # systemd's KillMode=mixed: the stop signal to the main process alone, which stops the
     # rest its own way (a server's workers, a build's jobs); what is left at the end of
     # the grace gets SIGKILL with the rest.
-    leader = tmp_path / "leader"
-    leader.write_text(_COORDINATOR)
-    (tmp_path / "leader.member").write_text(_MEMBER)  # ("$0.member")
-    policy = Escalation(steps=[Step(signal.SIGTERM, 5.0, leader_only=True)])
     async with open_process_tree(
-        ["sh", str(leader)], escalation=policy, stdout=subprocess.PIPE, **contained
+        coordinator(tmp_path), escalation=LEADER_ONLY, stdout=subprocess.PIPE, **contained
     ) as tree:
         said = await said_through_cleanup(tree, ready=2)
     assert b"member stopped by the leader" in said
@@ -262,14 +270,10 @@ async def test_a_stopped_tree_is_woken_to_act_on_a_leader_only_step(
 ) -> None:
     # As for a step to every process: SIGCONT after the signal, to every process (the
     # members the leader is to stop were stopped with it).
-    leader = tmp_path / "leader"
-    leader.write_text(_COORDINATOR)
-    (tmp_path / "leader.member").write_text(_MEMBER)  # ("$0.member")
-    policy = Escalation(steps=[Step(signal.SIGTERM, 5.0, leader_only=True)])
     async with open_process_tree(
-        ["sh", str(leader)], escalation=policy, stdout=subprocess.PIPE, **contained
+        coordinator(tmp_path), escalation=LEADER_ONLY, stdout=subprocess.PIPE, **contained
     ) as tree:
-        said = await said_through_cleanup(tree, ready=2, stop_leader=True)
+        said = await said_through_cleanup(tree, ready=2, stop_tree=True)
     assert b"member stopped by the leader" in said
     assert b"member got TERM" not in said
     assert tree.outcome is not None
@@ -284,10 +288,9 @@ async def test_a_leader_only_step_goes_to_the_whole_tree_once_the_leader_exited(
     # as with a step for every process (not only SIGKILL at the end of the grace).
     member = tmp_path / "member"
     member.write_text(_MEMBER)
-    policy = Escalation(steps=[Step(signal.SIGTERM, 5.0, leader_only=True)])
     async with open_process_tree(
         ["sh", "-c", f"sh {member} & exit 0"],
-        escalation=policy,
+        escalation=LEADER_ONLY,
         stdout=subprocess.PIPE,
         **contained,
     ) as tree:

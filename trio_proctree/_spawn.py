@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, NoReturn, Union, cast
+from typing import Any, Union, cast
 
 import attrs
 
@@ -338,7 +338,11 @@ def _resolve_executable(program: Any, *, env: Mapping[Any, Any] | None, cwd: Any
             raise FileNotFoundError(errno.ENOENT, "no such executable", name)
         if found is _NOT_EXECUTABLE:
             raise PermissionError(errno.EACCES, "not an executable file", name)
-        return _first_that_runs([path], name, cwd) or _nothing_runs(name, [])
+        if (refused := refusal(path, name, cwd)) is None:
+            return Resolved(path)
+        if refused.errno == errno.ENOEXEC:
+            return Resolved(None, refused=refused)  # (only the exec can be sure of it)
+        raise refused
     search = os.get_exec_path(env)
     key = (name, tuple(search), directory)
     known = _found_before.get(key)
@@ -360,7 +364,11 @@ def _resolve_executable(program: Any, *, env: Mapping[Any, Any] | None, cwd: Any
         candidates.append(os.path.join(folder, name))
     resolved = _first_that_runs(candidates, name, cwd)
     if resolved is None:
-        return _nothing_runs(name, search)
+        raise FileNotFoundError(
+            errno.ENOENT,
+            f"no such executable on PATH ({os.pathsep.join(map(os.fsdecode, search))})",
+            name,
+        )
     if resolved.path is not None:
         if len(_found_before) >= 256:  # (bounded: commands and PATHs are few)
             _found_before.clear()
@@ -371,10 +379,9 @@ def _resolve_executable(program: Any, *, env: Mapping[Any, Any] | None, cwd: Any
 def _first_that_runs(candidates: list[str], name: str, cwd: Any) -> Resolved | None:
     """The first of ``candidates`` that the kernel would run; else, where the exec
     alone can tell, why none would (`Resolved.refused`). None if none is there to run;
-    raises the error Popen would, for a candidate that is there."""
+    raises the error Popen would, for a candidate that is there. (One stat each.)"""
     failed: OSError | None = None  # the first error other than "not there"
     missing_interpreter: OSError | None = None
-    no_format: OSError | None = None  # (ENOEXEC: sh's exec runs such a file as a script)
     passed_over = False  # a file there that the kernel refuses
     for candidate in candidates:
         found = _look_at(candidate)
@@ -390,22 +397,14 @@ def _first_that_runs(candidates: list[str], name: str, cwd: Any) -> Resolved | N
         if refused.errno == errno.ENOENT:
             missing_interpreter = missing_interpreter or refused
         else:
-            failed, no_format = failed or refused, no_format or refused
-    if failed is not None and failed is no_format:
-        return Resolved(None, refused=failed)
+            failed = failed or refused
+    if failed is not None and failed.errno == errno.ENOEXEC:
+        return Resolved(None, refused=failed)  # (only the exec can be sure of it)
     if failed is not None:
         raise failed
     if missing_interpreter is not None:
         raise missing_interpreter
     return None
-
-
-def _nothing_runs(name: str, search: list[bytes] | list[str]) -> NoReturn:
-    raise FileNotFoundError(
-        errno.ENOENT,
-        f"no such executable on PATH ({os.pathsep.join(map(os.fsdecode, search))})",
-        name,
-    )
 
 
 def _check_working_directory(directory: str) -> None:

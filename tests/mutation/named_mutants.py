@@ -131,7 +131,7 @@ MUTANTS = [
     (
         "spawn: the search stops at a file the kernel refuses, as Popen's does not",
         "_spawn.py",
-        "            failed, no_format = failed or refused, no_format or refused\n",
+        "            failed = failed or refused\n",
         "            raise refused\n",
         "passes_over_a_file_the_kernel_refuses",
     ),
