@@ -622,6 +622,38 @@ def test_an_asyncio_tree_gets_a_step_for_its_leader_alone(
     assert tracked.survivors() == []
 
 
+def test_an_asyncio_trees_leader_that_exits_during_its_step_hands_it_on(
+    tracked: Tracked, contained: dict[str, Any], tmp_path: Path
+) -> None:
+    # As for trio (test_escalation.py): the leader dies of the step meant for it to pass
+    # on, and the member it left gets the step from cleanup, not SIGKILL 5 s later.
+    from .test_escalation import _MEMBER, LEADER_ONLY  # noqa: PLC0415 - the trio test's
+
+    member, said = tmp_path / "member", tmp_path / "said"
+    member.write_text(_MEMBER)
+
+    async def main() -> Any:
+        with said.open("wb") as out:
+            async with open_process_tree(
+                ["sh", "-c", f"sh {member} & wait"],
+                escalation=LEADER_ONLY,
+                stdout=out,
+                **contained,
+            ) as tree:
+                deadline = time.monotonic() + 5
+                while b"ready" not in said.read_bytes():
+                    assert time.monotonic() < deadline, said.read_bytes()
+                    await asyncio.sleep(0.005)  # (a file's growth: no event to wait on)
+        return tree.outcome
+
+    outcome = asyncio.run(main())
+    assert b"member got TERM" in said.read_bytes()
+    assert outcome is not None
+    assert outcome.signals == (signal.SIGTERM, signal.SIGCONT) * 2
+    assert not outcome.grace_expired
+    assert tracked.survivors() == []
+
+
 @pytest.mark.parametrize("canceller", ["asyncio.wait_for", "anyio.move_on_after"])
 def test_a_spawn_still_queued_for_a_worker_thread_is_dropped_when_cancelled(
     tracked: Tracked, contained: dict[str, Any], tmp_path: Path, canceller: str

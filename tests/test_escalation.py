@@ -304,6 +304,33 @@ async def test_a_leader_only_step_goes_to_the_whole_tree_once_the_leader_exited(
     assert tracked.survivors() == []
 
 
+async def test_a_leader_that_exits_during_its_step_hands_the_step_on_to_what_it_left(
+    tracked: Tracked, contained: dict[str, Any], tmp_path: Path
+) -> None:
+    # The leader dies of the signal meant for it to pass on (sh does not handle SIGTERM),
+    # leaving its member running: the member gets the step's signal then, within the same
+    # wait, instead of sitting the grace out for SIGKILL (red before: 5 s, then SIGKILL,
+    # the member never told to stop).
+    member = tmp_path / "member"
+    member.write_text(_MEMBER)
+    async with open_process_tree(
+        ["sh", "-c", f"sh {member} & wait"],
+        escalation=LEADER_ONLY,
+        stdout=subprocess.PIPE,
+        **contained,
+    ) as tree:
+        said = await said_through_cleanup(tree, ready=1)
+    assert b"member got TERM" in said
+    outcome = tree.outcome
+    assert outcome is not None
+    assert outcome.returncode == -signal.SIGTERM  # (the leader had the step first)
+    assert outcome.signals == (signal.SIGTERM, signal.SIGCONT) * 2
+    assert not outcome.grace_expired
+    # It outlived the leader, and so did the sleep it runs (unless caught between two).
+    assert outcome.lingering_killed in (1, 2)
+    assert tracked.survivors() == []
+
+
 async def test_the_hard_stop_after_a_leader_only_step_reaches_every_process(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import signal
+from collections.abc import Sequence
 
 import pytest
 
@@ -22,6 +23,7 @@ from trio_proctree._teardown import (
     CloseStdin,
     Finished,
     KillAll,
+    LeaderLeft,
     SendSignal,
     Teardown,
 )
@@ -30,7 +32,9 @@ LABEL = "pid 42 (make -j8)"
 MUST = "must be a finite number of seconds >= 0, not"
 
 
-def drive(teardown: Teardown, answers: list[bool], *, alive: bool = True) -> list[Action]:
+def drive(
+    teardown: Teardown, answers: Sequence[bool | LeaderLeft], *, alive: bool = True
+) -> list[Action]:
     """Run the machine: each AwaitEmpty gets the next answer (did the tree empty?)."""
     actions = [teardown.start(tree_alive=alive)]
     replies = iter(answers)
@@ -116,6 +120,48 @@ def test_a_step_for_the_leader_alone_is_asked_of_the_driver_as_such(
     ]
     # (Recorded as sent, the leader-only ones too: the outcome's signals are cleanup's.)
     assert teardown.signals == [signal.SIGTERM, signal.SIGCONT, signal.SIGINT, signal.SIGCONT]
+
+
+def test_a_leader_that_left_members_hands_its_step_on_within_the_same_wait(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The driver says the leader exited 2.5 s into the step's 4 s, leaving members: they
+    # get the step's signal in what is left of its wait (the bound unchanged).
+    policy = Escalation(steps=[Step(signal.SIGTERM, 4.0, leader_only=True)])
+    teardown = Teardown(policy, label=LABEL, stdin_open=False)
+    with caplog.at_level(logging.DEBUG, logger="trio_proctree"):
+        assert drive(teardown, [LeaderLeft(1.5), True]) == [
+            SendSignal(signal.SIGTERM, leader_only=True),
+            AwaitEmpty(4.0),
+            SendSignal(signal.SIGTERM, leader_only=False),
+            AwaitEmpty(1.5),
+            Finished(emptied=True),
+        ]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{LABEL}: sending SIGTERM to the leader, waiting up to 4s",
+        f"{LABEL}: the leader exited, leaving processes running: SIGTERM to them",
+    ]
+    assert teardown.signals == [signal.SIGTERM, signal.SIGCONT] * 2
+    assert not teardown.grace_expired
+
+
+def test_what_a_leader_left_goes_on_to_the_next_step_if_the_handed_on_one_fails() -> None:
+    policy = Escalation(
+        steps=[Step(signal.SIGTERM, 4.0, leader_only=True), (signal.SIGINT, 1.0)], kill_wait=0.5
+    )
+    teardown = Teardown(policy, label=LABEL, stdin_open=False)
+    assert drive(teardown, [LeaderLeft(3.0), False, False, True]) == [
+        SendSignal(signal.SIGTERM, leader_only=True),
+        AwaitEmpty(4.0),
+        SendSignal(signal.SIGTERM),
+        AwaitEmpty(3.0),
+        SendSignal(signal.SIGINT),
+        AwaitEmpty(1.0),
+        KillAll(),
+        AwaitEmpty(0.5, grace=False),
+        Finished(emptied=True),
+    ]
+    assert teardown.grace_expired
 
 
 def test_grace_running_out_brings_sigkill() -> None:

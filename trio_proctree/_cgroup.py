@@ -717,12 +717,12 @@ class CgroupContainment(MemberTracking):
         if failed is not None:
             raise failed
 
-    def signal(self, sig: int, *, escalation: bool = False, leader_only: bool = False) -> None:
+    def signal(self, sig: int, *, escalation: bool = False, leader_only: bool = False) -> bool:
         if leader_only and signal_leader_alone(self.leader, sig):
             # No listing: what the leader does not stop is listed at its exit (or before
             # the hard stop: `kill`).
             self._wake_all()
-            return
+            return True
         pins = self.leader.pins_group  # (asks the kernel; `exited` reads the answer)
         new: list[int] = []  # escapees this signal's listings find
         listing_failed: OSError | None = None
@@ -797,6 +797,7 @@ class CgroupContainment(MemberTracking):
             # What a failed listing left out has the escalation so far now.
             self._unlisted, self._survey_due, self.ask_again_within = None, False, None
         self._raise_denied()
+        return False
 
     def _catch_up(self, new: list[int], signals: list[int], *, pins: bool) -> None:
         """Give escapees just found ``signals``; as one may have forked before its signal

@@ -70,7 +70,7 @@ class Containment(Protocol):
         """Take charge of the tree whose leader has just started."""
         ...
 
-    def signal(self, sig: int, *, escalation: bool = False, leader_only: bool = False) -> None:
+    def signal(self, sig: int, *, escalation: bool = False, leader_only: bool = False) -> bool:
         """Send ``sig`` to every process in the tree.
 
         ``escalation``: as a graceful step of cleanup, so followed by SIGCONT, which wakes
@@ -79,6 +79,8 @@ class Containment(Protocol):
         `ask_again_within`); a member first found by a later signal gets the escalation's
         signals before it. ``leader_only``: a step for the leader alone, while it runs
         (`signal_leader_alone`); members found later do not get it.
+
+        Returns whether the signal went to the leader alone (for the leader to pass on).
         """
         ...
 
@@ -178,9 +180,8 @@ def signal_leader_alone(leader: Leader, sig: int) -> bool:
     every process with SIGCONT: the members the leader is to stop may have been stopped
     with it, by job control, and could not act on its signal.)
 
-    Decided once, as the step is taken: a leader that exits during the wait, leaving
-    members running, has had its chance to stop them; what it left gets the next step,
-    or SIGKILL at the grace's end.
+    A leader that exits during the step's wait, leaving members running, hands the step
+    on: cleanup then gives it to every process (see `Teardown`).
     """
     if leader.poll() is not None or leader.reaped or leader.lost:
         return False
@@ -286,19 +287,20 @@ class ProcessGroupContainment:
     def escapees(self) -> int:
         return 0  # a process group cannot see them
 
-    def signal(self, sig: int, *, escalation: bool = False, leader_only: bool = False) -> None:
+    def signal(self, sig: int, *, escalation: bool = False, leader_only: bool = False) -> bool:
         assert self._leader is not None
         if escalation:
             self._step_taken()
         if leader_only and signal_leader_alone(self._leader, sig):
             with contextlib.suppress(ContainmentLost):  # (as for any signal to the group)
                 self._signal(signal.SIGCONT)  # (see signal_leader_alone)
-            return
+            return True
         self._signal(sig, wake=escalation)
         if sig == signal.SIGKILL:
             # The program's kill() is a step too: what cleanup then finds running was
             # dying of it, and lingers only if still running at cleanup's hard stop.
             self._stepped = True
+        return False
 
     def _step_taken(self) -> None:
         """A step of cleanup: who it finds still running, found after the leader exited
@@ -695,11 +697,11 @@ class MemberTracking:
     #: Learn the members before the group's signal (else after it, overlapping their exit).
     survey_first = False
 
-    def signal(self, sig: int, *, escalation: bool = False, leader_only: bool = False) -> None:
+    def signal(self, sig: int, *, escalation: bool = False, leader_only: bool = False) -> bool:
         if leader_only and signal_leader_alone(self.leader, sig):
             # No listing: what the leader does not stop is listed at its exit.
             self._wake_all()
-            return
+            return True
         survey = not (escalation and self._surveyed)  # for an escalation, once
         self._surveyed |= escalation
         listing_failed = None
@@ -748,6 +750,7 @@ class MemberTracking:
             self._signal_escapees(found, earlier)
         self._signal_escapees(self._escapees, step)
         self._raise_denied()
+        return False
 
     def _wake_all(self) -> None:
         """SIGCONT to the group and to the escapees known, after a step for the leader

@@ -22,7 +22,15 @@ from ._escalation import Escalation, SignalLike, parse_signal
 from ._leader import Leader
 from ._outcome import CleanupError, CleanupOutcome
 from ._spawn import Spawned, SpawnPlan
-from ._teardown import AwaitEmpty, CloseStdin, Finished, KillAll, SendSignal, Teardown
+from ._teardown import (
+    AwaitEmpty,
+    CloseStdin,
+    Finished,
+    KillAll,
+    LeaderLeft,
+    SendSignal,
+    Teardown,
+)
 
 logger = logging.getLogger("trio_proctree")
 
@@ -138,12 +146,17 @@ class TreeCore:
             self.leader.poll()  # (asks the kernel; `exited` reads the answer)
             alive = not self.leader.exited or await self._pending(io, errors) != []
             action = teardown.start(tree_alive=alive)
-            closed_stdin_at = None
+            # What an action leaves to the wait after it: when stdin was closed (the wait
+            # counts from there), and whether the step went to the leader alone (the wait
+            # then tells of the leader's exit, if it leaves members running: `LeaderLeft`).
+            closed_stdin_at, leader_has_step = None, False
             while not isinstance(action, Finished):
-                emptied = None
+                emptied: bool | LeaderLeft | None = None
                 if isinstance(action, AwaitEmpty):
-                    emptied = await self._wait_empty(io, action, errors, since=closed_stdin_at)
-                    closed_stdin_at = None
+                    emptied = await self._wait_empty(
+                        io, action, errors, since=closed_stdin_at, leader_has_step=leader_has_step
+                    )
+                    closed_stdin_at, leader_has_step = None, False
                 elif isinstance(action, CloseStdin):
                     # The wait that follows counts from here: a stream the program put in
                     # place of stdin, slow to close, spends it (never more than it).
@@ -152,7 +165,9 @@ class TreeCore:
                     if (error := await io.close_stdin(within)) is not None:
                         errors.append(error)
                 elif isinstance(action, SendSignal):
-                    self._step(errors, action.signal, leader_only=action.leader_only)
+                    leader_has_step = self._step(
+                        errors, action.signal, leader_only=action.leader_only
+                    )
                 elif isinstance(action, KillAll):  # pragma: no branch
                     self._step(errors, None)
                 action = teardown.send(emptied)
@@ -233,14 +248,16 @@ class TreeCore:
             self._record = None  # (nor the escalation kept alive for it)
         return self._outcome
 
-    def _step(self, errors: list[Exception], sig: int | None, *, leader_only: bool = False) -> None:
+    def _step(self, errors: list[Exception], sig: int | None, *, leader_only: bool = False) -> bool:
+        """Take a step (``sig``; None: the hard stop); whether it went to the leader alone."""
         try:
             if sig is None:
                 self.containment.kill()
             else:
-                self.containment.signal(sig, escalation=True, leader_only=leader_only)
+                return self.containment.signal(sig, escalation=True, leader_only=leader_only)
         except Exception as exc:  # noqa: BLE001 - even a bug here must not stop the escalation
             errors.append(exc)
+        return False
 
     async def _pending(self, io: LoopIO, errors: list[Exception]) -> list[int] | float:
         """The pidfds of the tree's live members, or, when that cannot be told right now,
@@ -263,15 +280,25 @@ class TreeCore:
         return pending
 
     async def _wait_empty(
-        self, io: LoopIO, wait: AwaitEmpty, errors: list[Exception], *, since: float | None
-    ) -> bool:
+        self,
+        io: LoopIO,
+        wait: AwaitEmpty,
+        errors: list[Exception],
+        *,
+        since: float | None,
+        leader_has_step: bool = False,
+    ) -> bool | LeaderLeft:
         """Wait up to ``wait.timeout`` seconds from ``since`` (else from now) for the tree
-        to empty: True if it did."""
+        to empty: True if it did. ``leader_has_step``: the step before went to the leader
+        alone, and if it exits leaving members running, that is said at once (the wait
+        wakes for its exit: every containment waits on the leader first)."""
         deadline = (io.now() if since is None else since) + wait.timeout
         while (pending := await self._pending(io, errors)) != []:
             remaining = deadline - io.now()
             if remaining <= 0 or (wait.grace and io.interrupted()):
                 return False
+            if leader_has_step and self.leader.poll() is not None:
+                return LeaderLeft(remaining)
             if isinstance(pending, list):
                 # Event-driven: a pidfd turns readable when its process exits.
                 within = self.containment.ask_again_within

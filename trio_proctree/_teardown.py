@@ -50,6 +50,15 @@ class AwaitEmpty:
 
 
 @attrs.frozen
+class LeaderLeft:
+    """The driver's answer to the wait after a step that went to the leader alone: the
+    leader exited within it, leaving members running, ``remaining`` seconds before the
+    wait's end. (It crashed, or died of the signal it was to pass on.)"""
+
+    remaining: float
+
+
+@attrs.frozen
 class Finished:
     """Nothing more to do. ``emptied`` is False only if the tree outlived SIGKILL."""
 
@@ -57,6 +66,9 @@ class Finished:
 
 
 Action = CloseStdin | SendSignal | KillAll | AwaitEmpty | Finished
+#: The plan's steps, each answered by the driver: for AwaitEmpty, whether the tree emptied
+#: (or `LeaderLeft`); for the other actions, None.
+_Plan = Generator[Action, bool | LeaderLeft | None, Finished]
 
 
 class Teardown:
@@ -68,7 +80,7 @@ class Teardown:
         action = teardown.start(tree_alive=...)
         while not isinstance(action, Finished):
             ...perform action...
-            action = teardown.send(emptied)  # emptied: bool for AwaitEmpty, None otherwise
+            action = teardown.send(emptied)  # for AwaitEmpty: bool, or LeaderLeft; else None
 
     It also keeps the record of what it asked for, for the cleanup outcome.
     """
@@ -92,14 +104,14 @@ class Teardown:
             return Finished(emptied=True)
         return next(self._plan)
 
-    def send(self, emptied: bool | None = None) -> Action:
+    def send(self, emptied: bool | LeaderLeft | None = None) -> Action:
         try:
             return self._plan.send(emptied)
         except StopIteration as done:
             finished: Finished = done.value
             return finished
 
-    def _run(self) -> Generator[Action, bool | None, Finished]:
+    def _run(self) -> _Plan:
         policy = self.policy
         if self._killed:
             return (yield from self._after_the_programs_kill())
@@ -122,7 +134,21 @@ class Teardown:
             # action, so that the containment makes one pass over the tree for both.
             self.signals += (step.signal, signal.SIGCONT)
             yield SendSignal(step.signal, step.leader_only)
-            if (yield AwaitEmpty(step.wait)):
+            emptied = yield AwaitEmpty(step.wait)
+            if isinstance(emptied, LeaderLeft):
+                # The leader, which alone had the step, exited within its wait and left
+                # members running: nobody will pass the step on to them now. They get it
+                # from us, in what is left of the same wait (the bound holds), instead of
+                # sitting it out for SIGKILL with no word to stop.
+                logger.debug(
+                    "%s: the leader exited, leaving processes running: %s to them",
+                    self.label,
+                    signal_name(step.signal),
+                )
+                self.signals += (step.signal, signal.SIGCONT)
+                yield SendSignal(step.signal)
+                emptied = yield AwaitEmpty(emptied.remaining)
+            if emptied:
                 return Finished(emptied=True)
             logger.debug(
                 "%s: still running %gs after %s", self.label, step.wait, signal_name(step.signal)
@@ -138,7 +164,7 @@ class Teardown:
             )
         return (yield from self._hard_stop())
 
-    def _after_the_programs_kill(self) -> Generator[Action, bool | None, Finished]:
+    def _after_the_programs_kill(self) -> _Plan:
         # The program killed the tree (``kill()``), and what still runs is dying of it: a
         # stop signal now would reach processes past acting on one, and be recorded as sent
         # (a block that ends right after kill() finds its tree dying, as kill() does not
@@ -167,7 +193,7 @@ class Teardown:
             )
         return (yield from self._hard_stop())
 
-    def _hard_stop(self) -> Generator[Action, bool | None, Finished]:
+    def _hard_stop(self) -> _Plan:
         policy = self.policy
         logger.debug(
             "%s: sending SIGKILL to the tree, waiting up to %gs", self.label, policy.kill_wait

@@ -157,6 +157,27 @@ MUTANTS = [
         "leader_only_step_goes_to_the_whole_tree",
     ),
     (
+        "escalation: a leader that exits within its step leaves its members the grace",
+        "_core.py",
+        "            if leader_has_step and self.leader.poll() is not None:\n",
+        "            if False:\n",
+        "hands_the_step_on or hands_it_on",
+    ),
+    (
+        "escalation: a step handed on goes to the leader alone again",
+        "_teardown.py",
+        "                yield SendSignal(step.signal)\n",
+        "                yield SendSignal(step.signal, leader_only=True)\n",
+        "hands_its_step_on",
+    ),
+    (
+        "escalation: a step handed on gets its whole wait again (the bound broken)",
+        "_teardown.py",
+        "                emptied = yield AwaitEmpty(emptied.remaining)\n",
+        "                emptied = yield AwaitEmpty(step.wait)\n",
+        "hands_its_step_on",
+    ),
+    (
         "escalation: no SIGCONT to the tree after a leader-only step (group)",
         "_containment.py",
         "                self._signal(signal.SIGCONT)  # (see signal_leader_alone)\n",
@@ -1025,8 +1046,8 @@ MUTANTS = [
     (
         "escalation: the wait after closing stdin counted from the end of the close",
         "_core.py",
-        "emptied = await self._wait_empty(io, action, errors, since=closed_stdin_at)",
-        "emptied = await self._wait_empty(io, action, errors, since=None)",
+        "io, action, errors, since=closed_stdin_at, leader_has_step=leader_has_step",
+        "io, action, errors, since=None, leader_has_step=leader_has_step",
         "cannot_hold_cleanup_past_its_bound",
     ),
     (
