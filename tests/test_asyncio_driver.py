@@ -388,6 +388,42 @@ def test_close_stdin_step_runs_for_the_input_run_process_tree_fed(
     assert tracked.survivors() == []
 
 
+def test_a_reader_taken_off_the_tree_is_read_to_its_end_after_cleanup(
+    run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # As in the trio driver: a stream the program takes off the tree is the program's,
+    # and cleanup leaves its pipe open, to be read to its end: all that the tree said as
+    # it stopped. Here it says more (~162 KiB) than the reader takes in unread (128 KiB,
+    # then the transport pauses), and less than that and a full pipe, so the tree ends
+    # with the rest in the pipe. (Red before: cleanup closed the pipe, and that rest was
+    # lost.)
+    last = 29500
+    stopping = f"trap 'seq 1 {last}; exit 0' TERM; echo ready; while :; do sleep 0.05; done"
+
+    async def main() -> None:
+        async with open_process_tree(["true"], stdout=subprocess.PIPE, **contained):
+            pass  # (what the first tree opens for good: the watchdog's pipe; uvloop's null)
+        before = procs.open_fds()
+        async with open_process_tree(
+            ["sh", "-c", stopping], stdout=subprocess.PIPE, **contained
+        ) as tree:
+            reader, tree.stdout = tree.stdout, None
+            assert reader is not None
+            assert await reader.readline() == b"ready\n"
+        said = await reader.read()
+        assert said == b"".join(b"%d\n" % n for n in range(1, last + 1))
+        for _ in range(10):  # (the transport closes itself at the end, a callback later)
+            if procs.open_fds() == before:
+                break
+            await asyncio.sleep(0)
+        assert procs.open_fds() == before
+        assert tree.outcome is not None
+        assert not tree.outcome.grace_expired
+
+    run(main)
+    assert tracked.survivors() == []
+
+
 def test_full_pipe_nobody_reads_does_not_deadlock_cleanup(
     run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
 ) -> None:

@@ -228,6 +228,29 @@ async def test_tree_flushing_into_a_full_pipe_on_sigterm_is_still_stopped(
     assert tracked.survivors() == []
 
 
+async def test_a_stream_taken_off_the_tree_is_read_to_its_end_after_cleanup(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # A stream the program takes off the tree is the program's: cleanup leaves it open, to
+    # be read to its end, all that the tree said as it stopped (here within one pipe's
+    # capacity: nobody reads while the block ends). The asyncio driver's twin was red.
+    stopping = "trap 'seq 1 5000; exit 0' TERM; echo ready; while :; do sleep 0.05; done"
+    async with open_process_tree(
+        ["sh", "-c", stopping], stdout=subprocess.PIPE, **contained
+    ) as tree:
+        stdout, tree.stdout = tree.stdout, None
+        assert stdout is not None
+        assert await stdout.receive_some() == b"ready\n"
+    said = b""
+    async with stdout:
+        while chunk := await stdout.receive_some():
+            said += chunk
+    assert said == b"".join(b"%d\n" % n for n in range(1, 5001))
+    assert tree.outcome is not None
+    assert not tree.outcome.grace_expired
+    assert tracked.survivors() == []
+
+
 async def test_a_tree_says_what_it_is_and_how_it_stands(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:

@@ -216,6 +216,11 @@ class ProcessTree(TreeView):
     """A running process tree (asyncio): a leader and everything it starts.
 
     Made by `open_process_tree` and `run_process_tree`.
+
+    Cleanup closes the pipes it made, once the tree is gone. To read all that a tree says
+    as it stops, take the reader off it first (``stdout, tree.stdout = tree.stdout,
+    None``): it is then yours, left open by cleanup, to read to its end (its pipe closes
+    there).
     """
 
     _public_name = "trio_proctree.asyncio.ProcessTree"
@@ -228,7 +233,8 @@ class ProcessTree(TreeView):
         self.stdout: asyncio.StreamReader | None = None
         #: The leader's stderr, when it was ``subprocess.PIPE``.
         self.stderr: asyncio.StreamReader | None = None
-        self._read_transports: dict[str, asyncio.BaseTransport] = {}
+        #: The readers made for stdout and stderr, each with its pipe's transport.
+        self._read_transports: dict[str, tuple[asyncio.StreamReader, asyncio.BaseTransport]] = {}
         self._stdin_transport: asyncio.WriteTransport | None = None
         self._exited: asyncio.Future[None] | None = None
         #: The running cleanup, and the future callers wait on: settled when the cleanup
@@ -368,7 +374,7 @@ class ProcessTree(TreeView):
                     pipe, loop.connect_read_pipe(_protocol_for(reader), pipe)
                 )
                 setattr(self, name, reader)
-                self._read_transports[name] = read_transport
+                self._read_transports[name] = (reader, read_transport)
         if spawned.stdin is not None:
             protocol = asyncio.StreamReaderProtocol(asyncio.StreamReader())
             pipe = self._hand(spawned.stdin, "wb")
@@ -401,9 +407,8 @@ class ProcessTree(TreeView):
 
     def _take_reader(self, name: str) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
         """Take a stream (and its transport) off the tree: its cleanup leaves it open."""
-        reader = getattr(self, name)
         setattr(self, name, None)
-        return reader, self._read_transports.pop(name)
+        return self._read_transports.pop(name)
 
     async def _close_stdin(self) -> Exception | None:
         writer, self.stdin = self.stdin, None
@@ -421,13 +426,31 @@ class ProcessTree(TreeView):
             transport.abort()
 
     def _close_readers(self) -> None:
-        for name in list(self._read_transports):
-            setattr(self, name, None)
-            self._read_transports.pop(name).close()
+        """Close the pipes of the readers still on the tree. A reader the program took off
+        it (set to None, or another put in its place) is the program's, as in the trio
+        driver: its pipe stays open to be read to its end (the tree is gone, so the end
+        comes, and the transport closes itself there). Closed under it, what the tree
+        wrote as it stopped and the loop had not read yet was lost."""
+        for name, (reader, transport) in list(self._read_transports.items()):
+            del self._read_transports[name]
+            if getattr(self, name) is reader:
+                setattr(self, name, None)
+                transport.close()
+
+
+class _PipeReaderProtocol(asyncio.StreamReaderProtocol):
+    """A stream reader's protocol for a pipe, whose transport closes at the pipe's end on
+    every loop. (StreamReaderProtocol asks to stay open at EOF, for a socket's half-close;
+    asyncio's pipe transports close all the same, uvloop's stay open: a reader the program
+    took off the tree, read to its end, held its pipe until garbage collection.)"""
+
+    def eof_received(self) -> bool:
+        super().eof_received()
+        return False
 
 
 def _protocol_for(reader: asyncio.StreamReader) -> Callable[[], asyncio.StreamReaderProtocol]:
-    return lambda: asyncio.StreamReaderProtocol(reader)
+    return lambda: _PipeReaderProtocol(reader)
 
 
 def _pipe_file(fd: int, mode: str) -> Any:

@@ -157,6 +157,20 @@ MUTANTS = [
         "leader_only_step_goes_to_the_whole_tree",
     ),
     (
+        "asyncio: cleanup closes a reader the program took off the tree",
+        "asyncio.py",
+        "            if getattr(self, name) is reader:\n",
+        "            if True:\n",
+        "reader_taken_off_the_tree",
+    ),
+    (
+        "asyncio: a reader's pipe kept open at its end (uvloop)",
+        "asyncio.py",
+        "        super().eof_received()\n        return False\n",
+        "        return super().eof_received()\n",
+        "reader_taken_off_the_tree and uvloop",
+    ),
+    (
         "escalation: a leader that exits within its step leaves its members the grace",
         "_core.py",
         "            if leader_has_step and self.leader.poll() is not None:\n",
