@@ -388,15 +388,15 @@ def test_close_stdin_step_runs_for_the_input_run_process_tree_fed(
     assert tracked.survivors() == []
 
 
-def test_a_reader_taken_off_the_tree_is_read_to_its_end_after_cleanup(
-    run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
+@pytest.mark.parametrize("taken", [True, False], ids=["taken-off", "kept"])
+def test_a_reader_holds_all_the_tree_said_as_it_stopped_after_cleanup(
+    run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any], taken: bool
 ) -> None:
-    # As in the trio driver: a stream the program takes off the tree is the program's,
-    # and cleanup leaves its pipe open, to be read to its end: all that the tree said as
-    # it stopped. Here it says more (~162 KiB) than the reader takes in unread (128 KiB,
-    # then the transport pauses), and less than that and a full pipe, so the tree ends
-    # with the rest in the pipe. (Red before: cleanup closed the pipe, and that rest was
-    # lost.)
+    # The program keeps the reader (taking it off the tree, or not) and reads it after
+    # the block: all that the tree said as it stopped is there. Here it says more
+    # (~162 KiB) than the reader takes in unread (128 KiB, then the transport pauses), and
+    # less than that and a full pipe, so the tree ends with the rest in the pipe. (Red
+    # before: cleanup closed the pipe, and that rest was lost.) Nothing stays open.
     last = 29500
     stopping = f"trap 'seq 1 {last}; exit 0' TERM; echo ready; while :; do sleep 0.05; done"
 
@@ -407,20 +407,57 @@ def test_a_reader_taken_off_the_tree_is_read_to_its_end_after_cleanup(
         async with open_process_tree(
             ["sh", "-c", stopping], stdout=subprocess.PIPE, **contained
         ) as tree:
-            reader, tree.stdout = tree.stdout, None
+            reader = tree.stdout
             assert reader is not None
+            if taken:
+                tree.stdout = None
             assert await reader.readline() == b"ready\n"
+        assert procs.open_fds() == before
         said = await reader.read()
         assert said == b"".join(b"%d\n" % n for n in range(1, last + 1))
-        for _ in range(10):  # (the transport closes itself at the end, a callback later)
-            if procs.open_fds() == before:
-                break
-            await asyncio.sleep(0)
-        assert procs.open_fds() == before
         assert tree.outcome is not None
         assert not tree.outcome.grace_expired
 
     run(main)
+    assert tracked.survivors() == []
+
+
+@pytest.mark.parametrize("taken", [True, False], ids=["taken-off", "kept"])
+def test_a_readers_pipe_an_escapee_holds_is_closed_with_its_tree(
+    run: Callable[..., Any], tracked: Tracked, taken: bool
+) -> None:
+    # A bare process group misses a setsid escapee, which holds the tree's stdout on: the
+    # pipe closes with the tree all the same (a reader has no close of its own). Red with
+    # the reader taken off the tree left open (helper-5: its fd leaked, and uvloop's loop
+    # blocked at its close until the escapee exited).
+    escapee: list[int] = []
+
+    async def main() -> None:
+        async with open_process_tree(
+            ["true"], stdout=subprocess.PIPE, env=tracked.env, containment="group"
+        ):
+            pass  # (what the first tree opens for good: the watchdog's pipe; uvloop's null)
+        before = procs.open_fds()
+        async with open_process_tree(
+            ["sh", "-c", "setsid sh -c 'echo $$; exec sleep 60' & wait"],
+            stdout=subprocess.PIPE,
+            env=tracked.env,
+            containment="group",
+        ) as tree:
+            reader = tree.stdout
+            assert reader is not None
+            if taken:
+                tree.stdout = None
+            escapee.append(int(await reader.readline()))
+        assert procs.open_fds() == before
+        assert procs.alive(escapee[0])  # (as a group leaves it: test_containment.py)
+        assert await reader.read() == b""
+
+    try:
+        run(main)
+    finally:
+        for pid in escapee:  # (started by this test: its pid read from the tree)
+            assert procs.wait_exited(pid, kill=True)
     assert tracked.survivors() == []
 
 
@@ -659,7 +696,7 @@ def test_an_asyncio_tree_gets_a_step_for_its_leader_alone(
 
 
 def test_an_asyncio_trees_leader_that_exits_during_its_step_hands_it_on(
-    tracked: Tracked, contained: dict[str, Any], tmp_path: Path
+    run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any], tmp_path: Path
 ) -> None:
     # As for trio (test_escalation.py): the leader dies of the step meant for it to pass
     # on, and the member it left gets the step from cleanup, not SIGKILL 5 s later.
@@ -682,7 +719,7 @@ def test_an_asyncio_trees_leader_that_exits_during_its_step_hands_it_on(
                     await asyncio.sleep(0.005)  # (a file's growth: no event to wait on)
         return tree.outcome
 
-    outcome = asyncio.run(main())
+    outcome = run(main)
     assert b"member got TERM" in said.read_bytes()
     assert outcome is not None
     assert outcome.signals == (signal.SIGTERM, signal.SIGCONT) * 2

@@ -13,7 +13,14 @@ from typing import Any
 import pytest
 import trio
 
-from trio_proctree import Escalation, Step, open_process_tree, run_process_tree
+from trio_proctree import (
+    Escalation,
+    Step,
+    _cgroup,
+    _containment,
+    open_process_tree,
+    run_process_tree,
+)
 
 from . import procs
 from .conftest import Tracked, read_pids
@@ -328,6 +335,79 @@ async def test_a_leader_that_exits_during_its_step_hands_the_step_on_to_what_it_
     assert not outcome.grace_expired
     # It outlived the leader, and so did the sleep it runs (unless caught between two).
     assert outcome.lingering_killed in (1, 2)
+    assert tracked.survivors() == []
+
+
+#: A leader that passes the step on to its member and exits at once, with a status of its
+#: own, not waiting for the member to finish stopping (which takes its time: a job).
+_PASSES_IT_ON_AND_EXITS = """
+sh "$0.member" & member=$!
+trap 'kill -TERM $member; exit 0' TERM
+echo leader ready
+wait
+"""
+#: A member whose job is not to be cut short: TERM is noted, the job runs to its end.
+_FINISHES_ITS_JOB = """
+trap 'echo member got TERM' TERM
+echo member ready
+sleep 0.3
+echo "job ended with $?"
+"""
+
+
+async def test_a_leader_that_exits_with_a_status_within_its_step_had_its_chance(
+    tracked: Tracked, contained: dict[str, Any], tmp_path: Path
+) -> None:
+    # It exited of its own accord, having done what the step asked: it is not handed on
+    # (red before, helper-5: the member's job, the sleep, was cut short by the step).
+    leader = tmp_path / "leader"
+    leader.write_text(_PASSES_IT_ON_AND_EXITS)
+    (tmp_path / "leader.member").write_text(_FINISHES_ITS_JOB)
+    async with open_process_tree(
+        ["sh", str(leader)], escalation=LEADER_ONLY, stdout=subprocess.PIPE, **contained
+    ) as tree:
+        said = await said_through_cleanup(tree, ready=2)
+    assert b"member got TERM" in said
+    assert b"job ended with 0" in said
+    outcome = tree.outcome
+    assert outcome is not None
+    assert outcome.returncode == 0
+    assert outcome.signals == (signal.SIGTERM, signal.SIGCONT)
+    assert not outcome.grace_expired
+    assert tracked.survivors() == []
+
+
+async def test_a_leader_reaped_elsewhere_within_its_step_hands_the_step_on(
+    tracked: Tracked, contained: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Dead of the step and reaped by other code (a SIGCHLD handler, say) before cleanup's
+    # wait looks: its status is lost, so nothing says it stopped the rest; they get the
+    # step (red before, helper-5: the 5 s wait, then SIGKILL).
+    real = _containment.signal_leader_alone
+
+    def and_reaped_elsewhere(leader: Any, sig: int) -> bool:
+        went = real(leader, sig)
+        if went:
+            os.waitpid(leader.pid, 0)  # (it dies of the step: sh does not handle SIGTERM)
+        return went
+
+    monkeypatch.setattr(_containment, "signal_leader_alone", and_reaped_elsewhere)
+    monkeypatch.setattr(_cgroup, "signal_leader_alone", and_reaped_elsewhere)
+    member = tmp_path / "member"
+    member.write_text(_MEMBER)
+    async with open_process_tree(
+        ["sh", "-c", f"sh {member} & wait"],
+        escalation=LEADER_ONLY,
+        stdout=subprocess.PIPE,
+        **contained,
+    ) as tree:
+        said = await said_through_cleanup(tree, ready=1)
+    assert b"member got TERM" in said
+    outcome = tree.outcome
+    assert outcome is not None
+    assert outcome.returncode is None  # (lost)
+    assert outcome.signals == (signal.SIGTERM, signal.SIGCONT) * 2
+    assert not outcome.grace_expired
     assert tracked.survivors() == []
 
 

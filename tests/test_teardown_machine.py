@@ -139,7 +139,7 @@ def test_a_leader_that_left_members_hands_its_step_on_within_the_same_wait(
         ]
     assert [r.getMessage() for r in caplog.records] == [
         f"{LABEL}: sending SIGTERM to the leader, waiting up to 4s",
-        f"{LABEL}: the leader exited, leaving processes running: SIGTERM to them",
+        f"{LABEL}: the leader is gone, leaving processes running: SIGTERM to them",
     ]
     assert teardown.signals == [signal.SIGTERM, signal.SIGCONT] * 2
     assert not teardown.grace_expired

@@ -180,8 +180,9 @@ def signal_leader_alone(leader: Leader, sig: int) -> bool:
     every process with SIGCONT: the members the leader is to stop may have been stopped
     with it, by job control, and could not act on its signal.)
 
-    A leader that exits during the step's wait, leaving members running, hands the step
-    on: cleanup then gives it to every process (see `Teardown`).
+    A leader that dies of a signal during the step's wait, or is reaped by other code,
+    leaving members running, hands the step on: cleanup then gives it to every process
+    (see `TreeCore._leader_failed_its_step`).
     """
     if leader.poll() is not None or leader.reaped or leader.lost:
         return False

@@ -290,14 +290,17 @@ class TreeCore:
     ) -> bool | LeaderLeft:
         """Wait up to ``wait.timeout`` seconds from ``since`` (else from now) for the tree
         to empty: True if it did. ``leader_has_step``: the step before went to the leader
-        alone, and if it exits leaving members running, that is said at once (the wait
-        wakes for its exit: every containment waits on the leader first)."""
+        alone, and if the leader leaves members running without having passed it on, that
+        is said at once (the wait wakes for its exit: every containment waits on the
+        leader first)."""
         deadline = (io.now() if since is None else since) + wait.timeout
         while (pending := await self._pending(io, errors)) != []:
             remaining = deadline - io.now()
             if remaining <= 0 or (wait.grace and io.interrupted()):
                 return False
-            if leader_has_step and self.leader.poll() is not None:
+            # (A pause instead of pidfds: members finishing their exit, or a look that
+            # failed. Asked again after it, not handed a step they may not need.)
+            if leader_has_step and isinstance(pending, list) and self._leader_failed_its_step():
                 return LeaderLeft(remaining)
             if isinstance(pending, list):
                 # Event-driven: a pidfd turns readable when its process exits.
@@ -306,6 +309,15 @@ class TreeCore:
             else:
                 await io.sleep(min(remaining, pending))
         return True
+
+    def _leader_failed_its_step(self) -> bool:
+        """Whether the leader, which alone had a step, is gone without a word that it
+        passed the step on: it died of a signal (the step's own, not handled, or a crash),
+        or other code reaped it (its status lost). One that exited with a status had its
+        chance: a server's main process may tell its workers to stop and leave without
+        waiting for them, and the step handed on would cut their work short."""
+        returncode = self.leader.poll()
+        return self.leader.lost or (returncode is not None and returncode < 0)
 
 
 class TreeView:

@@ -115,10 +115,13 @@ class Step:
     its own way (a server's main process its workers, in order; as systemd's
     ``KillMode=mixed`` does), and SIGCONT to every process; the wait is still for the
     whole tree. A leader already gone when the step comes cannot pass it on: the step then
-    goes to every process. One that exits during the wait, leaving members running (it
-    crashed, or died of the signal), hands the step on: the signal then goes to every
-    process left, in what remains of the same wait. SIGKILL cannot be for the leader
-    alone: it ends the graceful steps and reaches every process.
+    goes to every process. One that dies of a signal during the wait (it did not handle
+    the step's, or crashed), or is reaped by other code, leaving members running, hands
+    the step on: the signal then goes to every process left, in what remains of the same
+    wait. One that exits with a status had its chance (it may have told the rest to stop
+    and left without waiting): what it left gets the next step, or SIGKILL at the end.
+    SIGKILL cannot be for the leader alone: it ends the graceful steps and reaches every
+    process.
     """
 
     signal: int = attrs.field(converter=parse_stop_signal)

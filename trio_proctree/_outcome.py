@@ -17,7 +17,8 @@ class CleanupOutcome:
     containment: str
     #: Signals cleanup sent to the whole tree, in order (each stop signal is followed by
     #: SIGCONT), a `Step` with ``leader_only`` to the leader alone, while it ran (its
-    #: SIGCONT to every process).
+    #: SIGCONT to every process); such a step handed on to what the leader left shows
+    #: twice.
     #: Empty when nothing was left running, or when the program had killed the tree
     #: (``kill()``) and it ended within the wait that follows (no stop signal then).
     signals: tuple[int, ...]

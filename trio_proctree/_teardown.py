@@ -52,8 +52,8 @@ class AwaitEmpty:
 @attrs.frozen
 class LeaderLeft:
     """The driver's answer to the wait after a step that went to the leader alone: the
-    leader exited within it, leaving members running, ``remaining`` seconds before the
-    wait's end. (It crashed, or died of the signal it was to pass on.)"""
+    leader is gone without passing it on (it died of a signal, or other code reaped it),
+    leaving members running, ``remaining`` seconds before the wait's end."""
 
     remaining: float
 
@@ -136,12 +136,12 @@ class Teardown:
             yield SendSignal(step.signal, step.leader_only)
             emptied = yield AwaitEmpty(step.wait)
             if isinstance(emptied, LeaderLeft):
-                # The leader, which alone had the step, exited within its wait and left
-                # members running: nobody will pass the step on to them now. They get it
-                # from us, in what is left of the same wait (the bound holds), instead of
-                # sitting it out for SIGKILL with no word to stop.
+                # The leader, which alone had the step, is gone without passing it on,
+                # and left members running: nobody will pass it on to them now. They get
+                # it from us, in what is left of the same wait (the bound holds), instead
+                # of sitting it out for SIGKILL with no word to stop.
                 logger.debug(
-                    "%s: the leader exited, leaving processes running: %s to them",
+                    "%s: the leader is gone, leaving processes running: %s to them",
                     self.label,
                     signal_name(step.signal),
                 )

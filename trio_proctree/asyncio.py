@@ -205,8 +205,7 @@ class _AsyncioIO:
     async def close_streams(self, within: float) -> list[Exception]:
         await self._tree._close_stdin()
         self._tree._abort_stdin()
-        self._tree._close_readers()
-        return []
+        return self._tree._close_readers()
 
     def forget_fd(self, fd: int) -> None:
         self._tree._stop_watching_leader()
@@ -217,10 +216,9 @@ class ProcessTree(TreeView):
 
     Made by `open_process_tree` and `run_process_tree`.
 
-    Cleanup closes the pipes it made, once the tree is gone. To read all that a tree says
-    as it stops, take the reader off it first (``stdout, tree.stdout = tree.stdout,
-    None``): it is then yours, left open by cleanup, to read to its end (its pipe closes
-    there).
+    Cleanup closes the pipes it made once the tree is gone, each once what is still in it
+    is in its reader: a reader kept from the tree (``stdout = tree.stdout``) holds all
+    that the tree said as it stopped, to be read after cleanup.
     """
 
     _public_name = "trio_proctree.asyncio.ProcessTree"
@@ -425,32 +423,46 @@ class ProcessTree(TreeView):
         if transport is not None and transport.get_write_buffer_size():
             transport.abort()
 
-    def _close_readers(self) -> None:
-        """Close the pipes of the readers still on the tree. A reader the program took off
-        it (set to None, or another put in its place) is the program's, as in the trio
-        driver: its pipe stays open to be read to its end (the tree is gone, so the end
-        comes, and the transport closes itself there). Closed under it, what the tree
-        wrote as it stopped and the loop had not read yet was lost."""
+    def _close_readers(self) -> list[Exception]:
+        """Close the readers' pipes, each once what is still in it is in its reader: what
+        the tree wrote as it stopped, which the loop had not read yet, was lost with the
+        pipe (a program that took the reader off the tree, to read it to its end, lost
+        the tail). A reader has no close of its own: its pipe is not left to the program.
+        The errors, if any."""
+        errors: list[Exception] = []
         for name, (reader, transport) in list(self._read_transports.items()):
             del self._read_transports[name]
             if getattr(self, name) is reader:
                 setattr(self, name, None)
-                transport.close()
-
-
-class _PipeReaderProtocol(asyncio.StreamReaderProtocol):
-    """A stream reader's protocol for a pipe, whose transport closes at the pipe's end on
-    every loop. (StreamReaderProtocol asks to stay open at EOF, for a socket's half-close;
-    asyncio's pipe transports close all the same, uvloop's stay open: a reader the program
-    took off the tree, read to its end, held its pipe until garbage collection.)"""
-
-    def eof_received(self) -> bool:
-        super().eof_received()
-        return False
+            try:
+                _drain_into(reader, transport)
+            except OSError as exc:  # (kept and raised after cleanup; the pipe still closes)
+                errors.append(exc)
+            transport.close()
+        return errors
 
 
 def _protocol_for(reader: asyncio.StreamReader) -> Callable[[], asyncio.StreamReaderProtocol]:
-    return lambda: _PipeReaderProtocol(reader)
+    return lambda: asyncio.StreamReaderProtocol(reader)
+
+
+#: Bytes a reader's pipe is read for, at most, before it closes with its tree: all it can
+#: hold, unless something outside the tree (an escapee of a bare group) keeps writing.
+_DRAIN_AT_MOST = 1 << 20
+
+
+def _drain_into(reader: asyncio.StreamReader, transport: asyncio.BaseTransport) -> None:
+    """Read what is still in a reader's pipe into the reader, without waiting: the last of
+    what the tree said, which the loop had not read yet. (Its transport's own reads are
+    paused once the reader holds 128 KiB unread; the tree, gone, writes no more.)"""
+    pipe = transport.get_extra_info("pipe")
+    if pipe is None or transport.is_closing():
+        return  # (closed at its end already: nothing left, and its fd not ours any more)
+    left = _DRAIN_AT_MOST
+    with contextlib.suppress(BlockingIOError):  # (non-blocking: all there is, was read)
+        while left > 0 and (data := os.read(pipe.fileno(), min(left, 65536))):
+            reader.feed_data(data)
+            left -= len(data)
 
 
 def _pipe_file(fd: int, mode: str) -> Any:
