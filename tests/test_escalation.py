@@ -377,12 +377,82 @@ async def test_a_leader_that_exits_with_a_status_within_its_step_had_its_chance(
     assert tracked.survivors() == []
 
 
+#: As `_PASSES_IT_ON_AND_EXITS`, but it ends by the step's own signal, set back to its
+#: default action: the way to exit once a signal is handled (Python does so after an
+#: uncaught KeyboardInterrupt).
+_PASSES_IT_ON_AND_RERAISES = """
+sh "$0.member" & member=$!
+trap 'kill -TERM $member; trap - TERM; kill -TERM $$' TERM
+echo leader ready
+wait
+"""
+
+
+async def test_a_leader_that_reraises_its_step_after_passing_it_on_had_its_chance(
+    tracked: Tracked, contained: dict[str, Any], tmp_path: Path
+) -> None:
+    # It dies of the step's signal, but it had a handler for it when the step came: its
+    # work was done (red before, helper-6: taken for a leader that did not handle it, and
+    # the step handed on cut the member's job short).
+    leader = tmp_path / "leader"
+    leader.write_text(_PASSES_IT_ON_AND_RERAISES)
+    (tmp_path / "leader.member").write_text(_FINISHES_ITS_JOB)
+    async with open_process_tree(
+        ["sh", str(leader)], escalation=LEADER_ONLY, stdout=subprocess.PIPE, **contained
+    ) as tree:
+        said = await said_through_cleanup(tree, ready=2)
+    assert b"member got TERM" in said
+    assert b"job ended with 0" in said
+    outcome = tree.outcome
+    assert outcome is not None
+    assert outcome.returncode == -signal.SIGTERM
+    assert outcome.signals == (signal.SIGTERM, signal.SIGCONT)
+    assert tracked.survivors() == []
+
+
+async def test_a_leader_whose_status_was_seen_before_it_was_reaped_elsewhere_had_its_chance(
+    tracked: Tracked, contained: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # It exited with a status, seen by cleanup, and then other code reaped it: lost, but
+    # its status says it left of its own accord (red before, helper-6: lost won, and the
+    # step was handed on).
+    if contained["containment"] == "group" and not procs.group_signals_through_pidfds():
+        pytest.skip("no PIDFD_SIGNAL_PROCESS_GROUP here (Linux 6.9+): the group is lost")
+    real = _containment.signal_leader_alone
+
+    def seen_then_reaped_elsewhere(leader: Any, sig: int) -> bool:
+        went = real(leader, sig)
+        if went:
+            assert procs.wait_exited(leader.pid)  # (its pidfd turns readable at its exit)
+            assert leader.poll() == 0  # seen...
+            os.waitpid(leader.pid, 0)  # ...then reaped by "someone else"
+        return went
+
+    monkeypatch.setattr(_containment, "signal_leader_alone", seen_then_reaped_elsewhere)
+    monkeypatch.setattr(_cgroup, "signal_leader_alone", seen_then_reaped_elsewhere)
+    leader = tmp_path / "leader"
+    leader.write_text(_PASSES_IT_ON_AND_EXITS)
+    (tmp_path / "leader.member").write_text(_FINISHES_ITS_JOB)
+    async with open_process_tree(
+        ["sh", str(leader)], escalation=LEADER_ONLY, stdout=subprocess.PIPE, **contained
+    ) as tree:
+        said = await said_through_cleanup(tree, ready=2)
+    assert b"job ended with 0" in said
+    outcome = tree.outcome
+    assert outcome is not None
+    assert outcome.returncode == 0
+    assert outcome.signals == (signal.SIGTERM, signal.SIGCONT)
+    assert tracked.survivors() == []
+
+
 async def test_a_leader_reaped_elsewhere_within_its_step_hands_the_step_on(
     tracked: Tracked, contained: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Dead of the step and reaped by other code (a SIGCHLD handler, say) before cleanup's
     # wait looks: its status is lost, so nothing says it stopped the rest; they get the
     # step (red before, helper-5: the 5 s wait, then SIGKILL).
+    if contained["containment"] == "group" and not procs.group_signals_through_pidfds():
+        pytest.skip("no PIDFD_SIGNAL_PROCESS_GROUP here (Linux 6.9+): the group is lost")
     real = _containment.signal_leader_alone
 
     def and_reaped_elsewhere(leader: Any, sig: int) -> bool:

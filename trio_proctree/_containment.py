@@ -180,9 +180,8 @@ def signal_leader_alone(leader: Leader, sig: int) -> bool:
     every process with SIGCONT: the members the leader is to stop may have been stopped
     with it, by job control, and could not act on its signal.)
 
-    A leader that dies of a signal during the step's wait, or is reaped by other code,
-    leaving members running, hands the step on: cleanup then gives it to every process
-    (see `TreeCore._leader_failed_its_step`).
+    A leader that fails the step during its wait (see `Step`), leaving members running,
+    hands it on: cleanup then gives it to every process (`TreeCore._failed`).
     """
     if leader.poll() is not None or leader.reaped or leader.lost:
         return False

@@ -16,11 +16,14 @@ import signal
 import time
 from typing import Protocol
 
+import attrs
+
 from ._cgroup import remove_home
 from ._containment import NEED_SCAN, RETRY_LATER, RETRY_PAUSE, Containment, ContainmentLost
 from ._escalation import Escalation, SignalLike, parse_signal
 from ._leader import Leader
 from ._outcome import CleanupError, CleanupOutcome
+from ._procfs import catches
 from ._spawn import Spawned, SpawnPlan
 from ._teardown import (
     AwaitEmpty,
@@ -147,16 +150,16 @@ class TreeCore:
             alive = not self.leader.exited or await self._pending(io, errors) != []
             action = teardown.start(tree_alive=alive)
             # What an action leaves to the wait after it: when stdin was closed (the wait
-            # counts from there), and whether the step went to the leader alone (the wait
-            # then tells of the leader's exit, if it leaves members running: `LeaderLeft`).
-            closed_stdin_at, leader_has_step = None, False
+            # counts from there), and a step that went to the leader alone (the wait then
+            # tells of the leader's leaving without passing it on: `LeaderLeft`).
+            closed_stdin_at, leader_step = None, None
             while not isinstance(action, Finished):
                 emptied: bool | LeaderLeft | None = None
                 if isinstance(action, AwaitEmpty):
                     emptied = await self._wait_empty(
-                        io, action, errors, since=closed_stdin_at, leader_has_step=leader_has_step
+                        io, action, errors, since=closed_stdin_at, leader_step=leader_step
                     )
-                    closed_stdin_at, leader_has_step = None, False
+                    closed_stdin_at, leader_step = None, None
                 elif isinstance(action, CloseStdin):
                     # The wait that follows counts from here: a stream the program put in
                     # place of stdin, slow to close, spends it (never more than it).
@@ -165,9 +168,7 @@ class TreeCore:
                     if (error := await io.close_stdin(within)) is not None:
                         errors.append(error)
                 elif isinstance(action, SendSignal):
-                    leader_has_step = self._step(
-                        errors, action.signal, leader_only=action.leader_only
-                    )
+                    leader_step = self._step(errors, action.signal, leader_only=action.leader_only)
                 elif isinstance(action, KillAll):  # pragma: no branch
                     self._step(errors, None)
                 action = teardown.send(emptied)
@@ -248,16 +249,25 @@ class TreeCore:
             self._record = None  # (nor the escalation kept alive for it)
         return self._outcome
 
-    def _step(self, errors: list[Exception], sig: int | None, *, leader_only: bool = False) -> bool:
-        """Take a step (``sig``; None: the hard stop); whether it went to the leader alone."""
+    def _step(
+        self, errors: list[Exception], sig: int | None, *, leader_only: bool = False
+    ) -> LeaderStep | None:
+        """Take a step (``sig``; None: the hard stop); if it went to the leader alone, what
+        the wait after it needs to know of that."""
         try:
             if sig is None:
                 self.containment.kill()
+            elif leader_only:
+                # Asked before the signal: a leader that re-raises it, its work done, sets
+                # it back to the default action first.
+                caught = catches(self.leader.pid, sig)  # (its unreaped zombie pins the pid)
+                if self.containment.signal(sig, escalation=True, leader_only=True):
+                    return LeaderStep(sig, caught)
             else:
-                return self.containment.signal(sig, escalation=True, leader_only=leader_only)
+                self.containment.signal(sig, escalation=True)
         except Exception as exc:  # noqa: BLE001 - even a bug here must not stop the escalation
             errors.append(exc)
-        return False
+        return None
 
     async def _pending(self, io: LoopIO, errors: list[Exception]) -> list[int] | float:
         """The pidfds of the tree's live members, or, when that cannot be told right now,
@@ -286,10 +296,10 @@ class TreeCore:
         errors: list[Exception],
         *,
         since: float | None,
-        leader_has_step: bool = False,
+        leader_step: LeaderStep | None = None,
     ) -> bool | LeaderLeft:
         """Wait up to ``wait.timeout`` seconds from ``since`` (else from now) for the tree
-        to empty: True if it did. ``leader_has_step``: the step before went to the leader
+        to empty: True if it did. ``leader_step``: the step before went to the leader
         alone, and if the leader leaves members running without having passed it on, that
         is said at once (the wait wakes for its exit: every containment waits on the
         leader first)."""
@@ -300,7 +310,7 @@ class TreeCore:
                 return False
             # (A pause instead of pidfds: members finishing their exit, or a look that
             # failed. Asked again after it, not handed a step they may not need.)
-            if leader_has_step and isinstance(pending, list) and self._leader_failed_its_step():
+            if leader_step is not None and isinstance(pending, list) and self._failed(leader_step):
                 return LeaderLeft(remaining)
             if isinstance(pending, list):
                 # Event-driven: a pidfd turns readable when its process exits.
@@ -310,14 +320,29 @@ class TreeCore:
                 await io.sleep(min(remaining, pending))
         return True
 
-    def _leader_failed_its_step(self) -> bool:
-        """Whether the leader, which alone had a step, is gone without a word that it
-        passed the step on: it died of a signal (the step's own, not handled, or a crash),
-        or other code reaped it (its status lost). One that exited with a status had its
-        chance: a server's main process may tell its workers to stop and leave without
-        waiting for them, and the step handed on would cut their work short."""
-        returncode = self.leader.poll()
-        return self.leader.lost or (returncode is not None and returncode < 0)
+    def _failed(self, step: LeaderStep) -> bool:
+        """Whether the leader, which alone had ``step``, is gone without a word that it
+        passed the step on: it died of the step's signal without a handler for it, or of
+        another signal (a crash), or other code reaped it before its status was seen.
+
+        One that exited with a status, or died of the step's signal that it had a handler
+        for (re-raised, its work done, as Python does with an uncaught KeyboardInterrupt),
+        had its chance: a server's main process may tell its workers to stop and leave
+        without waiting for them, and the step handed on would cut their work short.
+        """
+        returncode = self.leader.poll()  # (the status seen before a loss, if one was)
+        if returncode is None:
+            return self.leader.lost
+        return returncode < 0 and not (step.caught and returncode == -step.signal)
+
+
+@attrs.frozen
+class LeaderStep:
+    """A step that went to the leader alone: its signal, and whether the leader had a
+    handler for it when it was sent."""
+
+    signal: int
+    caught: bool
 
 
 class TreeView:

@@ -115,13 +115,15 @@ class Step:
     its own way (a server's main process its workers, in order; as systemd's
     ``KillMode=mixed`` does), and SIGCONT to every process; the wait is still for the
     whole tree. A leader already gone when the step comes cannot pass it on: the step then
-    goes to every process. One that dies of a signal during the wait (it did not handle
-    the step's, or crashed), or is reaped by other code, leaving members running, hands
-    the step on: the signal then goes to every process left, in what remains of the same
-    wait. One that exits with a status had its chance (it may have told the rest to stop
-    and left without waiting): what it left gets the next step, or SIGKILL at the end.
-    SIGKILL cannot be for the leader alone: it ends the graceful steps and reaches every
-    process.
+    goes to every process. One that leaves members running as it goes during the wait
+    hands the step on, if it failed it: it died of the step's signal without a handler
+    for it, or of another signal (a crash), or was reaped by other code before its status
+    was seen. The signal then goes to every process left, in what remains of the same
+    wait. One that exited with a status, or re-raised the step's signal it had a handler
+    for (as Python does after an uncaught KeyboardInterrupt), had its chance: it may have
+    told the rest to stop and left without waiting; what it left gets the next step, or
+    SIGKILL at the end. SIGKILL cannot be for the leader alone: it ends the graceful steps
+    and reaches every process.
     """
 
     signal: int = attrs.field(converter=parse_stop_signal)

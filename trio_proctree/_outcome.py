@@ -29,7 +29,8 @@ class CleanupOutcome:
     #: Processes other than the leader that outlived it and were stopped by cleanup: still
     #: running when cleanup began after the leader had exited (``sh -c "sleep 60 & exit 0"``
     #: leaves one), or at a later step (a member that ignored the stop signal that ended
-    #: the leader, say). Members that stop with the leader on the same signal from cleanup
+    #: the leader, say, or one a leader-only step was handed on to once the leader had
+    #: left it running). Members that stop with the leader on the same signal from cleanup
     #: do not count; after a signal the program sent itself (``send_signal``), those still
     #: exiting when cleanup begins may. After the program's ``kill()``, only those still
     #: running at cleanup's hard stop count (the rest were dying of it, or were found later

@@ -229,6 +229,19 @@ def command_line(pid: int) -> str:
         return "?"
 
 
+def catches(pid: int, sig: int) -> bool:
+    """Whether ``pid`` has a handler of its own for ``sig`` now (``SigCgt`` in
+    /proc/PID/status: one mask for all its threads). False once it is gone."""
+    try:
+        status = read_file(f"/proc/{pid}/status")
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    for line in status.splitlines():
+        if line.startswith(b"SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    return False  # pragma: no cover - every Linux since 2.6 shows it
+
+
 def is_alive(pid: int) -> bool:
     """True while ``pid`` runs; False for a zombie or a reaped process."""
     stat = read_stat(pid)

@@ -52,8 +52,8 @@ class AwaitEmpty:
 @attrs.frozen
 class LeaderLeft:
     """The driver's answer to the wait after a step that went to the leader alone: the
-    leader is gone without passing it on (it died of a signal, or other code reaped it),
-    leaving members running, ``remaining`` seconds before the wait's end."""
+    leader is gone, having failed the step (see `Step`), and left members running,
+    ``remaining`` seconds before the wait's end."""
 
     remaining: float
 
