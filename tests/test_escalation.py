@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import os
@@ -18,6 +19,7 @@ from trio_proctree import (
     Step,
     _cgroup,
     _containment,
+    _procfs,
     open_process_tree,
     run_process_tree,
 )
@@ -264,6 +266,35 @@ async def test_a_leader_only_step_lets_the_leader_stop_the_tree_in_order(
     assert b"member stopped by the leader" in said
     assert b"leader done" in said
     assert b"member got TERM" not in said
+    outcome = tree.outcome
+    assert outcome is not None
+    assert outcome.signals == (signal.SIGTERM, signal.SIGCONT)
+    assert not outcome.grace_expired
+    assert outcome.returncode == 0
+    assert tracked.survivors() == []
+
+
+async def test_a_leader_whose_handlers_cannot_be_read_still_gets_its_step(
+    tracked: Tracked, contained: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Whether the leader handles the step's signal is read off /proc/PID/status, which
+    # /proc may refuse (mounted with hidepid, the leader not dumpable: a setuid program).
+    # That look must never keep the step from going (red before, helper-7: the step was
+    # skipped, SIGKILL at the grace's end, and the refusal raised).
+    real = _procfs.read_file
+
+    def refused(path: str, **kwargs: Any) -> bytes:
+        if path.endswith("/status"):
+            raise PermissionError(errno.EPERM, "Operation not permitted (injected)", path)
+        return real(path, **kwargs)
+
+    monkeypatch.setattr(_procfs, "read_file", refused)
+    async with open_process_tree(
+        coordinator(tmp_path), escalation=LEADER_ONLY, stdout=subprocess.PIPE, **contained
+    ) as tree:
+        said = await said_through_cleanup(tree, ready=2)
+    assert b"member stopped by the leader" in said
+    assert b"leader done" in said
     outcome = tree.outcome
     assert outcome is not None
     assert outcome.signals == (signal.SIGTERM, signal.SIGCONT)

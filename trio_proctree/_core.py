@@ -259,7 +259,8 @@ class TreeCore:
                 self.containment.kill()
             elif leader_only:
                 # Asked before the signal: a leader that re-raises it, its work done, sets
-                # it back to the default action first.
+                # it back to the default action first. (Never an error: a look that fails
+                # must not keep the step from going; unknown reads as no handler.)
                 caught = catches(self.leader.pid, sig)  # (its unreaped zombie pins the pid)
                 if self.containment.signal(sig, escalation=True, leader_only=True):
                     return LeaderStep(sig, caught)

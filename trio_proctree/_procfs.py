@@ -231,10 +231,11 @@ def command_line(pid: int) -> str:
 
 def catches(pid: int, sig: int) -> bool:
     """Whether ``pid`` has a handler of its own for ``sig`` now (``SigCgt`` in
-    /proc/PID/status: one mask for all its threads). False once it is gone."""
+    /proc/PID/status: one mask for all its threads). False when that cannot be told: it
+    is gone, /proc hides it (``hidepid``), or no file descriptor is left to look."""
     try:
         status = read_file(f"/proc/{pid}/status")
-    except (FileNotFoundError, ProcessLookupError):
+    except OSError:
         return False
     for line in status.splitlines():
         if line.startswith(b"SigCgt:"):

@@ -207,6 +207,14 @@ MUTANTS = [
         "reraises_its_step",
     ),
     (
+        "escalation: a look at the leader's handlers that fails keeps its step from going",
+        "_procfs.py",
+        '        status = read_file(f"/proc/{pid}/status")\n    except OSError:\n',
+        '        status = read_file(f"/proc/{pid}/status")\n'
+        "    except (FileNotFoundError, ProcessLookupError):\n",
+        "cannot_be_read",
+    ),
+    (
         "escalation: a leader lost after its status was seen hands its step on",
         "_core.py",
         "        if returncode is None:\n            return self.leader.lost\n",
