@@ -422,6 +422,40 @@ def test_a_reader_holds_all_the_tree_said_as_it_stopped_after_cleanup(
     assert tracked.survivors() == []
 
 
+def test_a_reader_the_program_ended_itself_is_left_alone_and_cleanup_completes(
+    run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # The program ends the reader itself (feed_eof, to stop a read loop of its own) while
+    # the tree still has output in the pipe: that reader wants no more, and cleanup must
+    # not trip over it (red before, helper-8: asyncio's "feed_data after feed_eof" escaped
+    # cleanup, and the tree was neither released nor reaped). The reader's transport is
+    # paused first (128 KiB unread), so that the last words stay in the pipe.
+    trap = "trap 'head -c 20000 /dev/zero; exit 0' TERM; "
+    stopping = trap + "head -c 150000 /dev/zero; echo ready >&2; while :; do sleep 0.05; done"
+
+    async def main() -> None:
+        async with open_process_tree(["true"], stdout=subprocess.PIPE, **contained):
+            pass  # (what the first tree opens for good: the watchdog's pipe; uvloop's null)
+        before = procs.open_fds()
+        async with open_process_tree(
+            ["sh", "-c", stopping], stdout=subprocess.PIPE, stderr=subprocess.PIPE, **contained
+        ) as tree:
+            assert tree.stdout is not None and tree.stderr is not None
+            assert await tree.stderr.readline() == b"ready\n"
+            transport = tree.stdout._transport  # type: ignore[attr-defined]
+            deadline = time.monotonic() + 5
+            while transport.is_reading():  # (no event says it paused)
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.001)
+            tree.stdout.feed_eof()
+        assert procs.open_fds() == before
+        assert tree.outcome is not None
+        assert tree.outcome.returncode == 0
+
+    run(main)
+    assert tracked.survivors() == []
+
+
 @pytest.mark.parametrize("taken", [True, False], ids=["taken-off", "kept"])
 def test_a_readers_pipe_an_escapee_holds_is_closed_with_its_tree(
     run: Callable[..., Any], tracked: Tracked, taken: bool

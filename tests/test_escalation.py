@@ -408,6 +408,72 @@ async def test_a_leader_that_exits_with_a_status_within_its_step_had_its_chance(
     assert tracked.survivors() == []
 
 
+#: A process holding 300 MB of its own, touched, until it is killed: its death takes the
+#: kernel tens of milliseconds (it frees the memory before the process is gone).
+_BIG = """
+python3 -c 'import time; b = b"x" * 300_000_000; print("big", flush=True); time.sleep(60)' &
+"""
+
+
+async def test_a_leader_that_crashes_within_its_step_hands_it_on(
+    tracked: Tracked, contained: dict[str, Any], tmp_path: Path
+) -> None:
+    # It had a handler for the step's signal, and died of another (SIGKILL here, as a
+    # crash would be SIGSEGV): nothing says it passed the step on.
+    member = tmp_path / "member"
+    member.write_text(_MEMBER)
+    async with open_process_tree(
+        ["sh", "-c", f"trap 'kill -KILL $$' TERM; sh {member} & wait"],
+        escalation=LEADER_ONLY,
+        stdout=subprocess.PIPE,
+        **contained,
+    ) as tree:
+        said = await said_through_cleanup(tree, ready=1)
+    assert b"member got TERM" in said
+    outcome = tree.outcome
+    assert outcome is not None
+    assert outcome.returncode == -signal.SIGKILL
+    assert outcome.signals == (signal.SIGTERM, signal.SIGCONT) * 2
+    assert not outcome.grace_expired
+    assert tracked.survivors() == []
+
+
+async def test_a_step_is_not_handed_on_once_the_program_killed_the_tree_itself(
+    tracked: Tracked, contained: dict[str, Any], tmp_path: Path
+) -> None:
+    # The program's kill() during the step's wait: the leader dies of it, and so does
+    # the rest; nothing to hand on (red before, helper-8: the step went out again to
+    # members dying of the kill, and they were counted as lingering). The member holds
+    # 300 MB, which takes the kernel a while to free as it dies: still there when the
+    # wait wakes for the leader's exit, as a larger program would be.
+    member = tmp_path / "member"
+    member.write_text(_MEMBER.replace("echo member ready", _BIG + "echo member ready"))
+    leader = f"trap 'echo leader got TERM' TERM; sh {member} & while :; do sleep 0.05; done"
+    async with open_process_tree(
+        ["sh", "-c", leader], escalation=LEADER_ONLY, stdout=subprocess.PIPE, **contained
+    ) as tree:
+        stdout, tree.stdout = tree.stdout, None
+        assert stdout is not None
+        said = b""
+        async with stdout:
+            while b"member ready" not in said or b"big" not in said:
+                said += await stdout.receive_some()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(tree.aclose)
+                while b"leader got TERM" not in said:
+                    said += await stdout.receive_some()
+                tree.kill()
+            while chunk := await stdout.receive_some():
+                said += chunk
+    assert b"member got TERM" not in said
+    outcome = tree.outcome
+    assert outcome is not None
+    assert outcome.returncode == -signal.SIGKILL
+    assert outcome.signals == (signal.SIGTERM, signal.SIGCONT)
+    assert outcome.lingering_killed == 0
+    assert tracked.survivors() == []
+
+
 #: As `_PASSES_IT_ON_AND_EXITS`, but it ends by the step's own signal, set back to its
 #: default action: the way to exit once a signal is handled (Python does so after an
 #: uncaught KeyboardInterrupt).

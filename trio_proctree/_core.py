@@ -176,10 +176,7 @@ class TreeCore:
             emptied = isinstance(action, Finished) and action.emptied
             # Only now that the tree is empty (or beyond help) do our pipe ends go: closing
             # them first would kill writers with SIGPIPE instead of letting them stop.
-            # A stream the program put in place of a pipe gets what is left of the bound
-            # the docs promise (`worst_case`), not all the time its aclose() would take.
-            left = started + self.policy.worst_case - time.monotonic()
-            errors.extend(await io.close_streams(max(left, 0.0)))
+            await self._close_streams(io, started, errors)
             try:
                 # Before the leader is reaped: its zombie still pins the group id while the
                 # tree's orphans are recognised by it. A tree not known to be empty keeps
@@ -208,6 +205,16 @@ class TreeCore:
             for extra in errors[1:]:
                 logger.error("%s: another cleanup error", self.label, exc_info=extra)
             raise errors[0]
+
+    async def _close_streams(self, io: LoopIO, started: float, errors: list[Exception]) -> None:
+        """The driver's pipes closed, its errors kept. A stream the program put in place
+        of a pipe gets what is left of the bound the docs promise (`worst_case`), not all
+        the time its aclose() would take."""
+        left = started + self.policy.worst_case - time.monotonic()
+        try:
+            errors.extend(await io.close_streams(max(left, 0.0)))
+        except Exception as exc:  # noqa: BLE001 - even a bug there must not skip the reap
+            errors.append(exc)
 
     def _record_and_log(
         self, teardown: Teardown, duration: float, returncode: int | None
@@ -329,8 +336,12 @@ class TreeCore:
         One that exited with a status, or died of the step's signal that it had a handler
         for (re-raised, its work done, as Python does with an uncaught KeyboardInterrupt),
         had its chance: a server's main process may tell its workers to stop and leave
-        without waiting for them, and the step handed on would cut their work short.
+        without waiting for them, and the step handed on would cut their work short. Nor
+        is the step handed on once the program killed the tree (``kill()``): the leader
+        died of that, and the rest is dying of it.
         """
+        if self._killed:
+            return False  # the program's kill() meanwhile: the whole tree is dying of it
         returncode = self.leader.poll()  # (the status seen before a loss, if one was)
         if returncode is None:
             return self.leader.lost

@@ -122,11 +122,13 @@ class Step:
     wait. One that exited with a status, or re-raised the step's signal it had a handler
     for (as Python does after an uncaught KeyboardInterrupt), had its chance: it may have
     told the rest to stop and left without waiting; what it left gets the next step, or
-    SIGKILL at the end. (Every Python program has a handler for SIGINT, its own or
-    KeyboardInterrupt's, so a Python leader that dies of a SIGINT step is trusted: for one
-    that may not stop its children, make the step SIGTERM. Where /proc hides the leader's
-    handlers, from ``hidepid``, it is taken to have none.) SIGKILL cannot be for the
-    leader alone: it ends the graceful steps and reaches every process.
+    SIGKILL at the end. (A handler the runtime installed counts: every Python program has
+    one for SIGINT, KeyboardInterrupt's, and Node and Go handle SIGTERM for the program,
+    so such leaders are trusted. To be sure the rest gets the signal, follow the step
+    with one for every process: ``[Step(SIGTERM, 10, leader_only=True), Step(SIGTERM,
+    5)]``. Where /proc hides the leader's handlers, from ``hidepid``, it is taken to have
+    none.) SIGKILL cannot be for the leader alone: it ends the graceful steps and reaches
+    every process.
     """
 
     signal: int = attrs.field(converter=parse_stop_signal)

@@ -126,10 +126,11 @@ class ProcessTree(TreeView):
     Made by `open_process_tree` and `run_process_tree`; its cleanup runs when their scope
     ends, or earlier with `aclose`.
 
-    Cleanup closes the pipes it made, once the tree is gone. To read all that a tree says
-    as it stops, take the stream off it first (``stdout, tree.stdout = tree.stdout,
-    None``): it is then yours, left open by cleanup, to read to its end and close. (A
-    stream you put in its place is closed by cleanup, within the policy's bound.)
+    Cleanup closes the pipes it made (stdout and stderr once the tree is gone). To read
+    all that a tree says as it stops, take the stream off it first (``stdout, tree.stdout
+    = tree.stdout, None``): it is then yours, left open by cleanup, to read to its end
+    and close. (A stream you put in its place is closed by cleanup, within the policy's
+    bound.)
     """
 
     _public_name = "trio_proctree.ProcessTree"

@@ -216,9 +216,9 @@ class ProcessTree(TreeView):
 
     Made by `open_process_tree` and `run_process_tree`.
 
-    Cleanup closes the pipes it made once the tree is gone, each once what is still in it
-    is in its reader: a reader kept from the tree (``stdout = tree.stdout``) holds all
-    that the tree said as it stopped, to be read after cleanup.
+    Cleanup closes the pipes it made (stdout and stderr once the tree is gone, each once
+    what is still in it is in its reader): a reader kept from the tree (``stdout =
+    tree.stdout``) holds all that the tree said as it stopped, to be read after cleanup.
     """
 
     _public_name = "trio_proctree.asyncio.ProcessTree"
@@ -436,9 +436,10 @@ class ProcessTree(TreeView):
                 setattr(self, name, None)
             try:
                 _drain_into(reader, transport)
-            except OSError as exc:  # (kept and raised after cleanup; the pipe still closes)
+            except Exception as exc:  # noqa: BLE001 - kept and raised after cleanup
                 errors.append(exc)
-            transport.close()
+            finally:
+                transport.close()  # (whatever happened above)
         return errors
 
 
@@ -458,6 +459,8 @@ def _drain_into(reader: asyncio.StreamReader, transport: asyncio.BaseTransport) 
     pipe = transport.get_extra_info("pipe")
     if pipe is None or transport.is_closing():
         return  # (closed at its end already: nothing left, and its fd not ours any more)
+    if getattr(reader, "_eof", False):  # (no public way to ask; since Python 3.4)
+        return  # ended by the program itself (``feed_eof``): it wants no more
     left = _DRAIN_AT_MOST
     with contextlib.suppress(BlockingIOError):  # (non-blocking: all there is, was read)
         while left > 0 and (data := os.read(pipe.fileno(), min(left, 65536))):

@@ -215,6 +215,27 @@ MUTANTS = [
         "cannot_be_read",
     ),
     (
+        "escalation: a leader that crashed within its step never hands it on",
+        "_core.py",
+        "        return returncode < 0 and not (step.caught and returncode == -step.signal)\n",
+        "        return returncode == -step.signal and not step.caught\n",
+        "crashes_within",
+    ),
+    (
+        "escalation: a step handed on to a tree the program killed during it",
+        "_core.py",
+        "        if self._killed:\n            return False  # the program's kill() meanwhile",
+        "        if False:\n            return False  # the program's kill() meanwhile",
+        "killed_the_tree_itself",
+    ),
+    (
+        "asyncio: a reader the program ended itself fed at cleanup's end",
+        "asyncio.py",
+        '    if getattr(reader, "_eof", False):',
+        "    if False:",
+        "ended_itself",
+    ),
+    (
         "escalation: a leader lost after its status was seen hands its step on",
         "_core.py",
         "        if returncode is None:\n            return self.leader.lost\n",
