@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import select
 import signal
@@ -161,12 +162,35 @@ def with_token(pid: int, token: str, *, patient: bool = False) -> bool:
     execve shows no environment for a moment, so look again a while (a process known to
     have carried it: kernel threads show none for good, and would cost the wait each)."""
     environment = read_environ(pid)
-    for _ in range(200 if patient else 0):
+    deadline = time.monotonic() + _EXEC_WITHIN
+    for tries in itertools.count() if patient else ():
         if environment != b"" or not running(pid):
+            break
+        # A while for any process; as long as it takes for one whose environment is not
+        # empty for good: one in the middle of its exec (under load, seen past the while:
+        # the test said no process survived, and its teardown then found one).
+        if tries >= 200 and (_no_environment(pid) or time.monotonic() > deadline):
             break
         time.sleep(0.0005)
         environment = read_environ(pid)
     return environment is not None and f"{TOKEN_VAR}={token}".encode() in environment.split(b"\0")
+
+
+#: Seconds a process whose environment shows empty for now (in the middle of its exec) is
+#: given to show it, at most.
+_EXEC_WITHIN = 10.0
+
+
+def _no_environment(pid: int) -> bool:
+    """Whether the process has an empty environment for good (``env -i``): its image's
+    environment is in place and empty (``env_start`` == ``env_end``, fields 50 and 51 of
+    /proc/PID/stat, not 0). In the middle of an exec, an environment reads as empty while
+    the old image goes or the new one is not set up yet (``env_end`` 0), for a while."""
+    try:
+        start, end = stat_field(pid, 50), stat_field(pid, 51)
+    except (OSError, IndexError, ValueError):
+        return True  # (gone, or not ours to see: nothing to wait for)
+    return start == end != 0
 
 
 def command_name(pid: int) -> str | None:
