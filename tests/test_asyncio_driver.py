@@ -38,6 +38,14 @@ async def read_pids(reader: asyncio.StreamReader | None, count: int) -> list[int
     return [int(await reader.readline()) for _ in range(count)]
 
 
+async def fds_once_settled(**options: Any) -> set[int]:
+    """Our open file descriptors, once a first tree has opened what stays open for good
+    (the watchdog's pipe; with a pipe, uvloop's /dev/null)."""
+    async with open_process_tree(["true"], stdout=subprocess.PIPE, **options):
+        pass
+    return procs.open_fds()
+
+
 def test_end_of_block_stops_the_whole_tree(
     run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
 ) -> None:
@@ -401,9 +409,7 @@ def test_a_reader_holds_all_the_tree_said_as_it_stopped_after_cleanup(
     stopping = f"trap 'seq 1 {last}; exit 0' TERM; echo ready; while :; do sleep 0.05; done"
 
     async def main() -> None:
-        async with open_process_tree(["true"], stdout=subprocess.PIPE, **contained):
-            pass  # (what the first tree opens for good: the watchdog's pipe; uvloop's null)
-        before = procs.open_fds()
+        before = await fds_once_settled(**contained)
         async with open_process_tree(
             ["sh", "-c", stopping], stdout=subprocess.PIPE, **contained
         ) as tree:
@@ -442,9 +448,7 @@ def test_a_reader_the_program_ended_itself_is_left_alone_and_cleanup_completes(
     stopping = trap + "head -c 150000 /dev/zero; echo ready >&2; while :; do sleep 0.05; done"
 
     async def main() -> None:
-        async with open_process_tree(["true"], stdout=subprocess.PIPE, **contained):
-            pass  # (what the first tree opens for good: the watchdog's pipe; uvloop's null)
-        before = procs.open_fds()
+        before = await fds_once_settled(**contained)
         async with open_process_tree(
             ["sh", "-c", stopping], stdout=subprocess.PIPE, stderr=subprocess.PIPE, **contained
         ) as tree:
@@ -475,11 +479,7 @@ def test_a_readers_pipe_an_escapee_holds_is_closed_with_its_tree(
     escapee: list[int] = []
 
     async def main() -> None:
-        async with open_process_tree(
-            ["true"], stdout=subprocess.PIPE, env=tracked.env, containment="group"
-        ):
-            pass  # (what the first tree opens for good: the watchdog's pipe; uvloop's null)
-        before = procs.open_fds()
+        before = await fds_once_settled(env=tracked.env, containment="group")
         async with open_process_tree(
             ["sh", "-c", "setsid sh -c 'echo $$; exec sleep 60' & wait"],
             stdout=subprocess.PIPE,
@@ -563,9 +563,7 @@ def test_every_task_cancelled_as_the_tree_forks_leaves_no_pipe_end_open(
             pytest.fail("the block must not run: its task was cancelled during the spawn")
 
     async def main() -> None:
-        async with open_process_tree(["true"], **contained):
-            pass  # (what the first tree opens for good: the watchdog's pipe)
-        fds = procs.open_fds()
+        fds = await fds_once_settled(**contained)
         monkeypatch.setattr(trio_proctree.asyncio, "start_tree", start_tree_until_cancelled)
         user = asyncio.get_running_loop().create_task(enter())
         assert await asyncio.get_running_loop().run_in_executor(None, forked.wait, 10)
@@ -592,9 +590,7 @@ def test_a_tree_whose_streams_fail_to_connect_leaves_no_pipe_end_open(
     said = tmp_path / "said"
 
     async def main() -> None:
-        async with open_process_tree(["true"], **contained):
-            pass  # (what the first tree opens for good: the watchdog's pipe)
-        fds = procs.open_fds()
+        fds = await fds_once_settled(**contained)
         loop = asyncio.get_running_loop()
 
         async def refuse(*args: Any) -> Any:

@@ -15,6 +15,7 @@ import pytest
 import trio
 
 from trio_proctree import (
+    CleanupOutcome,
     Escalation,
     Step,
     _cgroup,
@@ -218,12 +219,49 @@ wait $member
 LEADER_ONLY = Escalation(steps=[Step(signal.SIGTERM, 5.0, leader_only=True)])
 
 
-def coordinator(folder: Path) -> list[str]:
-    """The command of a `_COORDINATOR` tree, its scripts written in ``folder``."""
-    leader = folder / "leader"
-    leader.write_text(_COORDINATOR)
-    (folder / "leader.member").write_text(_MEMBER)  # ("$0.member")
-    return ["sh", str(leader)]
+def coordinator(folder: Path, leader: str = _COORDINATOR, member: str = _MEMBER) -> list[str]:
+    """The command of a tree led by the ``leader`` script, which starts the ``member``
+    script as ``"$0.member"``: both written in ``folder``."""
+    path = folder / "leader"
+    path.write_text(leader)
+    (folder / "leader.member").write_text(member)
+    return ["sh", str(path)]
+
+
+async def stopped_by_a_leader_only_step(
+    command: list[str], contained: dict[str, Any], ready: int
+) -> tuple[bytes, CleanupOutcome]:
+    """What a tree running ``command`` says, as `said_through_cleanup`, under `LEADER_ONLY`;
+    and what its cleanup did."""
+    async with open_process_tree(
+        command, escalation=LEADER_ONLY, stdout=subprocess.PIPE, **contained
+    ) as tree:
+        said = await said_through_cleanup(tree, ready=ready)
+    assert tree.outcome is not None
+    return said, tree.outcome
+
+
+def reaped_elsewhere_after_its_step(
+    monkeypatch: pytest.MonkeyPatch, contained: dict[str, Any], *, status_seen: bool
+) -> None:
+    """Have "someone else" reap the leader once its step has gone to it and it exited
+    (``status_seen``: after cleanup saw its exit status). A bare group is reached then
+    only through the leader's pidfd (Linux 6.9+)."""
+    if contained["containment"] == "group" and not procs.group_signals_through_pidfds():
+        pytest.skip("no PIDFD_SIGNAL_PROCESS_GROUP here (Linux 6.9+): the group is lost")
+    real = _containment.signal_leader_alone
+
+    def and_reaped_elsewhere(leader: Any, sig: int) -> bool:
+        went = real(leader, sig)
+        if went:
+            assert procs.wait_exited(leader.pid)  # (its pidfd turns readable at its exit)
+            if status_seen:
+                assert leader.poll() is not None
+            os.waitpid(leader.pid, 0)
+        return went
+
+    monkeypatch.setattr(_containment, "signal_leader_alone", and_reaped_elsewhere)
+    monkeypatch.setattr(_cgroup, "signal_leader_alone", and_reaped_elsewhere)
 
 
 async def said_through_cleanup(tree: Any, ready: int, *, stop_tree: bool = False) -> bytes:
@@ -253,50 +291,34 @@ async def said_through_cleanup(tree: Any, ready: int, *, stop_tree: bool = False
     return said
 
 
+@pytest.mark.parametrize("handlers", ["readable", "refused"])
 async def test_a_leader_only_step_lets_the_leader_stop_the_tree_in_order(
-    tracked: Tracked, contained: dict[str, Any], tmp_path: Path
+    tracked: Tracked,
+    contained: dict[str, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    handlers: str,
 ) -> None:
     # systemd's KillMode=mixed: the stop signal to the main process alone, which stops the
     # rest its own way (a server's workers, a build's jobs); what is left at the end of
-    # the grace gets SIGKILL with the rest.
-    async with open_process_tree(
-        coordinator(tmp_path), escalation=LEADER_ONLY, stdout=subprocess.PIPE, **contained
-    ) as tree:
-        said = await said_through_cleanup(tree, ready=2)
+    # the grace gets SIGKILL with the rest. Whether the leader handles the step's signal
+    # is read off /proc/PID/status, which /proc may refuse (hidepid, the leader not
+    # dumpable: a setuid program): that look must never keep the step from going (red
+    # before, helper-7: the step was skipped, SIGKILL at the grace's end, and the refusal
+    # raised).
+    if handlers == "refused":
+        real = _procfs.read_file
+
+        def refused(path: str, **kwargs: Any) -> bytes:
+            if path.endswith("/status"):
+                raise PermissionError(errno.EPERM, "Operation not permitted (injected)", path)
+            return real(path, **kwargs)
+
+        monkeypatch.setattr(_procfs, "read_file", refused)
+    said, outcome = await stopped_by_a_leader_only_step(coordinator(tmp_path), contained, 2)
     assert b"member stopped by the leader" in said
     assert b"leader done" in said
     assert b"member got TERM" not in said
-    outcome = tree.outcome
-    assert outcome is not None
-    assert outcome.signals == (signal.SIGTERM, signal.SIGCONT)
-    assert not outcome.grace_expired
-    assert outcome.returncode == 0
-    assert tracked.survivors() == []
-
-
-async def test_a_leader_whose_handlers_cannot_be_read_still_gets_its_step(
-    tracked: Tracked, contained: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Whether the leader handles the step's signal is read off /proc/PID/status, which
-    # /proc may refuse (mounted with hidepid, the leader not dumpable: a setuid program).
-    # That look must never keep the step from going (red before, helper-7: the step was
-    # skipped, SIGKILL at the grace's end, and the refusal raised).
-    real = _procfs.read_file
-
-    def refused(path: str, **kwargs: Any) -> bytes:
-        if path.endswith("/status"):
-            raise PermissionError(errno.EPERM, "Operation not permitted (injected)", path)
-        return real(path, **kwargs)
-
-    monkeypatch.setattr(_procfs, "read_file", refused)
-    async with open_process_tree(
-        coordinator(tmp_path), escalation=LEADER_ONLY, stdout=subprocess.PIPE, **contained
-    ) as tree:
-        said = await said_through_cleanup(tree, ready=2)
-    assert b"member stopped by the leader" in said
-    assert b"leader done" in said
-    outcome = tree.outcome
-    assert outcome is not None
     assert outcome.signals == (signal.SIGTERM, signal.SIGCONT)
     assert not outcome.grace_expired
     assert outcome.returncode == 0
@@ -342,26 +364,25 @@ async def test_a_leader_only_step_goes_to_the_whole_tree_once_the_leader_exited(
     assert tracked.survivors() == []
 
 
-async def test_a_leader_that_exits_during_its_step_hands_the_step_on_to_what_it_left(
-    tracked: Tracked, contained: dict[str, Any], tmp_path: Path
+@pytest.mark.parametrize(
+    ("leader", "died_of"),
+    [("", signal.SIGTERM), ("trap 'kill -KILL $$' TERM; ", signal.SIGKILL)],
+    ids=["no-handler", "crash"],
+)
+async def test_a_leader_that_fails_its_step_hands_it_on_to_what_it_left(
+    tracked: Tracked, contained: dict[str, Any], tmp_path: Path, leader: str, died_of: int
 ) -> None:
-    # The leader dies of the signal meant for it to pass on (sh does not handle SIGTERM),
-    # leaving its member running: the member gets the step's signal then, within the same
-    # wait, instead of sitting the grace out for SIGKILL (red before: 5 s, then SIGKILL,
-    # the member never told to stop).
+    # The leader dies of the signal meant for it to pass on (sh without a trap does), or
+    # of another (it handled the step's, then crashed: SIGKILL here), leaving its member
+    # running: the member gets the step's signal then, within the same wait, instead of
+    # sitting the grace out for SIGKILL (red before: 5 s, then SIGKILL, never told to
+    # stop; the crash was untested until helper-8).
     member = tmp_path / "member"
     member.write_text(_MEMBER)
-    async with open_process_tree(
-        ["sh", "-c", f"sh {member} & wait"],
-        escalation=LEADER_ONLY,
-        stdout=subprocess.PIPE,
-        **contained,
-    ) as tree:
-        said = await said_through_cleanup(tree, ready=1)
+    command = ["sh", "-c", f"{leader}sh {member} & wait"]
+    said, outcome = await stopped_by_a_leader_only_step(command, contained, ready=1)
     assert b"member got TERM" in said
-    outcome = tree.outcome
-    assert outcome is not None
-    assert outcome.returncode == -signal.SIGTERM  # (the leader had the step first)
+    assert outcome.returncode == -died_of
     assert outcome.signals == (signal.SIGTERM, signal.SIGCONT) * 2
     assert not outcome.grace_expired
     # It outlived the leader, and so did the sleep it runs (unless caught between two).
@@ -386,56 +407,11 @@ echo "job ended with $?"
 """
 
 
-async def test_a_leader_that_exits_with_a_status_within_its_step_had_its_chance(
-    tracked: Tracked, contained: dict[str, Any], tmp_path: Path
-) -> None:
-    # It exited of its own accord, having done what the step asked: it is not handed on
-    # (red before, helper-5: the member's job, the sleep, was cut short by the step).
-    leader = tmp_path / "leader"
-    leader.write_text(_PASSES_IT_ON_AND_EXITS)
-    (tmp_path / "leader.member").write_text(_FINISHES_ITS_JOB)
-    async with open_process_tree(
-        ["sh", str(leader)], escalation=LEADER_ONLY, stdout=subprocess.PIPE, **contained
-    ) as tree:
-        said = await said_through_cleanup(tree, ready=2)
-    assert b"member got TERM" in said
-    assert b"job ended with 0" in said
-    outcome = tree.outcome
-    assert outcome is not None
-    assert outcome.returncode == 0
-    assert outcome.signals == (signal.SIGTERM, signal.SIGCONT)
-    assert not outcome.grace_expired
-    assert tracked.survivors() == []
-
-
 #: A process holding 300 MB of its own, touched, until it is killed: its death takes the
 #: kernel tens of milliseconds (it frees the memory before the process is gone).
 _BIG = """
 python3 -c 'import time; b = b"x" * 300_000_000; print("big", flush=True); time.sleep(60)' &
 """
-
-
-async def test_a_leader_that_crashes_within_its_step_hands_it_on(
-    tracked: Tracked, contained: dict[str, Any], tmp_path: Path
-) -> None:
-    # It had a handler for the step's signal, and died of another (SIGKILL here, as a
-    # crash would be SIGSEGV): nothing says it passed the step on.
-    member = tmp_path / "member"
-    member.write_text(_MEMBER)
-    async with open_process_tree(
-        ["sh", "-c", f"trap 'kill -KILL $$' TERM; sh {member} & wait"],
-        escalation=LEADER_ONLY,
-        stdout=subprocess.PIPE,
-        **contained,
-    ) as tree:
-        said = await said_through_cleanup(tree, ready=1)
-    assert b"member got TERM" in said
-    outcome = tree.outcome
-    assert outcome is not None
-    assert outcome.returncode == -signal.SIGKILL
-    assert outcome.signals == (signal.SIGTERM, signal.SIGCONT) * 2
-    assert not outcome.grace_expired
-    assert tracked.survivors() == []
 
 
 async def test_a_step_is_not_handed_on_once_the_program_killed_the_tree_itself(
@@ -485,25 +461,25 @@ wait
 """
 
 
-async def test_a_leader_that_reraises_its_step_after_passing_it_on_had_its_chance(
-    tracked: Tracked, contained: dict[str, Any], tmp_path: Path
+@pytest.mark.parametrize(
+    ("leader", "returncode"),
+    [(_PASSES_IT_ON_AND_EXITS, 0), (_PASSES_IT_ON_AND_RERAISES, -signal.SIGTERM)],
+    ids=["exits", "reraises"],
+)
+async def test_a_leader_that_passes_its_step_on_and_leaves_had_its_chance(
+    tracked: Tracked, contained: dict[str, Any], tmp_path: Path, leader: str, returncode: int
 ) -> None:
-    # It dies of the step's signal, but it had a handler for it when the step came: its
-    # work was done (red before, helper-6: taken for a leader that did not handle it, and
-    # the step handed on cut the member's job short).
-    leader = tmp_path / "leader"
-    leader.write_text(_PASSES_IT_ON_AND_RERAISES)
-    (tmp_path / "leader.member").write_text(_FINISHES_ITS_JOB)
-    async with open_process_tree(
-        ["sh", str(leader)], escalation=LEADER_ONLY, stdout=subprocess.PIPE, **contained
-    ) as tree:
-        said = await said_through_cleanup(tree, ready=2)
+    # It did what the step asked and left without waiting for its member: with a status
+    # of its own, or by the step's signal, which it had a handler for when the step came
+    # (re-raised, its work done). The step is not handed on (red before: the member's
+    # job, the sleep, was cut short by it; helper-5, and helper-6 for the re-raise).
+    command = coordinator(tmp_path, leader, _FINISHES_ITS_JOB)
+    said, outcome = await stopped_by_a_leader_only_step(command, contained, ready=2)
     assert b"member got TERM" in said
     assert b"job ended with 0" in said
-    outcome = tree.outcome
-    assert outcome is not None
-    assert outcome.returncode == -signal.SIGTERM
+    assert outcome.returncode == returncode
     assert outcome.signals == (signal.SIGTERM, signal.SIGCONT)
+    assert not outcome.grace_expired
     assert tracked.survivors() == []
 
 
@@ -513,30 +489,10 @@ async def test_a_leader_whose_status_was_seen_before_it_was_reaped_elsewhere_had
     # It exited with a status, seen by cleanup, and then other code reaped it: lost, but
     # its status says it left of its own accord (red before, helper-6: lost won, and the
     # step was handed on).
-    if contained["containment"] == "group" and not procs.group_signals_through_pidfds():
-        pytest.skip("no PIDFD_SIGNAL_PROCESS_GROUP here (Linux 6.9+): the group is lost")
-    real = _containment.signal_leader_alone
-
-    def seen_then_reaped_elsewhere(leader: Any, sig: int) -> bool:
-        went = real(leader, sig)
-        if went:
-            assert procs.wait_exited(leader.pid)  # (its pidfd turns readable at its exit)
-            assert leader.poll() == 0  # seen...
-            os.waitpid(leader.pid, 0)  # ...then reaped by "someone else"
-        return went
-
-    monkeypatch.setattr(_containment, "signal_leader_alone", seen_then_reaped_elsewhere)
-    monkeypatch.setattr(_cgroup, "signal_leader_alone", seen_then_reaped_elsewhere)
-    leader = tmp_path / "leader"
-    leader.write_text(_PASSES_IT_ON_AND_EXITS)
-    (tmp_path / "leader.member").write_text(_FINISHES_ITS_JOB)
-    async with open_process_tree(
-        ["sh", str(leader)], escalation=LEADER_ONLY, stdout=subprocess.PIPE, **contained
-    ) as tree:
-        said = await said_through_cleanup(tree, ready=2)
+    reaped_elsewhere_after_its_step(monkeypatch, contained, status_seen=True)
+    command = coordinator(tmp_path, _PASSES_IT_ON_AND_EXITS, _FINISHES_ITS_JOB)
+    said, outcome = await stopped_by_a_leader_only_step(command, contained, ready=2)
     assert b"job ended with 0" in said
-    outcome = tree.outcome
-    assert outcome is not None
     assert outcome.returncode == 0
     assert outcome.signals == (signal.SIGTERM, signal.SIGCONT)
     assert tracked.survivors() == []
@@ -548,30 +504,12 @@ async def test_a_leader_reaped_elsewhere_within_its_step_hands_the_step_on(
     # Dead of the step and reaped by other code (a SIGCHLD handler, say) before cleanup's
     # wait looks: its status is lost, so nothing says it stopped the rest; they get the
     # step (red before, helper-5: the 5 s wait, then SIGKILL).
-    if contained["containment"] == "group" and not procs.group_signals_through_pidfds():
-        pytest.skip("no PIDFD_SIGNAL_PROCESS_GROUP here (Linux 6.9+): the group is lost")
-    real = _containment.signal_leader_alone
-
-    def and_reaped_elsewhere(leader: Any, sig: int) -> bool:
-        went = real(leader, sig)
-        if went:
-            os.waitpid(leader.pid, 0)  # (it dies of the step: sh does not handle SIGTERM)
-        return went
-
-    monkeypatch.setattr(_containment, "signal_leader_alone", and_reaped_elsewhere)
-    monkeypatch.setattr(_cgroup, "signal_leader_alone", and_reaped_elsewhere)
+    reaped_elsewhere_after_its_step(monkeypatch, contained, status_seen=False)
     member = tmp_path / "member"
     member.write_text(_MEMBER)
-    async with open_process_tree(
-        ["sh", "-c", f"sh {member} & wait"],
-        escalation=LEADER_ONLY,
-        stdout=subprocess.PIPE,
-        **contained,
-    ) as tree:
-        said = await said_through_cleanup(tree, ready=1)
+    command = ["sh", "-c", f"sh {member} & wait"]
+    said, outcome = await stopped_by_a_leader_only_step(command, contained, ready=1)
     assert b"member got TERM" in said
-    outcome = tree.outcome
-    assert outcome is not None
     assert outcome.returncode is None  # (lost)
     assert outcome.signals == (signal.SIGTERM, signal.SIGCONT) * 2
     assert not outcome.grace_expired

@@ -197,14 +197,14 @@ MUTANTS = [
         "_core.py",
         " and not (step.caught and returncode == -step.signal)\n",
         "\n",
-        "reraises_its_step",
+        "had_its_chance and reraises",
     ),
     (
         "escalation: whether the leader handles the step's signal is not asked",
         "_core.py",
         "                caught = catches(self.leader.pid, sig)",
         "                caught = False",
-        "reraises_its_step",
+        "had_its_chance and reraises",
     ),
     (
         "escalation: a look at the leader's handlers that fails keeps its step from going",
@@ -212,14 +212,14 @@ MUTANTS = [
         '        status = read_file(f"/proc/{pid}/status")\n    except OSError:\n',
         '        status = read_file(f"/proc/{pid}/status")\n'
         "    except (FileNotFoundError, ProcessLookupError):\n",
-        "cannot_be_read",
+        "stop_the_tree_in_order and refused",
     ),
     (
         "escalation: a leader that crashed within its step never hands it on",
         "_core.py",
         "        return returncode < 0 and not (step.caught and returncode == -step.signal)\n",
         "        return returncode == -step.signal and not step.caught\n",
-        "crashes_within",
+        "fails_its_step and crash",
     ),
     (
         "escalation: a step handed on to a tree the program killed during it",
