@@ -32,6 +32,32 @@ def state(pid: int) -> str | None:
     return data[data.rindex(b")") + 2 :].split()[0].decode()
 
 
+def wait_reading(pid: int, within: float = 5) -> bool:
+    """Wait, up to ``within`` seconds, until ``pid`` sleeps in a read of a pipe or FIFO;
+    whether it does.
+
+    A test that signals a shell waiting in its ``read`` builtin, and expects a trap to
+    run, must wait for this first. dash looks for pending traps before it calls read(2),
+    with nothing blocked in between: a signal that lands in that gap (or a SIGSTOP there,
+    continued later by the signal's SIGCONT) has its trap run only when the read returns,
+    here never. (Shown under gdb, a TERM delivered at read's entry ran the trap when
+    stdin closed, 4 s later; seen once under load, as a grace run out.) No event tells
+    where a process sleeps: its ``wchan`` is read in short pauses.
+    """
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            with open(f"/proc/{pid}/wchan") as f:
+                where = f.read()
+        except (FileNotFoundError, ProcessLookupError):
+            return False  # gone
+        if where.endswith("pipe_read"):  # (pipe_read; anon_pipe_read on newer kernels)
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+
+
 #: Which process each pid a test was told of was: its pid, once it ended, may go to a new
 #: process (pids here wrap at 32768, and tests that steer the kernel's next pid reuse
 #: recent ones), which is not the one the test asks about. Emptied before each test

@@ -178,6 +178,8 @@ def test_an_escapee_gets_the_stop_signal_while_the_leader_ignores_it(
             assert tree.stdout is not None
             pids = await read_pids(tree.stdout, 2)  # the escapee's and the leader's
             assert tree.pid in pids and len(set(pids)) == 2
+            for pid in pids:
+                assert procs.wait_reading(pid)  # (the escapee's trap must not miss the signal)
             started = loop.time()
             closing = asyncio.ensure_future(tree.aclose())
             said = await tree.stdout.readline()  # b"" if cleanup closed it first

@@ -81,11 +81,13 @@ FORK_BOMB = [
 ]
 
 # A leader that ignores SIGTERM and SIGUSR1, and an escapee that says "handled" when it
-# gets SIGTERM (and exits) and "usr1" for SIGUSR1; both say their pids. (The leader
-# ignores them only after starting the escapee: a shell cannot trap a signal that was
-# ignored when it started. \$: for the inner shell.)
+# gets SIGTERM (and exits) and ignores SIGUSR1; both say their pids. (The leader ignores
+# them only after starting the escapee: a shell cannot trap a signal that was ignored
+# when it started. \$: for the inner shell.) The escapee ignores SIGUSR1 rather than
+# trapping it: a trap would send it back into `read`, where a SIGTERM that cleanup sends
+# just then could be missed (see `procs.wait_reading`); an ignored signal never arrives.
 _HANDLES_TERM = (
-    "trap 'echo handled; exit 0' TERM; trap 'echo usr1' USR1; echo \\$\\$; while :; do read x; done"
+    "trap 'echo handled; exit 0' TERM; trap '' USR1; echo \\$\\$; while :; do read x; done"
 )
 LEADER_IGNORES_TERM_ESCAPEE_HANDLES_IT = [
     "sh",
@@ -203,6 +205,8 @@ async def test_stopped_escapee_gets_sigcont_and_stops_gracefully(
         assert tree.stdout is not None
         [member] = await read_pids(tree.stdout, 1)
         assert os.getsid(member) == member != tree.pid  # the escapee, not the leader
+        # Stopped before its read(2), it would miss the stop signal's trap for good.
+        assert procs.wait_reading(member)
         os.kill(member, signal.SIGSTOP)  # our own test process, by pid
         with trio.fail_after(5):
             while procs.state(member) != "T":  # no event tells us a non-child stopped
@@ -228,10 +232,12 @@ def with_an_escapee_that_handles(sig: str, tracked: Tracked, containment: str) -
 
 
 async def escapee_of(tree: ProcessTree) -> int:
-    """The pid that `with_an_escapee_that_handles` prints: a member outside the group."""
+    """The pid that `with_an_escapee_that_handles` prints: a member outside the group;
+    once it waits in `read`, where its trap runs for a signal whenever it lands."""
     assert tree.stdout is not None
     [member] = await read_pids(tree.stdout, 1)
     assert os.getsid(member) == member != tree.pid  # outside the group
+    assert procs.wait_reading(member)
     return member
 
 
@@ -328,6 +334,8 @@ async def stop_signal_handled_after(
         stdout = tree.stdout
         pids = await read_pids(stdout, 2)  # the escapee's and the leader's, in either order
         assert tree.pid in pids and len(set(pids)) == 2
+        for pid in pids:
+            assert procs.wait_reading(pid)  # (the escapee's trap must not miss the signal)
         said = b""
         async with trio.open_nursery() as nursery:
             started = trio.current_time()
@@ -381,8 +389,8 @@ async def test_an_escapee_a_signal_of_the_program_finds_during_cleanup_gets_the_
     # first to find it. It must get the escalation's signals too, not only SIGUSR1 (and
     # the SIGKILL at the grace's end).
     second = (
-        "trap 'echo second handled; exit 0' TERM; trap 'echo second usr1' USR1; "
-        "echo second ready; while :; do read x; done"
+        "trap 'echo second handled; exit 0' TERM; trap '' USR1; "
+        "echo \\$\\$ second ready; while :; do read x; done"
     )
     # (env --default-signal: the leader ignores both signals by then, and a shell cannot
     # trap a signal that was ignored when it started.)
@@ -401,7 +409,8 @@ async def test_an_escapee_a_signal_of_the_program_finds_during_cleanup_gets_the_
     ) as tree:
         assert tree.stdin is not None and tree.stdout is not None
         stdin, stdout = tree.stdin, tree.stdout
-        await read_pids(stdout, 2)  # the first escapee's and the leader's
+        for pid in await read_pids(stdout, 2):  # the first escapee's and the leader's
+            assert procs.wait_reading(pid)
         said = b""
 
         async def until(text: bytes) -> None:
@@ -415,6 +424,8 @@ async def test_an_escapee_a_signal_of_the_program_finds_during_cleanup_gets_the_
             await until(b"handled")  # cleanup found the first escapee and stopped it
             await stdin.send_all(b"go\n")  # the leader starts the second one
             await until(b"second ready")
+            [second_pid] = re.findall(rb"(\d+) second ready", said)
+            assert procs.wait_reading(int(second_pid))
             sent = trio.current_time()
             tree.send_signal(signal.SIGUSR1)
             await until(b"second handled")
@@ -468,7 +479,7 @@ async def test_an_escapee_started_during_the_stop_gets_the_stop_signal_too(
     ) as tree:
         assert tree.stdout is not None
         [escapee] = await read_pids(tree.stdout, 1)
-        assert procs.alive(escapee)
+        assert procs.wait_reading(escapee)  # (its trap must not miss the stop signal)
     assert tree.outcome is not None
     assert tree.outcome.escapees_killed >= 2  # the first escapee and the one it started
     assert not tree.outcome.grace_expired
@@ -1631,6 +1642,7 @@ async def test_an_escapee_the_program_signalled_is_waited_for_without_spinning(
         assert tree.stdout is not None
         [member] = await read_pids(tree.stdout, 1)
         assert os.getsid(member) == member != tree.pid  # outside the group
+        assert procs.wait_reading(member)  # (its trap must not miss the stop signal)
         tree.send_signal(signal.SIGCONT)  # the tree now knows (and tracks) its escapee
         with counting_steps() as counter:
             await tree.aclose()

@@ -158,6 +158,8 @@ async def test_stopped_member_is_woken_to_act_on_the_stop_signal(
     ) as tree:
         assert tree.stdout is not None
         await tree.stdout.receive_some()
+        # Stopped before its read(2), it would miss the stop signal's trap for good.
+        assert procs.wait_reading(tree.pid)
         tree.send_signal(signal.SIGSTOP)
         with trio.fail_after(5):
             # No event tells a parent that a non-child stopped; the stop lands in microseconds.

@@ -923,6 +923,7 @@ async def test_a_tree_whose_leader_was_reaped_elsewhere_is_still_stopped_gracefu
     ) as tree:
         assert tree.stdin is not None and tree.stdout is not None
         [member_pid] = set(await read_pids(tree.stdout, 2)) - {tree.pid}
+        assert procs.wait_reading(member_pid)  # (its trap must not miss the stop signal)
         await tree.stdin.aclose()
         os.waitpid(tree.pid, 0)  # noqa: ASYNC222 - it exits at once: "someone else" reaps it
         assert procs.alive(member_pid)
@@ -962,6 +963,7 @@ async def test_a_reaped_leaders_group_member_is_stopped_as_a_member_not_an_escap
             assert tree.stdin is not None and tree.stdout is not None
             [member_pid] = set(await read_pids(tree.stdout, 2)) - {tree.pid}
             assert procs.pgid_of(member_pid) == tree.pid
+            assert procs.wait_reading(member_pid)  # (its trap must not miss the stop signal)
             await tree.stdin.aclose()
             os.waitpid(tree.pid, 0)  # noqa: ASYNC222 - it exits at once: "someone else" reaps it
             assert procs.alive(member_pid)

@@ -88,6 +88,28 @@ def test_a_remembered_pid_that_went_to_another_process_is_not_alive() -> None:
         successor.wait()
 
 
+def test_a_shell_is_reading_only_once_it_sleeps_in_read() -> None:
+    # Tests that signal a shell in its `read` builtin wait for this, so its trap cannot miss
+    # the signal; a process that sleeps elsewhere (in nanosleep) is not reading.
+    script = "echo $$; read x"
+    with (
+        subprocess.Popen(
+            ["sh", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        ) as reading,
+        subprocess.Popen(["sleep", "60"], stdin=subprocess.PIPE) as waiting,
+    ):
+        try:
+            assert reading.stdout is not None
+            assert int(reading.stdout.readline()) == reading.pid
+            assert procs.wait_reading(reading.pid)
+            assert procs.state(waiting.pid) in ("R", "S")
+            assert not procs.wait_reading(waiting.pid, within=0.2)
+        finally:
+            reading.kill()
+            waiting.kill()
+    assert not procs.wait_reading(reading.pid)  # gone: reaped by the `with`
+
+
 def pidfds_unique() -> bool:
     """Whether a pidfd's inode names its process (Linux 6.9+: pidfs); before, every
     pidfd has the same one."""
