@@ -14,6 +14,7 @@ temporary directory, where pytest then runs; the checkout is never modified.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -1233,6 +1234,13 @@ MUTANTS = [
         "            poller.poll(1000 * left)",
         "someone_else_removes",
     ),
+    (
+        "pytest plugin: a process still in its exit reported as a leak",
+        "pytest_plugin.py",
+        "        leaked = _less_the_dying(leaked)",
+        "        pass",
+        "still_dying_when_its_test_ends",
+    ),
 ]
 
 
@@ -1248,7 +1256,12 @@ def run(name: str, path: str, old: str, new: str, tests: str) -> bool:
             raise SystemExit(f"{name}: the original text is no longer in {path}; update the mutant")
         target.write_text(source.replace(old, new, 1))
         # Run in the copy: the current directory goes first on sys.path, so the mutated
-        # package shadows the installed (editable) one.
+        # package shadows the installed (editable) one; PYTHONPATH does the same for the
+        # Python processes the tests start (a pytest run of the plugin's, say).
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [scratch, os.environ.get("PYTHONPATH")])),
+        }
         python = [sys.executable]
         if name.endswith("[glibc]"):
             # Mutants of the direct start, which only glibc 2.41+ takes.
@@ -1260,7 +1273,7 @@ def run(name: str, path: str, old: str, new: str, tests: str) -> bool:
         result = subprocess.run(
             [*python, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
              "-o", "check_process_leaks=false", "-k", tests, "tests"],
-            cwd=scratch, capture_output=True, text=True, timeout=900, check=False,
+            cwd=scratch, env=env, capture_output=True, text=True, timeout=900, check=False,
         )  # fmt: skip
         if result.returncode == 5:
             raise SystemExit(f"{name}: no test matched -k {tests!r}")
