@@ -407,6 +407,58 @@ def test_trees_open_at_interpreter_exit_are_killed_and_reaped(
     assert tracked.survivors() == []
 
 
+CUT_OFF_BY_THE_LOOPS_CLOSE = textwrap.dedent(
+    """
+    import asyncio, subprocess, sys
+    from trio_proctree.asyncio import open_process_tree
+
+    async def hold(ready):
+        async with open_process_tree(
+            ["sh", "-c", "trap '' TERM; echo ready; exec sleep 60"], grace=5.0,
+            stdout=subprocess.PIPE, containment=sys.argv[1],
+        ) as tree:
+            await tree.stdout.readline()
+            ready.set_result(tree.pid)
+            await asyncio.Event().wait()
+
+    loop = asyncio.new_event_loop()
+    ready = loop.create_future()
+    task = loop.create_task(hold(ready))
+    print(loop.run_until_complete(ready), flush=True)
+    task.cancel()  # the block's exit: its cleanup waits out the grace
+    loop.run_until_complete(asyncio.sleep(0.1))
+    # As asyncio.run's shutdown does when a second Ctrl-C cuts it short: the loop closes
+    # with the cleanup pending. The interpreter then exits: the net at exit kills and
+    # reaps the tree, and the cleanup's coroutine is finalised after it, with no loop.
+    loop.close()
+    """
+)
+
+
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper", "group"])
+def test_a_cleanup_cut_off_by_its_loops_close_ends_quietly(
+    tracked: Tracked, containment: str
+) -> None:
+    # Red before: the finalised cleanup's last steps asked for the running loop, and
+    # Python printed "Exception ignored in ... RuntimeError: no running event loop".
+    if containment != "group":
+        available(containment)
+    result = subprocess.run(
+        [sys.executable, "-c", CUT_OFF_BY_THE_LOOPS_CLOSE, containment],
+        capture_output=True,
+        env=tracked.env,
+        timeout=30,
+        check=False,
+    )
+    leader = int(result.stdout)
+    assert result.returncode == 0, result
+    assert b"Task was destroyed but it is pending" in result.stderr  # (asyncio's own word)
+    assert b"Exception ignored" not in result.stderr, result.stderr.decode()
+    assert b"Traceback" not in result.stderr, result.stderr.decode()
+    assert procs.state(leader) is None  # reaped
+    assert tracked.survivors() == []
+
+
 @pytest.mark.parametrize("containment", ["cgroup", "subreaper"])
 def test_a_tree_open_at_interpreter_exit_with_a_member_it_may_not_signal_is_still_reaped(
     tracked: Tracked, containment: str

@@ -268,9 +268,17 @@ class ProcessTree(TreeView):
         return self._exited
 
     def _stop_watching_leader(self) -> None:
-        if self._exited is not None and not self._exited.done():
-            asyncio.get_running_loop().remove_reader(self._core.leader.pidfd)
-            self._exited.set_result(None)
+        exited = self._exited
+        if exited is None or exited.done():
+            return
+        # The loop that watches, not the running one: a cleanup cut off when its loop
+        # closed (asyncio.run's shutdown, cut short by a second Ctrl-C) is finalised
+        # later with no loop running, and its last steps (the pidfd's close) must still run.
+        loop = exited.get_loop()
+        if loop.is_closed():
+            return  # its selector is gone, with every reader, and nobody waits any more
+        loop.remove_reader(self._core.leader.pidfd)
+        exited.set_result(None)
 
     def aclose(self) -> Coroutine[Any, Any, None]:
         """Start the cleanup now, and return an awaitable that waits for it to finish.
