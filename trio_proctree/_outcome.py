@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import sys
 
 import attrs
 
@@ -64,9 +66,15 @@ def chain_cleanup_error(exc: BaseException, error: BaseException, label: str) ->
         exc.__cause__ = error
         exc.__suppress_context__ = suppress
     else:
-        add_note = getattr(exc, "add_note", None)  # Python 3.11+
-        if add_note is not None:
-            add_note(f"cleanup of {label} also failed: {error!r}")
+        note = f"cleanup of {label} also failed: {error!r}"
+        if sys.version_info >= (3, 11):
+            exc.add_note(note)
+        else:
+            # Python 3.10: the same attribute by hand (PEP 678), which tracebacks show
+            # once exceptiongroup, a dependency of trio there, is imported.
+            notes = [*getattr(exc, "__notes__", ()), note]
+            with contextlib.suppress(AttributeError, TypeError):  # (a class with __slots__)
+                setattr(exc, "__notes__", notes)  # noqa: B010 - not in 3.10's type stubs
     logger.error(
         "cleanup of %s failed while %s was propagating",
         label,
