@@ -1156,7 +1156,7 @@ MUTANTS = [
     (
         "cleanup: no note for an exception with a cause of its own",
         "_outcome.py",
-        '            add_note(f"cleanup of {label} also failed: {error!r}")\n',
+        "            exc.add_note(note)\n",
         "            pass\n",
         "existing_cause_is_kept",
     ),
@@ -1233,6 +1233,20 @@ MUTANTS = [
         "            poller.poll(1000 * min(left, 0.005))",
         "            poller.poll(1000 * left)",
         "someone_else_removes",
+    ),
+    (
+        "asyncio run: an error that ended a reader never raised",
+        "asyncio.py",
+        "    if errors := await _end_io(io_tasks, taken):",
+        "    if (errors := await _end_io(io_tasks, taken)) and False:",
+        "raises_an_error_that_ended_its_reading",
+    ),
+    (
+        "asyncio run: a failed reader's pipe left open for the tree to block on",
+        "asyncio.py",
+        "                readers[-1].add_done_callback(functools.partial(_close_if_failed, transport))",
+        "                pass",
+        "raises_an_error_that_ended_its_reading",
     ),
     (
         "pytest plugin: a process still in its exit reported as a leak",
