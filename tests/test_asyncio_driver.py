@@ -294,6 +294,36 @@ def test_run_process_tree_returns_output_and_checks(
     assert tracked.survivors() == []
 
 
+def test_run_process_tree_raises_an_error_that_ended_its_reading(
+    run: Callable[..., Any],
+    tracked: Tracked,
+    contained: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A reader that fails (an error reading its pipe) is not lost, and the tree it read
+    # is not left blocked writing a pipe nobody reads: the pipe closes, and the error is
+    # raised once the tree is gone, as the trio driver's nursery raises it. Red before:
+    # `yes` blocked on the full pipe until the test's timeout, and the error was never
+    # retrieved.
+    failure = OSError(errno.EIO, "injected")
+
+    async def fails_after_one_chunk(reader: asyncio.StreamReader, chunks: list[bytes]) -> None:
+        chunks.append(await reader.read(65536))
+        raise failure
+
+    monkeypatch.setattr(trio_proctree.asyncio, "_read_all", fails_after_one_chunk)
+
+    async def main() -> None:
+        with pytest.raises(OSError) as caught:
+            await asyncio.wait_for(
+                run_process_tree(["yes"], capture_stdout=True, grace=0.2, **contained), 5
+            )
+        assert caught.value is failure
+
+    run(main)
+    assert tracked.survivors() == []
+
+
 def test_run_process_tree_returns_twenty_megabytes_whole(
     run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
 ) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import subprocess
@@ -654,6 +655,7 @@ async def run_process_tree(
     outputs: dict[str, list[bytes]] = {name: [] for name in request.capture}
     taken: list[asyncio.BaseTransport] = []
     io_tasks: list[asyncio.Task[None]] = []
+    label = "a tree of run_process_tree"  # (its own, once it started)
     try:
         async with open_process_tree(
             command,
@@ -663,12 +665,17 @@ async def run_process_tree(
             containment=containment,
             **request.options,
         ) as tree:
+            label = tree._core.label
             loop = asyncio.get_running_loop()
             readers: list[asyncio.Task[None]] = []
             for name in request.capture:
                 reader, transport = tree._take_reader(name)
                 taken.append(transport)
                 readers.append(loop.create_task(_read_all(reader, outputs[name])))
+                # A reader that fails closes its pipe at once: the tree would otherwise
+                # block writing a pipe nobody reads, and never end. (Its error is raised
+                # at the end, as the trio driver's nursery raises it.)
+                readers[-1].add_done_callback(functools.partial(_close_if_failed, transport))
             io_tasks.extend(readers)
             feeder = None
             if request.feed is not None and tree.stdin is not None:
@@ -696,18 +703,43 @@ async def run_process_tree(
                         tree._core.label,
                         PIPE_DRAIN_TIMEOUT,
                     )
-    finally:
-        # Closed only after the tree's cleanup: on cancellation the tree is stopped by the
-        # escalation, not by SIGPIPE from pipes we closed under it.
-        for task in io_tasks:
-            task.cancel()
-        for transport in taken:
-            transport.close()
-        if io_tasks:
-            await asyncio.wait(io_tasks)  # cancelled pipe readers and writers: quick
+    except BaseException as exc:
+        for error in await _end_io(io_tasks, taken):
+            chain_cleanup_error(exc, error, label)
+        raise
+    if errors := await _end_io(io_tasks, taken):
+        for extra in errors[1:]:
+            logger.error("%s: another input or output error", label, exc_info=extra)
+        raise errors[0]
     outcome = tree.outcome
     assert outcome is not None
     return completed(tree.args, outcome.returncode, outputs, request, check=check)
+
+
+async def _end_io(
+    io_tasks: list[asyncio.Task[None]], taken: list[asyncio.BaseTransport]
+) -> list[BaseException]:
+    """End the pipe readers and the feeder; the errors that ended any of them.
+
+    Only after the tree's cleanup: on cancellation the tree is stopped by the escalation,
+    not by SIGPIPE from pipes we closed under it.
+    """
+    for task in io_tasks:
+        task.cancel()
+    for transport in taken:
+        transport.close()
+    if io_tasks:
+        await asyncio.wait(io_tasks)  # cancelled pipe readers and writers: quick
+    return [
+        error
+        for task in io_tasks
+        if not task.cancelled() and (error := task.exception()) is not None
+    ]
+
+
+def _close_if_failed(transport: asyncio.BaseTransport, task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        transport.close()
 
 
 async def _read_all(reader: asyncio.StreamReader, chunks: list[bytes]) -> None:
