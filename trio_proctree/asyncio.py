@@ -193,7 +193,10 @@ class _AsyncioIO:
 
     def interrupted(self) -> bool:
         # asyncio.run turns Ctrl-C into a cancellation of the main task, which waits for
-        # the cleanup like any other (and a second Ctrl-C stops the loop itself).
+        # the cleanup like any other. A second one raises KeyboardInterrupt out of the
+        # loop, whose shutdown then still waits for the cleanup (its course, not cut
+        # short: nothing tells the cleanup task of it); a third abandons the loop, and
+        # the net at interpreter exit kills and reaps the tree.
         return False
 
     async def sleep(self, seconds: float) -> None:
