@@ -998,6 +998,30 @@ MANY_UNDER_A_LOW_FD_LIMIT = procs.ALIVE_IN_A_CHILD + textwrap.dedent(
 )
 
 
+OUT_OF_FDS_AT_THE_FIRST_TREE = OUT_OF_FDS_PRELUDE + textwrap.dedent(
+    """
+    async def main(out_of_fds):
+        if out_of_fds:  # (in trio.run, which needs a few of its own)
+            run_out_of_fds()
+        async with open_process_tree(["true"]) as tree:
+            pass
+
+    # The first tree of this process: its kernel not yet asked whether it has pidfds.
+    error = error_of(lambda: main(out_of_fds=True))
+    trio.run(main, False)  # descriptors back: it runs
+    print(json.dumps([type(error).__name__, getattr(error, "errno", None)]))
+    """
+)
+
+
+def test_out_of_file_descriptors_at_the_first_tree_is_said_as_such(tracked: Tracked) -> None:
+    # Red before: the check for pidfd support took EMFILE for a kernel without pidfds
+    # and raised NotImplementedError ("needs Linux 5.3 or newer").
+    report = json.loads(procs.run_python(OUT_OF_FDS_AT_THE_FIRST_TREE, env=tracked.env))
+    assert report == ["OSError", errno.EMFILE]
+    assert tracked.survivors() == []
+
+
 def test_trees_hold_few_enough_file_descriptors_to_run_by_the_hundred(tracked: Tracked) -> None:
     # 500 trees under the common soft limit of 1024, scaled down: 260 under 512 (spawns in
     # flight need a few more each, for their pipes). Red when every cgroup tree held its

@@ -57,11 +57,20 @@ def require_supported_platform() -> None:
     _require_pidfd()
 
 
-@functools.cache
+#: What a kernel (or a seccomp filter in front of it) answers for a call it does not offer.
+_NOT_OFFERED = frozenset({errno.ENOSYS, errno.EPERM})
+
+
+@functools.cache  # (not an error: that is raised again at the next call, asked anew)
 def _require_pidfd() -> None:
     try:
         pidfd = os.pidfd_open(os.getpid())
-    except (AttributeError, OSError) as exc:
+    except AttributeError as exc:  # a Python built without it
+        raise NotImplementedError("trio_proctree needs os.pidfd_open (Python on Linux)") from exc
+    except OSError as exc:
+        # Out of file descriptors (EMFILE), say, is no old kernel: said as it is.
+        if exc.errno not in _NOT_OFFERED:
+            raise
         raise NotImplementedError("trio_proctree needs pidfd_open (Linux 5.3 or newer)") from exc
     try:
         # Every tree is waited for and reaped through its leader's pidfd. Asked of our own
@@ -70,6 +79,8 @@ def _require_pidfd() -> None:
     except ChildProcessError:
         pass
     except (AttributeError, OSError) as exc:
+        if isinstance(exc, OSError) and exc.errno not in {errno.EINVAL, *_NOT_OFFERED}:
+            raise
         raise NotImplementedError(
             "trio_proctree needs waitid(P_PIDFD) (Linux 5.4 or newer)"
         ) from exc
