@@ -157,6 +157,37 @@ async def test_nursery_start_hands_back_the_tree_and_cancel_tears_it_down(
     assert tracked.survivors() == []
 
 
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+async def test_a_pipe_handed_back_by_nursery_start_is_left_to_be_read_to_its_end(
+    tracked: Tracked, contained: dict[str, Any], stream: str
+) -> None:
+    # As trio.run_process leaves it: the caller reads what the tree wrote, all of it,
+    # after the run ended, as a client reads the last words of a language server on its
+    # stdout. Red before: cleanup closed the stream and took it off the tree, so a read
+    # after it had nothing to read, and one under way raised ClosedResourceError.
+    pipe: dict[str, Any] = {stream: subprocess.PIPE}
+    async with trio.open_nursery() as nursery:
+        tree = await nursery.start(
+            lambda task_status: run_process_tree(
+                ["sh", "-c", f"echo first; echo last {'>&2' if stream == 'stderr' else ''}"],
+                **pipe,
+                **contained,
+                task_status=task_status,
+            )
+        )
+        assert await tree.wait() == 0
+        await tree.aclose()  # the run's own cleanup (whichever starts it)
+        handed: trio.abc.ReceiveStream | None = getattr(tree, stream)
+        assert handed is not None
+        said = b""
+        async with handed:
+            async for chunk in handed:
+                said += chunk
+    assert said == (b"first\nlast\n" if stream == "stdout" else b"last\n")
+    assert tree.outcome is not None
+    assert tracked.survivors() == []
+
+
 async def test_cancellation_propagates_unwrapped(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:

@@ -144,6 +144,9 @@ class ProcessTree(TreeView):
         #: The leader's stderr, when it was ``subprocess.PIPE``.
         self.stderr: trio.abc.ReceiveStream | None = _stream(spawned.stderr)
         self._wait_lock = trio.Lock()
+        #: Output streams cleanup leaves open: those `run_process_tree` handed back, the
+        #: caller's to read to their end (as `trio.run_process` leaves them).
+        self._left_open: list[trio.abc.ReceiveStream] = []
         self._cleanup_started = False
         self._cleanup_done = trio.Event()
 
@@ -211,7 +214,7 @@ class ProcessTree(TreeView):
 
     async def _close_stream(self, name: str, io: _TrioIO, within: float) -> Exception | None:
         stream = getattr(self, name)
-        if stream is None:
+        if stream is None or any(stream is kept for kept in self._left_open):
             return None
         setattr(self, name, None)
         try:
@@ -369,6 +372,11 @@ async def run_process_tree(
     gone, output still held open by something outside it is read for at most
     `PIPE_DRAIN_TIMEOUT` seconds.
 
+    Pipes handed back with the tree (``stdout=subprocess.PIPE`` or
+    ``stderr=subprocess.PIPE``, with ``nursery.start``) are yours, as with
+    `trio.run_process`: left open when the run ends, to be read to their end and closed.
+    (Its ``stdin=subprocess.PIPE`` is closed by cleanup, as the close-stdin step needs.)
+
     Args:
       stdin: bytes to feed to the leader's stdin (then closed), or what
         `trio.lowlevel.open_process` accepts (``None`` inherits ours).
@@ -402,6 +410,11 @@ async def run_process_tree(
             for name in request.capture:
                 readers.append((name, getattr(tree, name)))
                 setattr(tree, name, None)
+            # Output pipes handed back (nursery.start) are the caller's, to read to their
+            # end after the run: its cleanup leaves them open.
+            tree._left_open.extend(
+                stream for stream in (tree.stdout, tree.stderr) if stream is not None
+            )
             stdin_stream = tree.stdin if request.feed is not None else None
             if request.feed is not None:
                 tree.stdin = None

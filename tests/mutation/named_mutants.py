@@ -1249,6 +1249,13 @@ MUTANTS = [
         "raises_an_error_that_ended_its_reading",
     ),
     (
+        "trio run: a pipe handed back by nursery.start closed by cleanup",
+        "_trio.py",
+        "        if stream is None or any(stream is kept for kept in self._left_open):",
+        "        if stream is None:",
+        "handed_back_by_nursery_start",
+    ),
+    (
         "pytest plugin: a process still in its exit reported as a leak",
         "pytest_plugin.py",
         "        leaked = _less_the_dying(leaked)",
