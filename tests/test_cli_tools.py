@@ -45,9 +45,17 @@ def test_run_passes_the_commands_own_exit_status_and_output(tracked: Tracked) ->
     assert (result.returncode, result.stdout, result.stderr) == (7, "out\n", "err\n")
 
 
-def test_run_reports_death_by_signal_as_128_plus_n(tracked: Tracked) -> None:
+def test_run_ends_by_the_signal_that_ended_its_command(tracked: Tracked) -> None:
+    # As timeout(1) and sudo do: a shell then sees 128+N, as for the command itself (and
+    # sh stops a script whose child died of SIGINT). Red before: it exited 128+N.
     result = run_tool("run", "--", "sh", "-c", "kill -USR1 $$", env=tracked.env)
-    assert result.returncode == 128 + signal.SIGUSR1
+    assert result.returncode == -signal.SIGUSR1
+    in_a_shell = subprocess.run(
+        ["sh", "-c", '"$@"; echo $?', "sh", *tool(), "run", "--", "sh", "-c", "kill -USR1 $$"],
+        capture_output=True, text=True, env=tracked.env, timeout=60, check=False,
+    )  # fmt: skip
+    assert in_a_shell.stdout == f"{128 + signal.SIGUSR1}\n"
+    assert tracked.survivors() == []
 
 
 def test_run_passes_stdin_through(tracked: Tracked) -> None:
@@ -158,8 +166,54 @@ def test_signal_to_the_tool_stops_the_whole_tree(tracked: Tracked, sig: signal.S
         pids = [int(runner.stdout.readline()) for _ in range(2)]
         assert all(procs.alive(pid) for pid in pids)
         runner.send_signal(sig)  # our own child, by pid
-        assert runner.wait(timeout=30) == 128 + signal.SIGTERM  # the tree's stop signal
+        # Ended by the request, once the tree is gone: a shell sees what it sent.
+        assert runner.wait(timeout=30) == -sig
     assert not any(procs.alive(pid) for pid in pids)
+    assert tracked.survivors() == []
+
+
+def test_a_second_stop_request_during_a_slow_stop_kills_the_tree_at_once(
+    tracked: Tracked,
+) -> None:
+    # The tree ignores SIGTERM and the grace is long: Ctrl-C again (or a SIGTERM) must not
+    # wait it out. Red before: the second request waited in trio's queue for the whole
+    # grace, then was redelivered as the tool left: a KeyboardInterrupt traceback, or
+    # death by SIGTERM with the command's status lost.
+    grace = 20.0
+    stubborn = "trap 'echo got TERM' TERM; echo ready; while :; do sleep 0.05; done"
+    for second in (signal.SIGINT, signal.SIGTERM):
+        with subprocess.Popen(
+            [*tool(), "run", "--grace", str(grace), "--", "sh", "-c", stubborn],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=tracked.env,
+        ) as runner:  # fmt: skip
+            assert runner.stdout is not None and runner.stderr is not None
+            assert runner.stdout.readline() == "ready\n"
+            runner.send_signal(signal.SIGINT)  # our own child, by pid
+            assert runner.stdout.readline() == "got TERM\n"  # the graceful stop is under way
+            started = time.monotonic()
+            runner.send_signal(second)
+            assert runner.wait(timeout=grace) == -signal.SIGINT  # the first request's
+            assert time.monotonic() - started < grace / 4
+            assert "Traceback" not in runner.stderr.read()
+    assert tracked.survivors() == []
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_ctrl_c_stops_a_bash_script_running_the_tool_in_a_loop(tracked: Tracked) -> None:
+    # Ctrl-C reaches the script and the tool alike (their process group, as a terminal
+    # sends it). bash then waits for its child and stops the script only if that child
+    # died of SIGINT; one that exited 130 handled it, and the loop goes on. Red before:
+    # the loop ran the tool again.
+    with subprocess.Popen(
+        ["bash", "-c", 'for i in 1 2; do "$@"; echo "next $?"; done', "bash",
+         *tool(), "run", "--", "sh", "-c", "echo ready; exec sleep 60"],
+        stdout=subprocess.PIPE, text=True, env=tracked.env, start_new_session=True,
+    ) as loop:  # fmt: skip
+        assert loop.stdout is not None
+        assert loop.stdout.readline() == "ready\n"
+        os.killpg(loop.pid, signal.SIGINT)  # the group we made for it, as Ctrl-C does
+        assert loop.wait(timeout=30) == -signal.SIGINT
+        assert loop.stdout.read() == ""  # no "next": the loop stopped
     assert tracked.survivors() == []
 
 

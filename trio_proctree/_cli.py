@@ -84,7 +84,10 @@ def _build_parser() -> argparse.ArgumentParser:
         epilog=textwrap.dedent(
             """\
             exit status:
-              CMD's own; 128+N if signal N ended it
+              CMD's own; if signal N ended it, this ends by N too (128+N
+              in a shell); after a SIGTERM, SIGINT or SIGHUP to this tool
+              stopped the tree, it ends by that signal (a second one stops
+              the tree at once)
               124  --timeout expired (as timeout(1))
               125  trio-proctree itself failed
               126  CMD is not executable

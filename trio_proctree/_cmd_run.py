@@ -4,26 +4,35 @@ coreutils ``timeout`` signals its own process group, which misses every descenda
 leaves it; this runs the command as a contained tree, so a time limit, or a signal to
 this command, stops all of it: gracefully first, certainly second.
 
-Exit status, as ``timeout`` has it: the command's own; 128+N if a signal N ended it; 124
-when ``--timeout`` expired; 125 when this tool failed; 126 when the command is not
-executable; 127 when it is not found.
+Exit status, as ``timeout`` has it: the command's own; 124 when ``--timeout`` expired; 125
+when this tool failed; 126 when the command is not executable; 127 when it is not found.
+A command that a signal N ended ends this tool by N too (a shell shows 128+N), as
+``timeout`` and ``sudo`` do; and once a stop request (SIGTERM, SIGINT, SIGHUP) made it
+stop the tree, it ends by that signal, so that a script running it in a loop stops on
+Ctrl-C (sh and bash stop a script only for a child that died of SIGINT).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import math
 import os
+import resource
 import signal
 import sys
-from collections.abc import Generator, Sequence
+from collections.abc import AsyncIterator, Generator, Sequence
 
 import attrs
 import trio
 
 from ._choose import ContainmentUnavailable
-from ._trio import ProcessTree, open_process_tree
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup  # trio's own dependency on 3.10
+
+from ._trio import ProcessTree, _single_exception, open_process_tree
 
 TIMED_OUT = 124
 TOOL_FAILED = 125
@@ -43,67 +52,115 @@ class RunOptions:
     containment: str
 
 
-def exit_status(returncode: int) -> int:
-    """A shell's view of a return code: minus N (killed by signal N) becomes 128+N."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
 def run(options: RunOptions) -> int:
+    """Run the command; its exit status (see the module's docstring). Ends this process
+    by a signal where the command ended by one, or a stop request came."""
     try:
-        return trio.run(_run, options)
-    except FileNotFoundError as exc:
-        _complain(f"{options.command[0]}: command not found ({exc.strerror})")
+        returncode = trio.run(_run, options)
+    except (OSError, ContainmentUnavailable, NotImplementedError) as exc:
+        return _failed(options.command[0], exc)
+    return _end_by(-returncode) if returncode < 0 else returncode
+
+
+def _failed(name: str, exc: Exception) -> int:
+    """Say why the command could not run, and the exit status that says so."""
+    if isinstance(exc, FileNotFoundError):
+        _complain(f"{name}: command not found ({exc.strerror})")
         return NOT_FOUND
-    except PermissionError as exc:
-        _complain(f"{options.command[0]}: {exc.strerror}")
+    # Not executable, or found but no program the kernel runs.
+    if isinstance(exc, PermissionError) or (
+        isinstance(exc, OSError) and exc.errno == errno.ENOEXEC
+    ):
+        _complain(f"{name}: {exc.strerror}")
         return NOT_EXECUTABLE
-    except OSError as exc:
-        if exc.errno == errno.ENOEXEC:  # found, but no program the kernel runs
-            _complain(f"{options.command[0]}: {exc.strerror}")
-            return NOT_EXECUTABLE
-        _complain(str(exc))
-        return TOOL_FAILED
-    except (ContainmentUnavailable, NotImplementedError) as exc:
-        _complain(str(exc))
-        return TOOL_FAILED
+    _complain(str(exc))
+    return TOOL_FAILED
 
 
 def _complain(message: str) -> None:
     sys.stderr.write(f"trio-proctree: {message}\n")
 
 
+def _end_by(sig: int) -> int:
+    """End this process by signal ``sig`` (the tree is gone by now); 128+N if it lives on
+    (a signal whose default action is not to end a process)."""
+    # What a normal exit does first: the watchdog told we are done and waited for, the
+    # output flushed. (A signal's end runs no atexit hook.)
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with contextlib.suppress(OSError, ValueError):
+        # A command's SIGSEGV or SIGABRT is not this tool's to dump core for.
+        resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+        signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
+        os.kill(os.getpid(), sig)
+    return 128 + sig
+
+
 async def _run(options: RunOptions) -> int:
+    """The exit status for a shell, or minus the signal this process is to end by."""
     interactive = _owns_terminal()
     timed_out = False
-    # Signals are received from here on, so none can end us before the tree is stopped.
-    with trio.open_signal_receiver(*STOP_REQUESTS) as requests:
-        async with open_process_tree(
-            options.command,
-            grace=options.grace,
-            stop_signal=options.stop_signal,
-            containment=options.containment,
-            # A session of its own detaches the command from the terminal: interactive
-            # commands keep ours, in a group of their own that gets the terminal.
-            start_new_session=not interactive,
-        ) as tree:
-            with _terminal_handed_to(tree if interactive else None):
-                async with trio.open_nursery() as nursery:
-
-                    async def stop_on_request() -> None:
-                        async for _ in requests:
-                            nursery.cancel_scope.cancel()
-
-                    nursery.start_soon(stop_on_request)
+    requested: list[int] = []  # the stop requests received, in order
+    # Signals are received from here on, so none can end us before the tree is stopped;
+    # and until the end, so none is redelivered as we leave (trio's receiver does that to
+    # signals left pending: a traceback, or death by it, and the command's status lost).
+    with trio.open_signal_receiver(*STOP_REQUESTS) as requests, _unwrapped():
+        async with trio.open_nursery() as answering:
+            async with open_process_tree(
+                options.command,
+                grace=options.grace,
+                stop_signal=options.stop_signal,
+                containment=options.containment,
+                # A session of its own detaches the command from the terminal: interactive
+                # commands keep ours, in a group of their own that gets the terminal.
+                start_new_session=not interactive,
+            ) as tree:
+                with (
+                    _terminal_handed_to(tree if interactive else None),
+                    trio.CancelScope() as waiting,
+                ):
+                    answering.start_soon(_answer, requests, requested, waiting, tree)
                     timeout = math.inf if options.timeout is None else options.timeout
                     with trio.move_on_after(timeout) as deadline:
                         await tree.wait()
                     timed_out = deadline.cancelled_caught
-                    nursery.cancel_scope.cancel()
-            # Leaving the block stops whatever is still running: the whole escalation.
+                # Leaving the block stops whatever is still running: the whole escalation
+                # (cut short by a second stop request: `_answer`).
+            answering.cancel_scope.cancel()
     assert tree.outcome is not None and tree.outcome.returncode is not None
+    if requested:
+        return -requested[0]
     if timed_out:
         return TIMED_OUT
-    return exit_status(tree.outcome.returncode)
+    return tree.outcome.returncode
+
+
+@contextlib.contextmanager
+def _unwrapped() -> Generator[None]:
+    """The one exception out of a nursery (a command not found, say) as itself."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        single = _single_exception(group)
+        if single is None:
+            raise
+        raise single from None
+
+
+async def _answer(
+    requests: AsyncIterator[int], requested: list[int], waiting: trio.CancelScope, tree: ProcessTree
+) -> None:
+    """The first stop request ends the wait for the command: the tree is stopped as the
+    escalation says, gracefully first. Another one, during that stop, kills the tree now
+    (Ctrl-C pressed again at a slow stop: as the library does with a second Ctrl-C)."""
+    async for sig in requests:
+        requested.append(sig)
+        if len(requested) == 1:
+            waiting.cancel()
+        else:
+            tree.kill()
 
 
 def _owns_terminal() -> bool:

@@ -295,9 +295,9 @@ MUTANTS = [
     (
         "spawn: a kernel without waitid(P_PIDFD) let through",
         "_spawn.py",
-        "    except (AttributeError, OSError) as exc:\n        raise NotImplementedError(\n"
+        "            raise\n        raise NotImplementedError(\n"
         '            "trio_proctree needs waitid',
-        "    except (AttributeError, OSError) as exc:\n        return\n        raise NotImplementedError(\n"
+        "            raise\n        return\n        raise NotImplementedError(\n"
         '            "trio_proctree needs waitid',
         "test_a_kernel_without_waitid_on_pidfds_is_refused_clearly",
     ),
@@ -617,6 +617,27 @@ MUTANTS = [
         "    return BLANK\n",
         "    return None\n",
         "caught_mid_exec",
+    ),
+    (
+        "cli: a second stop request waits out the graceful stop",
+        "_cmd_run.py",
+        "        else:\n            tree.kill()\n",
+        "",
+        "second_stop_request",
+    ),
+    (
+        "cli: exits 128+N instead of ending by the signal",
+        "_cmd_run.py",
+        "    return _end_by(-returncode) if returncode < 0 else returncode",
+        "    return 128 - returncode if returncode < 0 else returncode",
+        "bash_script or ends_by_the_signal",
+    ),
+    (
+        "spawn: out of file descriptors taken for an old kernel",
+        "_spawn.py",
+        "        if exc.errno not in _NOT_OFFERED:\n            raise\n",
+        "",
+        "first_tree_is_said",
     ),
     (
         "cli: the terminal handed over without waking a stopped reader",
