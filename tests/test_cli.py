@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -81,6 +82,28 @@ def test_the_demo_counts_a_daemon_tree_running_only_once_its_daemon_left_the_gro
             for pid in members:
                 procs.wait_exited(pid)  # (a SIGKILL just sent may not have landed yet)
             tree.wait()
+    assert tracked.survivors() == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_an_interrupted_demo_leaves_nothing_running(tracked: Tracked, sig: int) -> None:
+    # Its first strategies leave trees running on purpose, until it kills them. Red
+    # before: SIGTERM or SIGHUP ended the demo at once, and those trees ran on (their
+    # sleeps for a minute); a Ctrl-C could land in its clean-up and cut it short.
+    with subprocess.Popen(
+        [sys.executable, "-m", "trio_proctree", "demo"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=tracked.env,
+    ) as demo:  # fmt: skip
+        deadline = time.monotonic() + 10
+        # Until a strategy's tree runs (the demo says nothing before its table).
+        while time.monotonic() < deadline and not any(
+            procs.command_name(pid) == "sleep" for pid in tracked.survivors()
+        ):
+            time.sleep(0.005)
+        demo.send_signal(sig)  # our own child, by pid
+        _, said = demo.communicate(timeout=30)
+    assert demo.returncode == 128 + sig, said
+    assert "demo interrupted; nothing it started still runs" in said
     assert tracked.survivors() == []
 
 

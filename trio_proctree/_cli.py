@@ -15,7 +15,7 @@ from ._choose import CONTAINMENTS
 from ._cmd_orphans import run as list_orphans
 from ._cmd_run import RunOptions
 from ._cmd_run import run as run_command
-from ._demo import compare, render
+from ._demo import Interrupted, compare, render
 from ._escalation import parse_duration, parse_stop_signal
 from ._procfs import foreign_proc
 
@@ -179,7 +179,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         # the numbers name here (and the demo would start its uncontained trees first).
         parser.exit(2, f"trio-proctree {args.command}: {foreign}\n")
     if args.command == "demo":
-        render(trio.run(compare), sys.stdout)
+        try:
+            rows = trio.run(compare)
+        except Interrupted as stopped:
+            sys.stderr.write("trio-proctree: demo interrupted; nothing it started still runs\n")
+            return 128 + stopped.signal
+        render(rows, sys.stdout)
         return 0
     if args.command == "run":
         command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv

@@ -34,6 +34,18 @@ _MARKER = "TRIO_PROCTREE_DEMO"
 #: Survivors are counted this long after the teardown returned, so that processes still
 #: dying from a signal are not counted against a strategy.
 SETTLE = 0.2
+#: Signals that end the demo early: the comparison stops, and what it started is killed
+#: first (ended by one at once, a strategy's uncontained tree would run on for a minute).
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_CLEAN_UP_ROUNDS = 10
+
+
+class Interrupted(Exception):
+    """The demo was stopped by ``signal`` before it was done; nothing it started runs."""
+
+    def __init__(self, signal: int) -> None:
+        super().__init__(f"interrupted by signal {signal}")
+        self.signal = signal
 
 
 @attrs.frozen
@@ -78,13 +90,26 @@ class _Run:
                 await trio.sleep(0.005)
 
     async def clean_up(self) -> None:
-        """Kill what the strategy left (by pidfd: a recycled pid is never hit), then reap."""
-        for pid in self.members():
-            if (pinned := pin_process(pid, lambda stat: self.marked(stat.pid))) is not None:
-                signal_pidfd(pinned[0], signal.SIGKILL)
-                os.close(pinned[0])
-        for leader in self.leaders:
-            with trio.CancelScope(shield=True):
+        """Kill what the strategy left (by pidfd: a recycled pid is never hit), looking
+        again until nothing is left (a shell interrupted early may fork between a look and
+        its kill), then reap. Shielded: the demo's interruption ends here."""
+        with trio.CancelScope(shield=True):
+            for _ in range(_CLEAN_UP_ROUNDS):
+                pidfds: list[int] = []
+                for pid in self.members():
+                    pinned = pin_process(pid, lambda stat: self.marked(stat.pid))
+                    if pinned is not None:
+                        signal_pidfd(pinned[0], signal.SIGKILL)
+                        pidfds.append(pinned[0])
+                if not pidfds:
+                    break
+                try:
+                    for pidfd in pidfds:  # killed: each exits within milliseconds
+                        await trio.lowlevel.wait_readable(pidfd)
+                finally:
+                    for pidfd in pidfds:
+                        os.close(pidfd)
+            for leader in self.leaders:
                 await leader.wait()
 
 
@@ -180,7 +205,25 @@ async def measure(name: str, command: list[str], strategy: Strategy) -> Row:
 
 
 async def compare() -> list[Row]:
-    return [await measure(*strategy) for strategy in STRATEGIES]
+    """Every strategy's row. Raises `Interrupted` once what the demo started is gone, if
+    one of `INTERRUPTS` came first."""
+    rows: list[Row] = []
+    received: list[int] = []
+    with trio.open_signal_receiver(*INTERRUPTS) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def stop_on_a_signal() -> None:
+                async for sig in signals:
+                    received.append(sig)
+                    nursery.cancel_scope.cancel()  # each measure cleans up as it ends
+
+            nursery.start_soon(stop_on_a_signal)
+            for strategy in STRATEGIES:
+                rows.append(await measure(*strategy))
+            nursery.cancel_scope.cancel()
+    if received:
+        raise Interrupted(received[0])
+    return rows
 
 
 def containment_here() -> str:

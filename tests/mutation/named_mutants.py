@@ -640,6 +640,13 @@ MUTANTS = [
         "first_tree_is_said",
     ),
     (
+        "demo: SIGTERM ends it at once, its uncontained trees left running",
+        "_demo.py",
+        "INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)",
+        "INTERRUPTS = (signal.SIGINT, signal.SIGHUP)",
+        "interrupted_demo",
+    ),
+    (
         "cli: the terminal handed over without waking a stopped reader",
         "_cmd_run.py",
         "        tree.send_signal(signal.SIGCONT)\n",
