@@ -110,6 +110,36 @@ def test_run_a_file_of_no_program_format_exits_126(tracked: Tracked, tmp_path: P
     assert "Exec format error" in result.stderr
 
 
+CLEANUP_FAILS = textwrap.dedent(
+    """
+    import sys
+    from trio_proctree import CleanupError, _cli, _core
+
+    real = _core.TreeCore.cleanup
+
+    async def cleanup_that_fails(self, io):
+        await real(self, io)
+        raise CleanupError(f"{self.label}: processes outlived SIGKILL (injected)")
+
+    _core.TreeCore.cleanup = cleanup_that_fails
+    sys.exit(_cli.main(sys.argv[1:]))
+    """
+)
+
+
+def test_run_whose_cleanup_fails_says_so_and_exits_125(tracked: Tracked) -> None:
+    # Red before: the CleanupError came out as a traceback, with exit status 1.
+    result = subprocess.run(
+        [*procs.python(), "-c", CLEANUP_FAILS, "run", "--", "true"],
+        capture_output=True, text=True, env=tracked.env, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 125, result.stderr
+    assert result.stderr.startswith("trio-proctree: pid ")
+    assert "processes outlived SIGKILL (injected)" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert tracked.survivors() == []
+
+
 @needs_root
 def test_run_failing_itself_exits_125(tracked: Tracked) -> None:
     # In a mount namespace without the cgroup v2 hierarchy, --containment cgroup cannot be.

@@ -89,7 +89,7 @@ def _build_parser() -> argparse.ArgumentParser:
               stopped the tree, it ends by that signal (a second one stops
               the tree at once)
               124  --timeout expired (as timeout(1))
-              125  trio-proctree itself failed
+              125  trio-proctree itself failed, or could not make sure the tree is gone
               126  CMD is not executable
               127  CMD was not found
               2    usage error

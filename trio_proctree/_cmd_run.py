@@ -5,7 +5,7 @@ leaves it; this runs the command as a contained tree, so a time limit, or a sign
 this command, stops all of it: gracefully first, certainly second.
 
 Exit status, as ``timeout`` has it: the command's own; 124 when ``--timeout`` expired; 125
-when this tool failed; 126 when the command is not executable; 127 when it is not found.
+when this tool failed (or could not make sure the tree is gone); 126 when the command is not executable; 127 when it is not found.
 A command that a signal N ended ends this tool by N too (a shell shows 128+N), as
 ``timeout`` and ``sudo`` do; and once a stop request (SIGTERM, SIGINT, SIGHUP) made it
 stop the tree, it ends by that signal, so that a script running it in a loop stops on
@@ -28,6 +28,7 @@ import attrs
 import trio
 
 from ._choose import ContainmentUnavailable
+from ._outcome import CleanupError
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup  # trio's own dependency on 3.10
@@ -57,7 +58,7 @@ def run(options: RunOptions) -> int:
     by a signal where the command ended by one, or a stop request came."""
     try:
         returncode = trio.run(_run, options)
-    except (OSError, ContainmentUnavailable, NotImplementedError) as exc:
+    except (OSError, ContainmentUnavailable, NotImplementedError, CleanupError) as exc:
         return _failed(options.command[0], exc)
     return _end_by(-returncode) if returncode < 0 else returncode
 
