@@ -5,11 +5,12 @@ leaves it; this runs the command as a contained tree, so a time limit, or a sign
 this command, stops all of it: gracefully first, certainly second.
 
 Exit status, as ``timeout`` has it: the command's own; 124 when ``--timeout`` expired; 125
-when this tool failed (or could not make sure the tree is gone); 126 when the command is not executable; 127 when it is not found.
+when this tool failed (or could not make sure the tree is gone); 126 when the command is
+not executable; 127 when it is not found.
 A command that a signal N ended ends this tool by N too (a shell shows 128+N), as
 ``timeout`` and ``sudo`` do; and once a stop request (SIGTERM, SIGINT, SIGHUP) made it
 stop the tree, it ends by that signal, so that a script running it in a loop stops on
-Ctrl-C (sh and bash stop a script only for a child that died of SIGINT).
+Ctrl-C (bash stops a script only for a child that died of SIGINT).
 """
 
 from __future__ import annotations
