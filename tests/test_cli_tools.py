@@ -47,7 +47,7 @@ def test_run_passes_the_commands_own_exit_status_and_output(tracked: Tracked) ->
 
 def test_run_ends_by_the_signal_that_ended_its_command(tracked: Tracked) -> None:
     # As timeout(1) and sudo do: a shell then sees 128+N, as for the command itself (and
-    # sh stops a script whose child died of SIGINT). Red before: it exited 128+N.
+    # bash stops a script whose child died of SIGINT). Red before: it exited 128+N.
     result = run_tool("run", "--", "sh", "-c", "kill -USR1 $$", env=tracked.env)
     assert result.returncode == -signal.SIGUSR1
     in_a_shell = subprocess.run(
