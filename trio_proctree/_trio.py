@@ -332,6 +332,8 @@ def open_process_tree(
 
     Raises:
       ValueError: empty command, bad ``grace``, invalid ``stop_signal``.
+      TypeError: a string command without ``shell=True``, an option
+        `trio.lowlevel.open_process` does not take, or text mode (the streams are bytes).
       FileNotFoundError: the executable does not exist.
       PermissionError: the executable is not executable.
       OSError: (``ENOEXEC``, when the block is entered) the executable is a file of no
