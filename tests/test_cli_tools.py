@@ -172,6 +172,8 @@ def test_run_failing_itself_exits_125(tracked: Tracked) -> None:
         ["run", "--containment", "jail", "--", "true"],
         ["run"],
         ["orphans", "--match", "("],
+        ["orphans", "--reaper", "0"],
+        ["orphans", "--reaper", "-5"],
         ["frobnicate"],
     ],
     ids=" ".join,
@@ -336,6 +338,15 @@ def test_orphans_lists_the_children_of_a_named_reaper(tracked: Tracked) -> None:
         assert line.split()[1] == str(reaper.pid)  # the parent column: our reaper
         procs.kill_survivors(tracked.token)
     assert tracked.survivors() == []
+
+
+def test_orphans_with_a_reaper_that_does_not_exist_says_so(tracked: Tracked) -> None:
+    # A monitoring check with a wrong pid must not report "no orphans". Red before: it
+    # looked at nothing under that pid and exited 0.
+    no_such_pid = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1
+    result = run_tool("orphans", "--reaper", str(no_such_pid), env=tracked.env)
+    assert result.returncode == 2
+    assert f"no process {no_such_pid}" in result.stderr
 
 
 def test_orphans_help_explains_itself(tracked: Tracked) -> None:

@@ -34,6 +34,16 @@ def _positive_seconds(text: str) -> float:
     return seconds
 
 
+def _pid(text: str) -> int:
+    try:
+        pid = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a process id: {text!r}") from None
+    if pid <= 0:
+        raise argparse.ArgumentTypeError(f"not a process id: {pid} (must be 1 or more)")
+    return pid
+
+
 def _signal(text: str) -> int:
     try:
         return parse_stop_signal(int(text) if text.isdigit() else text)
@@ -145,7 +155,8 @@ def _build_parser() -> argparse.ArgumentParser:
             --match to look for what you care about.
 
             Exit status 1 when any is found, 0 when none: usable as a monitoring check;
-            2 when it cannot look (bad usage, or a /proc of another PID namespace).
+            2 when it cannot look (bad usage, a --reaper that does not exist, or a /proc
+            of another PID namespace).
             """
         ),
         epilog=textwrap.dedent(
@@ -162,7 +173,7 @@ def _build_parser() -> argparse.ArgumentParser:
     orphans.add_argument("--json", action="store_true", help="print a JSON list")
     orphans.add_argument(
         "--reaper",
-        type=int,
+        type=_pid,
         action="append",
         default=[],
         metavar="PID",

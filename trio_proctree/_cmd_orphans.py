@@ -100,7 +100,12 @@ def _age(seconds: float) -> str:
 
 
 def run(match: str | None, as_json: bool, reapers: Sequence[int] = ()) -> int:
-    """Print the orphans; exit status 1 if there are any (a monitoring check), else 0."""
+    """Print the orphans; exit status 1 if there are any (a monitoring check), else 0;
+    2 if a reaper named does not exist (its children could not be looked at: a check with a
+    wrong pid must not say all is well)."""
+    if missing := [pid for pid in reapers if read_stat(pid) is None]:
+        sys.stderr.write(f"trio-proctree orphans: no process {missing[0]} to list children of\n")
+        return 2
     pattern = re.compile(match) if match is not None else None
     orphans = find_orphans(pattern, reapers)
     sys.stdout.write(report(orphans, as_json=as_json))
