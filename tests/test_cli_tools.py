@@ -393,6 +393,47 @@ def test_run_hands_the_terminal_to_a_command_that_read_it_too_soon(tracked: Trac
 
 
 @pytest.mark.skipif(shutil.which("script") is None, reason="needs script(1) for a terminal")
+def test_run_in_a_pipeline_leaves_the_terminal_to_the_pipeline(
+    tracked: Tracked, tmp_path: Path
+) -> None:
+    # `trio-proctree run -- git log | less`: the commands of a pipeline share a process
+    # group, and the terminal is theirs. Handed to the tree's group, it was taken from
+    # the reader beside it, whose read of it failed (EIO here, where that group has no
+    # parent in the session; SIGTTIN, a stopped job, under a shell with job control).
+    # The tree waits 0.5 s before it lets the reader read: a hand-over, if any, is done.
+    started, done = tmp_path / "started", tmp_path / "done"
+    os.mkfifo(started)
+    os.mkfifo(done)
+    tree = f"sleep 0.5; echo > {started}; read x < {done}"
+    reader = f"read x < {started}; read typed < /dev/tty; echo got $typed; echo > {done}"
+    pipeline = " ".join(
+        [*tool(), "run", "--", "sh", "-c", shlex.quote(tree), "|", "sh", "-c", shlex.quote(reader)]
+    )
+    result = subprocess.run(
+        ["script", "-qec", f"bash -c {shlex.quote(pipeline)}", "/dev/null"],
+        input="typed\n", capture_output=True, text=True, env=tracked.env, timeout=30,
+        check=False,
+    )  # fmt: skip
+    assert "got typed" in result.stdout, result
+    assert tracked.survivors() == []
+
+
+@pytest.mark.skipif(shutil.which("script") is None, reason="needs script(1) for a terminal")
+def test_run_in_a_script_still_hands_its_command_the_terminal(tracked: Tracked) -> None:
+    # A shell running a script (no job control) is in the group of the commands it runs,
+    # and waits for them: the terminal is the command's to read (an ssh password prompt).
+    # (`; true`: bash would exec a last command itself, and be no longer there.)
+    command = shlex.join([*tool(), "run", "--", "sh", "-c", "read x < /dev/tty; echo got $x"])
+    result = subprocess.run(
+        ["script", "-qec", f"bash -c {shlex.quote(command + '; true')}", "/dev/null"],
+        input="typed\n", capture_output=True, text=True, env=tracked.env, timeout=30,
+        check=False,
+    )  # fmt: skip
+    assert "got typed" in result.stdout, result
+    assert tracked.survivors() == []
+
+
+@pytest.mark.skipif(shutil.which("script") is None, reason="needs script(1) for a terminal")
 def test_run_hands_an_interactive_command_the_terminal(tracked: Tracked) -> None:
     # script(1) runs the tool on a fresh pseudo-terminal and types our input into it. The
     # command reads /dev/tty: that only works if it still has a controlling terminal, in

@@ -88,7 +88,7 @@ def _build_parser() -> argparse.ArgumentParser:
             and misses daemons and setsid escapees.
 
             stdin, stdout and stderr are CMD's own; interactive commands keep the
-            terminal.
+            terminal (in a pipeline, it stays with the pipeline's other commands).
             """
         ),
         epilog=textwrap.dedent(

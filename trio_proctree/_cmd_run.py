@@ -30,6 +30,7 @@ import trio
 
 from ._choose import ContainmentUnavailable
 from ._outcome import CleanupError
+from ._procfs import read_stat
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup  # trio's own dependency on 3.10
@@ -166,11 +167,37 @@ async def _answer(
 
 
 def _owns_terminal() -> bool:
-    """Whether stdin is a terminal whose foreground process group is ours."""
+    """Whether stdin is a terminal whose foreground process group is ours, and ours alone.
+
+    The commands of a pipeline share a process group (``trio-proctree run -- git log |
+    less``): the terminal is then theirs too, and handed to the tree it would be taken
+    from them (the reader's read of it fails, or stops it). The tree then runs in the
+    background of the terminal, as under ``timeout``.
+    """
     try:
-        return os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp()
+        if not (os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp()):
+            return False
     except OSError:
         return False
+    return not _group_shared()
+
+
+def _group_shared() -> bool:
+    """Whether a live process other than us and our ancestors is in our process group: the
+    other commands of a pipeline. (A shell running a script without job control is in its
+    commands' group, and waits: not sharing the terminal. A shell puts each command of a
+    pipeline in the group before it runs it: by the time this Python runs, they all are.)"""
+    group, ours = os.getpgrp(), {os.getpid()}
+    pid = os.getppid()
+    while pid > 1 and pid not in ours and (stat := read_stat(pid)) is not None:
+        ours.add(pid)
+        pid = stat.ppid
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) not in ours:
+            stat = read_stat(int(entry))
+            if stat is not None and stat.pgid == group and stat.alive:
+                return True
+    return False
 
 
 @contextlib.contextmanager
