@@ -80,6 +80,19 @@ def test_run_timeout_stops_a_sigterm_ignoring_tree_with_124(tracked: Tracked) ->
     assert elapsed < 0.3 + 0.3 + 10
 
 
+def test_run_durations_take_timeouts_suffixes(tracked: Tracked) -> None:
+    # As timeout(1) reads them: s, m, h, d (red before: "0.3s" was a usage error).
+    started = time.monotonic()
+    result = run_tool(
+        "run", "--timeout", "0.005m", "--grace", "0.2s", "--",
+        "sh", "-c", "trap '' TERM; sleep 60", env=tracked.env,
+    )  # fmt: skip
+    assert result.returncode == 124, result.stderr
+    assert "0.2s after SIGTERM" in result.stderr  # the grace, as given
+    assert time.monotonic() - started < 0.3 + 0.2 + 10  # (and Python's start-up), not 60 s
+    assert tracked.survivors() == []
+
+
 def test_run_missing_command_exits_127_with_a_message(tracked: Tracked) -> None:
     result = run_tool("run", "--", "no-such-command-xyz", env=tracked.env)
     assert result.returncode == 127
@@ -169,6 +182,8 @@ def test_run_failing_itself_exits_125(tracked: Tracked) -> None:
         ["run", "--signal", "BOGUS", "--", "true"],
         ["run", "--signal", "STOP", "--", "true"],
         ["run", "--timeout", "0", "--", "true"],
+        ["run", "--timeout", "5x", "--", "true"],
+        ["run", "--timeout", "s", "--", "true"],
         ["run", "--containment", "jail", "--", "true"],
         ["run"],
         ["orphans", "--match", "("],

@@ -19,12 +19,17 @@ from ._demo import Interrupted, compare, render
 from ._escalation import parse_duration, parse_stop_signal
 from ._procfs import foreign_proc
 
+#: Duration suffixes, as timeout(1) reads them.
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
 
 def _seconds(text: str) -> float:
+    """A number of seconds, or of minutes, hours or days with a suffix (``0.5s``, ``10m``)."""
+    number, scale = (text[:-1], _UNITS[text[-1]]) if text[-1:] in _UNITS else (text, 1)
     try:
-        return parse_duration(float(text), what="a duration")
+        return parse_duration(float(number) * scale, what="a duration")
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
 
 
 def _positive_seconds(text: str) -> float:
@@ -115,7 +120,8 @@ def _build_parser() -> argparse.ArgumentParser:
         type=_seconds,
         default=5.0,
         metavar="S",
-        help="seconds between the stop signal and SIGKILL (default: 5)",
+        help="seconds between the stop signal and SIGKILL, or with a suffix s, m, h or d "
+        "(default: 5)",
     )
     run.add_argument(
         "--signal",
@@ -129,7 +135,8 @@ def _build_parser() -> argparse.ArgumentParser:
         type=_positive_seconds,
         default=None,
         metavar="S",
-        help="stop the tree after S seconds and exit with 124 (default: none)",
+        help="stop the tree after S seconds (suffixes s, m, h, d, as timeout(1) takes) "
+        "and exit with 124 (default: none)",
     )
     run.add_argument(
         "--containment",
