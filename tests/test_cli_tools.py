@@ -45,16 +45,19 @@ def test_run_passes_the_commands_own_exit_status_and_output(tracked: Tracked) ->
     assert (result.returncode, result.stdout, result.stderr) == (7, "out\n", "err\n")
 
 
-def test_run_ends_by_the_signal_that_ended_its_command(tracked: Tracked) -> None:
+@pytest.mark.parametrize("sig", ["USR1", "KILL"])
+def test_run_ends_by_the_signal_that_ended_its_command(tracked: Tracked, sig: str) -> None:
     # As timeout(1) and sudo do: a shell then sees 128+N, as for the command itself (and
-    # bash stops a script whose child died of SIGINT). Red before: it exited 128+N.
-    result = run_tool("run", "--", "sh", "-c", "kill -USR1 $$", env=tracked.env)
-    assert result.returncode == -signal.SIGUSR1
+    # bash stops a script whose child died of SIGINT). Red before: it exited 128+N (and
+    # for SIGKILL, which cannot be caught, still did).
+    number = signal.Signals[f"SIG{sig}"]
+    result = run_tool("run", "--", "sh", "-c", f"kill -{sig} $$", env=tracked.env)
+    assert result.returncode == -number
     in_a_shell = subprocess.run(
-        ["sh", "-c", '"$@"; echo $?', "sh", *tool(), "run", "--", "sh", "-c", "kill -USR1 $$"],
+        ["sh", "-c", '"$@"; echo $?', "sh", *tool(), "run", "--", "sh", "-c", f"kill -{sig} $$"],
         capture_output=True, text=True, env=tracked.env, timeout=60, check=False,
     )  # fmt: skip
-    assert in_a_shell.stdout == f"{128 + signal.SIGUSR1}\n"
+    assert in_a_shell.stdout == f"{128 + number}\n"
     assert tracked.survivors() == []
 
 
@@ -242,6 +245,28 @@ def test_a_second_stop_request_during_a_slow_stop_kills_the_tree_at_once(
             assert runner.wait(timeout=grace) == -signal.SIGINT  # the first request's
             assert time.monotonic() - started < grace / 4
             assert "Traceback" not in runner.stderr.read()
+    assert tracked.survivors() == []
+
+
+def test_a_stop_request_during_a_stop_under_way_kills_the_tree_at_once(
+    tracked: Tracked,
+) -> None:
+    # The timeout ran out and the graceful stop waits out a long grace: a Ctrl-C then is
+    # the caller wanting out now, as a second one would be (red before: it waited the
+    # whole grace). The tool ends by it (a bash loop running the tool stops).
+    grace = 20.0
+    stubborn = "trap 'echo got TERM' TERM; echo ready; while :; do sleep 0.05; done"
+    with subprocess.Popen(
+        [*tool(), "run", "--timeout", "0.2", "--grace", str(grace), "--", "sh", "-c", stubborn],
+        stdout=subprocess.PIPE, text=True, env=tracked.env,
+    ) as runner:  # fmt: skip
+        assert runner.stdout is not None
+        assert runner.stdout.readline() == "ready\n"
+        assert runner.stdout.readline() == "got TERM\n"  # the timeout's stop is under way
+        started = time.monotonic()
+        runner.send_signal(signal.SIGINT)  # our own child, by pid
+        assert runner.wait(timeout=grace) == -signal.SIGINT
+        assert time.monotonic() - started < grace / 4
     assert tracked.survivors() == []
 
 

@@ -100,9 +100,9 @@ def _build_parser() -> argparse.ArgumentParser:
             """\
             exit status:
               CMD's own; if signal N ended it, this ends by N too (128+N
-              in a shell); after a SIGTERM, SIGINT or SIGHUP to this tool
-              stopped the tree, it ends by that signal (a second one stops
-              the tree at once)
+              in a shell); after a SIGTERM, SIGINT or SIGHUP to this tool,
+              it ends by that signal (one during a stop already under way
+              kills the tree at once)
               124  --timeout expired (as timeout(1))
               125  trio-proctree itself failed, or could not make sure the tree is gone
               126  CMD is not executable

@@ -8,9 +8,10 @@ Exit status, as ``timeout`` has it: the command's own; 124 when ``--timeout`` ex
 when this tool failed (or could not make sure the tree is gone); 126 when the command is
 not executable; 127 when it is not found.
 A command that a signal N ended ends this tool by N too (a shell shows 128+N), as
-``timeout`` and ``sudo`` do; and once a stop request (SIGTERM, SIGINT, SIGHUP) made it
-stop the tree, it ends by that signal, so that a script running it in a loop stops on
-Ctrl-C (bash stops a script only for a child that died of SIGINT).
+``timeout`` and ``sudo`` do; and after a stop request (SIGTERM, SIGINT, SIGHUP), which
+stops the tree (at once, during a stop already under way), it ends by that signal, so
+that a script running it in a loop stops on Ctrl-C (bash stops a script only for a child
+that died of SIGINT).
 """
 
 from __future__ import annotations
@@ -95,8 +96,10 @@ def _end_by(sig: int) -> int:
     with contextlib.suppress(OSError, ValueError):
         # A command's SIGSEGV or SIGABRT is not this tool's to dump core for.
         resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+    with contextlib.suppress(OSError, ValueError):  # (SIGKILL has no handler to reset)
         signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
+    with contextlib.suppress(OSError):
         os.kill(os.getpid(), sig)
     return 128 + sig
 
@@ -110,6 +113,7 @@ async def _run(options: RunOptions) -> int:
     # and until the end, so none is redelivered as we leave (trio's receiver does that to
     # signals left pending: a traceback, or death by it, and the command's status lost).
     with trio.open_signal_receiver(*STOP_REQUESTS) as requests, _unwrapped():
+        stopping = trio.Event()  # set once the tree is being stopped, whatever stops it
         async with trio.open_nursery() as answering:
             async with open_process_tree(
                 options.command,
@@ -124,11 +128,12 @@ async def _run(options: RunOptions) -> int:
                     _terminal_handed_to(tree if interactive else None),
                     trio.CancelScope() as waiting,
                 ):
-                    answering.start_soon(_answer, requests, requested, waiting, tree)
+                    answering.start_soon(_answer, requests, requested, waiting, stopping, tree)
                     timeout = math.inf if options.timeout is None else options.timeout
                     with trio.move_on_after(timeout) as deadline:
                         await tree.wait()
                     timed_out = deadline.cancelled_caught
+                stopping.set()
                 # Leaving the block stops whatever is still running: the whole escalation
                 # (cut short by a second stop request: `_answer`).
             answering.cancel_scope.cancel()
@@ -153,17 +158,22 @@ def _unwrapped() -> Generator[None]:
 
 
 async def _answer(
-    requests: AsyncIterator[int], requested: list[int], waiting: trio.CancelScope, tree: ProcessTree
+    requests: AsyncIterator[int],
+    requested: list[int],
+    waiting: trio.CancelScope,
+    stopping: trio.Event,
+    tree: ProcessTree,
 ) -> None:
-    """The first stop request ends the wait for the command: the tree is stopped as the
-    escalation says, gracefully first. Another one, during that stop, kills the tree now
-    (Ctrl-C pressed again at a slow stop: as the library does with a second Ctrl-C)."""
+    """A stop request ends the wait for the command: the tree is stopped as the escalation
+    says, gracefully first. One that comes during a stop already under way (a second one,
+    or one after the timeout, or after the command's end with members left) kills the tree
+    now: Ctrl-C pressed at a slow stop, as the library takes a second Ctrl-C."""
     async for sig in requests:
         requested.append(sig)
-        if len(requested) == 1:
-            waiting.cancel()
-        else:
+        if stopping.is_set() or len(requested) > 1:
             tree.kill()
+        else:
+            waiting.cancel()
 
 
 def _owns_terminal() -> bool:
