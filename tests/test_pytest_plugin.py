@@ -149,6 +149,14 @@ def test_kills_its_process_and_ends():
     while not dying(big.pid):
         pass
     print("DYING AT THE END", big.pid)
+    DIED.append(big.pid)
+
+DIED = []
+
+def test_what_died_at_the_last_ones_end_was_reaped():
+    # Our child: the check that waited for it reaped it too, no zombie left behind.
+    [pid] = DIED
+    assert not os.path.exists(f"/proc/{pid}")
 """
 
 
@@ -156,10 +164,10 @@ def test_a_process_still_dying_when_its_test_ends_is_no_leak(pytester: pytest.Py
     # A process killed at a test's end may still be freeing its memory when the check
     # lists the test's processes: not a zombie yet, so "alive", though it will never run
     # again. Red before: reported as a leak ("[python]"), as a watchdog caught exiting
-    # was once in this suite.
+    # was once in this suite; and then, waited for, it was left a zombie of ours.
     pytester.makepyfile(test_kills=KILLS_WITHOUT_WAITING)
     result = pytester.runpytest_subprocess("--check-process-leaks", "-p", "no:cacheprovider", "-s")
-    result.assert_outcomes(passed=1)
+    result.assert_outcomes(passed=2)
     assert "DYING AT THE END" in result.stdout.str()  # caught in its exit, as meant
 
 

@@ -143,10 +143,19 @@ def _less_the_dying(leaked: dict[tuple[int, int], str]) -> dict[tuple[int, int],
             if pinned is not None:
                 dying[pid] = pinned[0]
         exited = _wait_exited(list(dying.values()), _EXIT_WITHIN)
+        for fd in exited:
+            _reap_if_ours(fd)
         return {key: command for key, command in leaked.items() if dying.get(key[0]) not in exited}
     finally:
         for fd in dying.values():
             os.close(fd)
+
+
+def _reap_if_ours(pidfd: int) -> None:
+    """Reap an exited process if it is our child (a test's, or re-parented to us): no
+    zombie left behind."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG)
 
 
 def _wait_exited(pidfds: list[int], within: float) -> set[int]:
@@ -179,6 +188,5 @@ def _kill(leaked: list[tuple[int, int]]) -> None:
             signal_pidfd(pinned[0], signal.SIGKILL)
     _wait_exited(list(pidfds.values()), _EXIT_WITHIN)
     for fd in pidfds.values():
-        with contextlib.suppress(ChildProcessError):  # ours to reap only if our child
-            os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOHANG)
+        _reap_if_ours(fd)
         os.close(fd)

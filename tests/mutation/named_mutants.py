@@ -1277,6 +1277,13 @@ MUTANTS = [
         "someone_else_removes",
     ),
     (
+        "pytest plugin: a child that was only dying left a zombie",
+        "pytest_plugin.py",
+        "        for fd in exited:\n            _reap_if_ours(fd)\n",
+        "",
+        "still_dying_when_its_test_ends",
+    ),
+    (
         "asyncio run: an error that ended a reader never raised",
         "asyncio.py",
         "    if errors := await _end_io(io_tasks, taken):",
