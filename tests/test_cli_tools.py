@@ -462,10 +462,12 @@ def test_run_in_a_pipeline_leaves_the_terminal_to_the_pipeline(
 def test_run_in_a_script_still_hands_its_command_the_terminal(tracked: Tracked) -> None:
     # A shell running a script (no job control) is in the group of the commands it runs,
     # and waits for them: the terminal is the command's to read (an ssh password prompt).
-    # (`; true`: bash would exec a last command itself, and be no longer there.)
+    # So is a job it left in the background (`&`): no pipeline's other command. (Red
+    # before, with that job: taken for one, and the command had no terminal at all.)
     command = shlex.join([*tool(), "run", "--", "sh", "-c", "read x < /dev/tty; echo got $x"])
+    script = f"sleep 60 & job=$!; {command}; kill $job"
     result = subprocess.run(
-        ["script", "-qec", f"bash -c {shlex.quote(command + '; true')}", "/dev/null"],
+        ["script", "-qec", f"bash -c {shlex.quote(script)}", "/dev/null"],
         input="typed\n", capture_output=True, text=True, env=tracked.env, timeout=30,
         check=False,
     )  # fmt: skip

@@ -23,6 +23,7 @@ import math
 import os
 import resource
 import signal
+import stat
 import sys
 from collections.abc import AsyncIterator, Generator, Sequence
 
@@ -193,19 +194,42 @@ def _owns_terminal() -> bool:
 
 
 def _group_shared() -> bool:
-    """Whether a live process other than us and our ancestors is in our process group: the
-    other commands of a pipeline. (A shell running a script without job control is in its
-    commands' group, and waits: not sharing the terminal. A shell puts each command of a
-    pipeline in the group before it runs it: by the time this Python runs, they all are.)"""
+    """Whether other commands of a pipeline are in our process group: processes there (not
+    us, nor our ancestors) that hold the pipe our stdout or stderr writes to. (A shell
+    running a script without job control is in its commands' group, and waits; so is a
+    job it left in the background: neither shares the terminal with us. A shell puts each
+    command of a pipeline in its group before it runs it: by now they all are.)"""
+    pipes: set[tuple[int, int]] = set()
+    for fd in (1, 2):
+        with contextlib.suppress(OSError):
+            if stat.S_ISFIFO((st := os.fstat(fd)).st_mode):
+                pipes.add((st.st_dev, st.st_ino))
+    if not pipes:
+        return False
     group, ours = os.getpgrp(), {os.getpid()}
     pid = os.getppid()
-    while pid > 1 and pid not in ours and (stat := read_stat(pid)) is not None:
+    while pid > 1 and pid not in ours and (parent := read_stat(pid)) is not None:
         ours.add(pid)
-        pid = stat.ppid
+        pid = parent.ppid
     for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) not in ours:
-            stat = read_stat(int(entry))
-            if stat is not None and stat.pgid == group and stat.alive:
+        if not entry.isdigit() or int(entry) in ours:
+            continue
+        member = read_stat(int(entry))
+        if member is not None and member.pgid == group and member.alive and _holds(entry, pipes):
+            return True
+    return False
+
+
+def _holds(pid: str, pipes: set[tuple[int, int]]) -> bool:
+    """Whether process ``pid`` has one of ``pipes`` open."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            st = os.stat(f"/proc/{pid}/fd/{fd}")
+            if (st.st_dev, st.st_ino) in pipes:
                 return True
     return False
 

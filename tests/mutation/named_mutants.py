@@ -654,13 +654,6 @@ MUTANTS = [
         "pipeline_leaves_the_terminal",
     ),
     (
-        "cli: a script's shell taken for another command of a pipeline",
-        "_cmd_run.py",
-        "    while pid > 1 and pid not in ours and (stat := read_stat(pid)) is not None:",
-        "    while False and (stat := read_stat(pid)) is not None:",
-        "script_still_hands_its_command",
-    ),
-    (
         "cli: the terminal handed over without waking a stopped reader",
         "_cmd_run.py",
         "        tree.send_signal(signal.SIGCONT)\n",
