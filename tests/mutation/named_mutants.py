@@ -619,11 +619,11 @@ MUTANTS = [
         "caught_mid_exec",
     ),
     (
-        "cli: a second stop request waits out the graceful stop",
+        "cli: a stop request during a stop under way waits it out",
         "_cmd_run.py",
-        "        else:\n            tree.kill()\n",
-        "",
-        "second_stop_request",
+        "        if stopping.is_set() or len(requested) > 1:\n            tree.kill()\n        else:\n",
+        "        if True:\n",
+        "second_stop_request or under_way",
     ),
     (
         "cli: exits 128+N instead of ending by the signal",
