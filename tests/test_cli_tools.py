@@ -222,51 +222,39 @@ def test_signal_to_the_tool_stops_the_whole_tree(tracked: Tracked, sig: signal.S
     assert tracked.survivors() == []
 
 
-def test_a_second_stop_request_during_a_slow_stop_kills_the_tree_at_once(
-    tracked: Tracked,
-) -> None:
-    # The tree ignores SIGTERM and the grace is long: Ctrl-C again (or a SIGTERM) must not
-    # wait it out. Red before: the second request waited in trio's queue for the whole
-    # grace, then was redelivered as the tool left: a KeyboardInterrupt traceback, or
-    # death by SIGTERM with the command's status lost.
-    grace = 20.0
-    stubborn = "trap 'echo got TERM' TERM; echo ready; while :; do sleep 0.05; done"
-    for second in (signal.SIGINT, signal.SIGTERM):
-        with subprocess.Popen(
-            [*tool(), "run", "--grace", str(grace), "--", "sh", "-c", stubborn],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=tracked.env,
-        ) as runner:  # fmt: skip
-            assert runner.stdout is not None and runner.stderr is not None
-            assert runner.stdout.readline() == "ready\n"
-            runner.send_signal(signal.SIGINT)  # our own child, by pid
-            assert runner.stdout.readline() == "got TERM\n"  # the graceful stop is under way
-            started = time.monotonic()
-            runner.send_signal(second)
-            assert runner.wait(timeout=grace) == -signal.SIGINT  # the first request's
-            assert time.monotonic() - started < grace / 4
-            assert "Traceback" not in runner.stderr.read()
-    assert tracked.survivors() == []
-
-
+@pytest.mark.parametrize(
+    ("options", "first", "then"),
+    [
+        pytest.param([], signal.SIGINT, signal.SIGINT, id="a second Ctrl-C"),
+        pytest.param([], signal.SIGINT, signal.SIGTERM, id="a SIGTERM after a Ctrl-C"),
+        pytest.param(["--timeout", "0.2"], None, signal.SIGINT, id="a Ctrl-C after the timeout"),
+    ],
+)
 def test_a_stop_request_during_a_stop_under_way_kills_the_tree_at_once(
-    tracked: Tracked,
+    tracked: Tracked, options: list[str], first: signal.Signals | None, then: signal.Signals
 ) -> None:
-    # The timeout ran out and the graceful stop waits out a long grace: a Ctrl-C then is
-    # the caller wanting out now, as a second one would be (red before: it waited the
-    # whole grace). The tool ends by it (a bash loop running the tool stops).
+    # The tree ignores SIGTERM and the grace is long: a request once its graceful stop is
+    # under way (from a first request, or from the timeout) is the caller wanting out now.
+    # Red before: a second request waited in trio's queue for the whole grace, then was
+    # redelivered as the tool left (a KeyboardInterrupt traceback, or death by SIGTERM
+    # with the command's status lost); one after the timeout waited the whole grace too.
+    # The tool ends by the first request (a bash loop running it stops).
     grace = 20.0
     stubborn = "trap 'echo got TERM' TERM; echo ready; while :; do sleep 0.05; done"
     with subprocess.Popen(
-        [*tool(), "run", "--timeout", "0.2", "--grace", str(grace), "--", "sh", "-c", stubborn],
-        stdout=subprocess.PIPE, text=True, env=tracked.env,
+        [*tool(), "run", *options, "--grace", str(grace), "--", "sh", "-c", stubborn],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=tracked.env,
     ) as runner:  # fmt: skip
-        assert runner.stdout is not None
+        assert runner.stdout is not None and runner.stderr is not None
         assert runner.stdout.readline() == "ready\n"
-        assert runner.stdout.readline() == "got TERM\n"  # the timeout's stop is under way
+        if first is not None:
+            runner.send_signal(first)  # our own child, by pid
+        assert runner.stdout.readline() == "got TERM\n"  # the graceful stop is under way
         started = time.monotonic()
-        runner.send_signal(signal.SIGINT)  # our own child, by pid
-        assert runner.wait(timeout=grace) == -signal.SIGINT
+        runner.send_signal(then)
+        assert runner.wait(timeout=grace) == -(first or then)
         assert time.monotonic() - started < grace / 4
+        assert "Traceback" not in runner.stderr.read()
     assert tracked.survivors() == []
 
 
@@ -397,6 +385,20 @@ def test_orphans_help_explains_itself(tracked: Tracked) -> None:
 
 
 # The tool, made to hand the terminal over 0.3 s after the command started.
+needs_a_terminal = pytest.mark.skipif(
+    shutil.which("script") is None, reason="needs script(1) for a terminal"
+)
+
+
+def typed_at_a_terminal(command: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run the shell ``command`` on a fresh pseudo-terminal (script(1)), "typed" typed
+    into it; what it printed there."""
+    return subprocess.run(
+        ["script", "-qec", command, "/dev/null"],
+        input="typed\n", capture_output=True, text=True, env=env, timeout=60, check=False,
+    )  # fmt: skip
+
+
 LATE_HANDOVER = textwrap.dedent(
     """
     import contextlib, sys, time
@@ -416,23 +418,19 @@ LATE_HANDOVER = textwrap.dedent(
 )
 
 
-@pytest.mark.skipif(shutil.which("script") is None, reason="needs script(1) for a terminal")
+@needs_a_terminal
 def test_run_hands_the_terminal_to_a_command_that_read_it_too_soon(tracked: Tracked) -> None:
     # A command that reads the terminal before it is handed over is stopped (SIGTTIN, as
     # a background reader); the hand-over must wake it. Red before: it stayed stopped.
     read_tty = "read x < /dev/tty; echo got $x"
     inner = shlex.join([*procs.python(), "-c", LATE_HANDOVER, "run", "--", "sh", "-c", read_tty])
-    result = subprocess.run(
-        ["script", "-qec", inner, "/dev/null"],
-        input="typed\n", capture_output=True, text=True, env=tracked.env, timeout=20,
-        check=False,
-    )  # fmt: skip
+    result = typed_at_a_terminal(inner, tracked.env)
     assert result.returncode == 0, result
     assert "got typed" in result.stdout
     assert tracked.survivors() == []
 
 
-@pytest.mark.skipif(shutil.which("script") is None, reason="needs script(1) for a terminal")
+@needs_a_terminal
 def test_run_in_a_pipeline_leaves_the_terminal_to_the_pipeline(
     tracked: Tracked, tmp_path: Path
 ) -> None:
@@ -449,16 +447,12 @@ def test_run_in_a_pipeline_leaves_the_terminal_to_the_pipeline(
     pipeline = " ".join(
         [*tool(), "run", "--", "sh", "-c", shlex.quote(tree), "|", "sh", "-c", shlex.quote(reader)]
     )
-    result = subprocess.run(
-        ["script", "-qec", f"bash -c {shlex.quote(pipeline)}", "/dev/null"],
-        input="typed\n", capture_output=True, text=True, env=tracked.env, timeout=30,
-        check=False,
-    )  # fmt: skip
+    result = typed_at_a_terminal(f"bash -c {shlex.quote(pipeline)}", tracked.env)
     assert "got typed" in result.stdout, result
     assert tracked.survivors() == []
 
 
-@pytest.mark.skipif(shutil.which("script") is None, reason="needs script(1) for a terminal")
+@needs_a_terminal
 def test_run_in_a_script_still_hands_its_command_the_terminal(tracked: Tracked) -> None:
     # A shell running a script (no job control) is in the group of the commands it runs,
     # and waits for them: the terminal is the command's to read (an ssh password prompt).
@@ -466,26 +460,18 @@ def test_run_in_a_script_still_hands_its_command_the_terminal(tracked: Tracked) 
     # before, with that job: taken for one, and the command had no terminal at all.)
     command = shlex.join([*tool(), "run", "--", "sh", "-c", "read x < /dev/tty; echo got $x"])
     script = f"sleep 60 & job=$!; {command}; kill $job"
-    result = subprocess.run(
-        ["script", "-qec", f"bash -c {shlex.quote(script)}", "/dev/null"],
-        input="typed\n", capture_output=True, text=True, env=tracked.env, timeout=30,
-        check=False,
-    )  # fmt: skip
+    result = typed_at_a_terminal(f"bash -c {shlex.quote(script)}", tracked.env)
     assert "got typed" in result.stdout, result
     assert tracked.survivors() == []
 
 
-@pytest.mark.skipif(shutil.which("script") is None, reason="needs script(1) for a terminal")
+@needs_a_terminal
 def test_run_hands_an_interactive_command_the_terminal(tracked: Tracked) -> None:
     # script(1) runs the tool on a fresh pseudo-terminal and types our input into it. The
     # command reads /dev/tty: that only works if it still has a controlling terminal, in
     # the foreground group (a new session, as for non-interactive use, has none).
     inner = " ".join([*tool(), "run", "--", "sh", "-c", "'read x < /dev/tty; echo got $x'"])
-    result = subprocess.run(
-        ["script", "-qec", inner, "/dev/null"],
-        input="typed\n", capture_output=True, text=True, env=tracked.env, timeout=60,
-        check=False,
-    )  # fmt: skip
+    result = typed_at_a_terminal(inner, tracked.env)
     assert result.returncode == 0, result
     assert "got typed" in result.stdout
     assert tracked.survivors() == []

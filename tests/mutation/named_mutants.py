@@ -623,7 +623,7 @@ MUTANTS = [
         "_cmd_run.py",
         "        if stopping.is_set() or len(requested) > 1:\n            tree.kill()\n        else:\n",
         "        if True:\n",
-        "second_stop_request or under_way",
+        "under_way",
     ),
     (
         "cli: exits 128+N instead of ending by the signal",
