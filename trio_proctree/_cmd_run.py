@@ -32,12 +32,8 @@ import trio
 
 from ._choose import ContainmentUnavailable
 from ._outcome import CleanupError
-from ._procfs import read_stat
-
-if sys.version_info < (3, 11):  # pragma: no cover
-    from exceptiongroup import BaseExceptionGroup  # trio's own dependency on 3.10
-
-from ._trio import ProcessTree, _single_exception, open_process_tree
+from ._procfs import read_stat, scan
+from ._trio import ProcessTree, open_process_tree, unwrapped
 
 TIMED_OUT = 124
 TOOL_FAILED = 125
@@ -113,7 +109,7 @@ async def _run(options: RunOptions) -> int:
     # Signals are received from here on, so none can end us before the tree is stopped;
     # and until the end, so none is redelivered as we leave (trio's receiver does that to
     # signals left pending: a traceback, or death by it, and the command's status lost).
-    with trio.open_signal_receiver(*STOP_REQUESTS) as requests, _unwrapped():
+    with trio.open_signal_receiver(*STOP_REQUESTS) as requests, unwrapped():
         stopping = trio.Event()  # set once the tree is being stopped, whatever stops it
         async with trio.open_nursery() as answering:
             async with open_process_tree(
@@ -144,18 +140,6 @@ async def _run(options: RunOptions) -> int:
     if timed_out:
         return TIMED_OUT
     return tree.outcome.returncode
-
-
-@contextlib.contextmanager
-def _unwrapped() -> Generator[None]:
-    """The one exception out of a nursery (a command not found, say) as itself."""
-    try:
-        yield
-    except BaseExceptionGroup as group:
-        single = _single_exception(group)
-        if single is None:
-            raise
-        raise single from None
 
 
 async def _answer(
@@ -206,21 +190,17 @@ def _group_shared() -> bool:
                 pipes.add((st.st_dev, st.st_ino))
     if not pipes:
         return False
-    group, ours = os.getpgrp(), {os.getpid()}
+    ours = {os.getpid()}
     pid = os.getppid()
     while pid > 1 and pid not in ours and (parent := read_stat(pid)) is not None:
         ours.add(pid)
         pid = parent.ppid
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) in ours:
-            continue
-        member = read_stat(int(entry))
-        if member is not None and member.pgid == group and member.alive and _holds(entry, pipes):
-            return True
-    return False
+    return any(
+        _holds(member, pipes) for member in scan().in_group(os.getpgrp()) if member not in ours
+    )
 
 
-def _holds(pid: str, pipes: set[tuple[int, int]]) -> bool:
+def _holds(pid: int, pipes: set[tuple[int, int]]) -> bool:
     """Whether process ``pid`` has one of ``pipes`` open."""
     try:
         fds = os.listdir(f"/proc/{pid}/fd")

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Generator, Iterator, Mapping
 from types import TracebackType
 from typing import Any, Protocol, TypeVar, cast
 
@@ -441,8 +442,7 @@ async def _run_to_end(  # noqa: PLR0917 - one private call site
     task_status: trio.TaskStatus[ProcessTree],
 ) -> None:
     drained = [trio.Event() for _ in readers]
-    single: BaseException | None = None
-    try:
+    with unwrapped():
         async with trio.open_nursery() as nursery:
             if stdin_stream is not None and feed is not None:
                 nursery.start_soon(_feed, stdin_stream, feed)
@@ -463,14 +463,26 @@ async def _run_to_end(  # noqa: PLR0917 - one private call site
                     PIPE_DRAIN_TIMEOUT,
                 )
             nursery.cancel_scope.cancel()
+
+
+@contextlib.contextmanager
+def unwrapped() -> Generator[None]:
+    """The one exception out of a nursery inside, as itself: that nursery is an
+    implementation detail, and callers see the exception (a Cancelled, say) as if there
+    were no nursery. A group of several stays a group."""
+    try:
+        yield
     except BaseExceptionGroup as group:
         single = _single_exception(group)
         if single is None:
             raise
-    if single is not None:
-        # Our internal nursery is an implementation detail: callers see the one exception
-        # (a Cancelled, say) unwrapped, as if there were no nursery.
-        raise single
+        # Raised here, it would take the group for its context (shown in tracebacks as
+        # "during handling of"): its own is put back.
+        context = single.__context__
+        try:
+            raise single
+        finally:
+            single.__context__ = context
 
 
 def _single_exception(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
