@@ -175,6 +175,26 @@ def stat_field(pid: int, index: int) -> int:
     return int(data[data.rindex(b")") + 2 :].split()[index - 3])
 
 
+def arguments(pid: int, within: float = 5) -> bytes | None:
+    """The process's raw argument block (/proc/PID/cmdline) once its image has one; None
+    once it is gone.
+
+    A parent that a vfork-style start (posix_spawn) wakes is woken when the new image's
+    memory replaces the old, before that image's arguments are in place: for a moment
+    the block reads as empty (``arg_end``, field 49 of /proc/PID/stat, still 0): here in
+    up to 1 read in 20 right after a start, with two runs side by side. No event says
+    when they are in place: this looks again in short pauses, up to ``within`` seconds.
+    """
+    deadline = time.monotonic() + within
+    try:
+        while stat_field(pid, 49) == 0 and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
 def pgid_of(pid: int) -> int:
     return stat_field(pid, 5)
 

@@ -47,9 +47,9 @@ def test_the_session_that_expects_direct_starts_gets_them() -> None:
 @needs_direct
 async def test_a_leader_is_its_command_in_its_cgroup_from_the_start(tracked: Tracked) -> None:
     async with open_process_tree(["sleep", "60"], env=tracked.env, containment="cgroup") as tree:
-        # posix_spawn returns once the exec is done: no moment as /bin/sh, none outside.
-        with open(f"/proc/{tree.pid}/cmdline", "rb") as f:
-            assert f.read() == b"sleep\x0060\x00"
+        # posix_spawn returns once the exec is past its point of no return: no moment as
+        # /bin/sh, none outside. (Its arguments may take a moment more: procs.arguments.)
+        assert procs.arguments(tree.pid) == b"sleep\x0060\x00"
         assert cgroup_of(tree.pid) != cgroup_of(os.getpid())
         assert (cgroup_of(tree.pid) or "").endswith("/" + Path(tree._core.containment.path).name)  # type: ignore[attr-defined]
     assert tracked.survivors() == []
