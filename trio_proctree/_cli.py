@@ -93,7 +93,8 @@ def _build_parser() -> argparse.ArgumentParser:
             and misses daemons and setsid escapees.
 
             stdin, stdout and stderr are CMD's own; interactive commands keep the
-            terminal (in a pipeline, it stays with the pipeline's other commands).
+            terminal (in a pipeline, it stays with the pipeline's other commands), and
+            Ctrl-Z, fg and bg work on CMD as on any job.
             """
         ),
         epilog=textwrap.dedent(

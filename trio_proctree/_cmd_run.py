@@ -12,6 +12,8 @@ A command that a signal N ended ends this tool by N too (a shell shows 128+N), a
 stops the tree (at once, during a stop already under way), it ends by that signal, so
 that a script running it in a loop stops on Ctrl-C (bash stops a script only for a child
 that died of SIGINT).
+An interactive command keeps the terminal, in a group of its own; under job control this
+tool stops when its command stops, as ``sudo`` does (`_follow_a_stop`).
 """
 
 from __future__ import annotations
@@ -109,7 +111,9 @@ async def _run(options: RunOptions) -> int:
     # Signals are received from here on, so none can end us before the tree is stopped;
     # and until the end, so none is redelivered as we leave (trio's receiver does that to
     # signals left pending: a traceback, or death by it, and the command's status lost).
-    with trio.open_signal_receiver(*STOP_REQUESTS) as requests, unwrapped():
+    # An interactive command's stops are followed (`_follow_a_stop`): told by SIGCHLD.
+    received = (*STOP_REQUESTS, signal.SIGCHLD) if interactive else STOP_REQUESTS
+    with trio.open_signal_receiver(*received) as requests, unwrapped():
         stopping = trio.Event()  # set once the tree is being stopped, whatever stops it
         async with trio.open_nursery() as answering:
             async with open_process_tree(
@@ -154,11 +158,52 @@ async def _answer(
     or one after the timeout, or after the command's end with members left) kills the tree
     now: Ctrl-C pressed at a slow stop, as the library takes a second Ctrl-C."""
     async for sig in requests:
+        if sig == signal.SIGCHLD:
+            # Not once a stop was asked for: the tree's members are then the escalation's
+            # to continue, and this tool, stopped along with them, would wait for ever
+            # (`kill %1` continues a stopped job, then the command reads in the background).
+            if not (requested or stopping.is_set()):
+                _follow_a_stop(tree)
+            continue
         requested.append(sig)
         if stopping.is_set() or len(requested) > 1:
             tree.kill()
         else:
             waiting.cancel()
+
+
+def _follow_a_stop(tree: ProcessTree) -> None:
+    """If the command stopped (Ctrl-Z; a read of the terminal in the background), stop
+    this tool by the same signal, as ``sudo`` does, and once continued (``fg``, ``bg``)
+    continue the command.
+
+    The command's group has the terminal, and the shell does not know of it: Ctrl-Z
+    stops the command alone, and the shell, waiting for this tool, would wait for ever.
+    Stopped, this tool is a stopped job to the shell, which takes the terminal back.
+    """
+    try:
+        # Its stop only, never its exit (WEXITED not asked): the leader is reaped by the
+        # cleanup, after the last signal to its group.
+        stopped = os.waitid(os.P_PID, tree.pid, os.WSTOPPED | os.WNOHANG)
+    except ChildProcessError:
+        return
+    if stopped is None or stopped.si_code != os.CLD_STOPPED:
+        return  # (another child's SIGCHLD, or the stop was continued meanwhile)
+    sig = stopped.si_status
+    with contextlib.suppress(OSError):
+        if os.tcgetpgrp(0) == tree.pid:
+            os.tcsetpgrp(0, os.getpgrp())  # the terminal back to the shell's job: this tool
+    # (SIGTTOU is ignored while the terminal is the tree's: a stop by it must stop us too.)
+    previous = signal.signal(sig, signal.SIG_DFL) if sig != signal.SIGSTOP else None
+    try:
+        os.kill(os.getpid(), sig)  # returns once continued (an orphaned group: at once)
+    finally:
+        if previous is not None:
+            signal.signal(sig, previous)
+    with contextlib.suppress(OSError):
+        if os.tcgetpgrp(0) == os.getpgrp():  # continued in the foreground: fg, not bg
+            os.tcsetpgrp(0, tree.pid)
+    tree.send_signal(signal.SIGCONT)
 
 
 def _owns_terminal() -> bool:
@@ -230,5 +275,8 @@ def _terminal_handed_to(tree: ProcessTree | None) -> Generator[None]:
         yield
     finally:
         with contextlib.suppress(OSError):
-            os.tcsetpgrp(0, os.getpgrp())
+            # Only from the tree: a tree in the background (``bg``) left the terminal to
+            # the shell, and taken from it the shell would be left without it.
+            if os.tcgetpgrp(0) == tree.pid:
+                os.tcsetpgrp(0, os.getpgrp())
         signal.signal(signal.SIGTTOU, previous)

@@ -661,6 +661,27 @@ MUTANTS = [
         "read_it_too_soon",
     ),
     (
+        "cli: Ctrl-Z stops an interactive command alone, the shell waits for ever",
+        "_cmd_run.py",
+        "    received = (*STOP_REQUESTS, signal.SIGCHLD) if interactive else STOP_REQUESTS\n",
+        "    received = STOP_REQUESTS\n",
+        "ctrl_z_stops_run",
+    ),
+    (
+        "cli: a tool continued in the background hands its command the terminal",
+        "_cmd_run.py",
+        "        if os.tcgetpgrp(0) == os.getpgrp():  # continued in the foreground",
+        "        if True:",
+        "background_stops_when_it_reads",
+    ),
+    (
+        "cli: a tool ending in the background takes the terminal from the shell",
+        "_cmd_run.py",
+        "            if os.tcgetpgrp(0) == tree.pid:\n                os.tcsetpgrp(0, os.getpgrp())\n        signal",
+        "            if True:\n                os.tcsetpgrp(0, os.getpgrp())\n        signal",
+        "ending_in_the_background",
+    ),
+    (
         "cgroup: a later image of the process reuses its former home",
         "_cgroup.py",
         "        image = os.urandom(4).hex()\n"

@@ -1,0 +1,206 @@
+"""``trio-proctree run`` under a shell with job control: Ctrl-Z, ``fg`` and ``bg`` do to the
+tool and its command what they do to any job.
+
+An interactive command's tree gets the terminal, in a process group of its own that the
+shell does not know of: Ctrl-Z stops the tree, not the tool, and the shell, waiting for
+the tool, would wait for ever. These tests type at a real bash on a fresh pseudo-terminal.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from . import procs
+from .conftest import Tracked
+from .test_cli_tools import tool
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("bash") is None or shutil.which("setsid") is None,
+    reason="needs bash and setsid(1) for a shell with job control",
+)
+
+CTRL_Z = b"\x1a"
+
+
+class InteractiveShell:
+    """bash with job control on a fresh pseudo-terminal, typed at as a user would."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.master, terminal = os.openpty()
+        try:
+            # setsid -c: a session of its own, with this terminal as its controlling one.
+            self.bash = subprocess.Popen(
+                ["setsid", "-c", "bash", "--norc", "--noprofile", "--noediting", "-i"],
+                stdin=terminal, stdout=terminal, stderr=terminal,
+                env={**env, "PS1": "$ ", "TERM": "dumb"},
+            )  # fmt: skip
+        finally:
+            os.close(terminal)
+        self.shown = b""
+        self.expect(b"$ ")
+
+    def type(self, text: str | bytes) -> None:
+        os.write(self.master, text.encode() if isinstance(text, str) else text)
+
+    def expect(self, wanted: bytes, within: float = 20) -> bytes:
+        """Wait until the terminal shows ``wanted``; what it showed before."""
+        deadline = time.monotonic() + within
+        while wanted not in self.shown:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([self.master], [], [], max(left, 0))
+            chunk = b""
+            if ready:
+                try:
+                    chunk = os.read(self.master, 4096)
+                except OSError:  # EIO: nothing holds the terminal any more
+                    pass
+            if not chunk:
+                raise AssertionError(f"{wanted!r} not shown; the terminal showed {self.shown!r}")
+            self.shown += chunk
+        before, _, self.shown = self.shown.partition(wanted)
+        return before
+
+    def foreground(self) -> int:
+        """The terminal's foreground process group."""
+        return os.tcgetpgrp(self.master)
+
+    def wait_foreground(self, pgid: int, within: float = 10) -> None:
+        wait_until(lambda: self.foreground() == pgid, within, f"group {pgid} in the foreground")
+
+    def close(self) -> None:
+        if self.bash.poll() is None:
+            self.bash.kill()  # (by pid: ours)
+        self.bash.wait()
+        os.close(self.master)
+
+
+def wait_until(condition: Callable[[], bool], within: float, what: str) -> None:
+    """No event tells these (a terminal's foreground group, a process's stop): look again
+    in short pauses."""
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} after {within} s"
+        time.sleep(0.005)
+
+
+@pytest.fixture
+def shell(tracked: Tracked) -> Iterator[InteractiveShell]:
+    terminal = InteractiveShell(tracked.env)
+    try:
+        yield terminal
+    finally:
+        terminal.close()
+
+
+# The command says its pid, then reads the terminal and says what it read. (Each word
+# split by quotes, so that the terminal's echo of the typed command never matches.)
+READS_THE_TERMINAL = 'echo "lea""der $$"; read x; echo "go""t $x"'
+
+
+def start_reader(shell: InteractiveShell, *extra: str) -> int:
+    """Type a `trio-proctree run` of a command that reads the terminal; its leader's pid,
+    once the tree has the terminal."""
+    shell.type(shlex.join([*tool(), "run", *extra, "--", "sh", "-c", READS_THE_TERMINAL]) + "\n")
+    shell.expect(b"leader ")
+    leader = int(shell.expect(b"\r\n"))
+    shell.wait_foreground(leader)  # handed over: Ctrl-Z now goes to the tree's group
+    return leader
+
+
+def suspend(shell: InteractiveShell, leader: int) -> None:
+    """Ctrl-Z; the shell must then say the job stopped and have the terminal back."""
+    shell.type(CTRL_Z)
+    shell.expect(b"Stopped")
+    shell.expect(b"$ ")
+    assert shell.foreground() == shell.bash.pid
+    assert procs.state(leader) == "T"
+
+
+def test_ctrl_z_stops_run_as_a_job_and_fg_resumes_its_command(
+    shell: InteractiveShell, tracked: Tracked
+) -> None:
+    # Red before: Ctrl-Z stopped the tree alone, the shell waited for the tool for ever.
+    leader = start_reader(shell)
+    suspend(shell, leader)
+    shell.type("fg\n")
+    shell.wait_foreground(leader)  # the terminal is the command's again
+    shell.type("hello\n")
+    shell.expect(b"got hello")
+    shell.expect(b"$ ")
+    shell.type('echo "sta""tus=$?"\n')
+    shell.expect(b"status=0")
+    assert tracked.survivors() == [shell.bash.pid]
+
+
+def test_a_command_sent_to_the_background_stops_when_it_reads_the_terminal(
+    shell: InteractiveShell, tracked: Tracked
+) -> None:
+    # bg continues the command without the terminal: its read stops it (SIGTTIN), and the
+    # tool stops with it, as a job reading in the background does; fg lets it read.
+    leader = start_reader(shell)
+    suspend(shell, leader)
+    shell.type("bg\n")
+    # bash marks the job running at bg, stopped only once it sees it stop again.
+    wait_until(lambda: "Stopped" in shell_jobs(shell), 10, "job stopped on its read")
+    assert shell.foreground() == shell.bash.pid
+    assert procs.state(leader) == "T"
+    shell.type("fg\n")
+    shell.wait_foreground(leader)
+    shell.type("hello\n")
+    shell.expect(b"got hello")
+    shell.expect(b"$ ")
+    assert tracked.survivors() == [shell.bash.pid]
+
+
+def shell_jobs(shell: InteractiveShell) -> str:
+    """What ``jobs`` says now."""
+    shell.type('jobs; echo "end ""of jobs"\n')
+    return shell.expect(b"end of jobs").decode(errors="replace")
+
+
+def test_a_command_ending_in_the_background_leaves_the_terminal_to_the_shell(
+    shell: InteractiveShell, tracked: Tracked, tmp_path: Path
+) -> None:
+    # Red before: the tool, ending, took the terminal back for its own group although the
+    # shell had it: the shell was left without it.
+    go = tmp_path / "go"
+    os.mkfifo(go)
+    waits = f'echo "lea""der $$"; read x < {go}; echo "do""ne"'
+    shell.type(shlex.join([*tool(), "run", "--", "sh", "-c", waits]) + "\n")
+    shell.expect(b"leader ")
+    leader = int(shell.expect(b"\r\n"))
+    shell.wait_foreground(leader)
+    suspend(shell, leader)
+    shell.type("bg\n")
+    shell.expect(b"$ ")
+    with open(go, "w") as fifo:  # (blocks until the command opens it: it runs again)
+        fifo.write("\n")
+    shell.expect(b"done")
+    wait_until(lambda: "Done" in shell_jobs(shell), 10, "job done")
+    assert shell.foreground() == shell.bash.pid
+    shell.type('echo "ali""ve"\n')
+    shell.expect(b"alive")
+    assert tracked.survivors() == [shell.bash.pid]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stopped_run_asked_to_stop_stops_its_whole_tree(
+    shell: InteractiveShell, tracked: Tracked, sig: signal.Signals
+) -> None:
+    # `kill %1` on a stopped job (bash sends SIGCONT after the signal); a closed terminal
+    # (SIGHUP, then SIGCONT, to each stopped job).
+    leader = start_reader(shell, "--grace", "0.2")
+    suspend(shell, leader)
+    shell.type(f"kill -{sig.name[3:]} %1\n")
+    wait_until(lambda: procs.state(leader) in (None, "Z"), 10, "leader ended")
+    wait_until(lambda: tracked.survivors() == [shell.bash.pid], 10, "tree gone")
