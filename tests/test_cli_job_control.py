@@ -22,7 +22,7 @@ import pytest
 
 from . import procs
 from .conftest import Tracked
-from .test_cli_tools import tool
+from .test_cli_tools import LATE_HANDOVER, tool
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bash") is None or shutil.which("setsid") is None,
@@ -115,6 +115,26 @@ def start_reader(shell: InteractiveShell, *extra: str) -> int:
     leader = int(shell.expect(b"\r\n"))
     shell.wait_foreground(leader)  # handed over: Ctrl-Z now goes to the tree's group
     return leader
+
+
+def test_a_command_that_read_the_terminal_before_the_hand_over_is_not_a_stopped_job(
+    shell: InteractiveShell, tracked: Tracked, tmp_path: Path
+) -> None:
+    # Started before the hand-over, it read the terminal as a background reader and
+    # stopped (SIGTTIN): the hand-over wakes it, and that stop is no reason to stop the
+    # job. Red without the SIGCONT at the hand-over: the shell said the job stopped.
+    late = tmp_path / "late.py"
+    late.write_text(LATE_HANDOVER)
+    command = [*procs.python(), str(late), "run", "--", "sh", "-c", READS_THE_TERMINAL]
+    shell.type(shlex.join(command) + "\n")
+    shell.expect(b"leader ")
+    leader = int(shell.expect(b"\r\n"))
+    shell.wait_foreground(leader)
+    shell.type("hello\n")
+    shown = shell.expect(b"got hello")
+    shown += shell.expect(b"$ ")
+    assert b"Stopped" not in shown
+    assert tracked.survivors() == [shell.bash.pid]
 
 
 def suspend(shell: InteractiveShell, leader: int) -> None:

@@ -406,10 +406,17 @@ LATE_HANDOVER = textwrap.dedent(
 
     handed_to = _cmd_run._terminal_handed_to
 
+    def stopped(pid):
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[0] == b"T"
+
     @contextlib.contextmanager
-    def late(tree):
-        time.sleep(0.3)
-        with handed_to(tree):
+    def late(terminal, tree):
+        # Once the command has read the terminal too soon and stopped (SIGTTIN).
+        deadline = time.monotonic() + 10
+        while not stopped(tree.pid) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        with handed_to(terminal, tree):
             yield
 
     _cmd_run._terminal_handed_to = late
@@ -449,6 +456,36 @@ def test_run_in_a_pipeline_leaves_the_terminal_to_the_pipeline(
     )
     result = typed_at_a_terminal(f"bash -c {shlex.quote(pipeline)}", tracked.env)
     assert "got typed" in result.stdout, result
+    assert tracked.survivors() == []
+
+
+@needs_a_terminal
+def test_run_fed_by_a_pipeline_leaves_the_terminal_to_the_pipeline(
+    tracked: Tracked, tmp_path: Path
+) -> None:
+    # `sudo cat secrets | trio-proctree run -- cmd`: the writer beside the tool prompts on
+    # the terminal. The tree says when the writer may read it: a hand-over, if any, is done.
+    started = tmp_path / "started"
+    os.mkfifo(started)
+    writer = f"read x < {started}; read typed < /dev/tty; echo $typed"
+    tree = f"sleep 0.5; echo > {started}; read line; echo got $line"
+    pipeline = " ".join(
+        ["sh", "-c", shlex.quote(writer), "|", *tool(), "run", "--", "sh", "-c", shlex.quote(tree)]
+    )
+    result = typed_at_a_terminal(f"bash -c {shlex.quote(pipeline)}", tracked.env)
+    assert "got typed" in result.stdout, result
+    assert tracked.survivors() == []
+
+
+@needs_a_terminal
+def test_run_with_stdin_redirected_still_hands_its_command_the_terminal(tracked: Tracked) -> None:
+    # `trio-proctree run -- sudo make < input`: sudo, ssh and gpg prompt on /dev/tty, not
+    # on stdin. Red before: stdin not a terminal, the command got a session of its own,
+    # and no terminal to open.
+    command = shlex.join([*tool(), "run", "--", "sh", "-c", "read x < /dev/tty; echo got $x"])
+    result = typed_at_a_terminal(f"{command} < /dev/null", tracked.env)
+    assert result.returncode == 0, result
+    assert "got typed" in result.stdout
     assert tracked.survivors() == []
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import errno
+import functools
 import math
 import os
 import resource
@@ -105,7 +106,13 @@ def _end_by(sig: int) -> int:
 
 async def _run(options: RunOptions) -> int:
     """The exit status for a shell, or minus the signal this process is to end by."""
-    interactive = _owns_terminal()
+    with _owned_terminal() as terminal:
+        return await _run_with(options, terminal)
+
+
+async def _run_with(options: RunOptions, terminal: int | None) -> int:
+    """`_run`, given our controlling terminal open (`_owned_terminal`), or None."""
+    interactive = terminal is not None
     timed_out = False
     requested: list[int] = []  # the stop requests received, in order
     # Signals are received from here on, so none can end us before the tree is stopped;
@@ -126,10 +133,11 @@ async def _run(options: RunOptions) -> int:
                 start_new_session=not interactive,
             ) as tree:
                 with (
-                    _terminal_handed_to(tree if interactive else None),
+                    _terminal_handed_to(terminal, tree),
                     trio.CancelScope() as waiting,
                 ):
-                    answering.start_soon(_answer, requests, requested, waiting, stopping, tree)
+                    answer = functools.partial(_answer, terminal=terminal)
+                    answering.start_soon(answer, requests, requested, waiting, stopping, tree)
                     timeout = math.inf if options.timeout is None else options.timeout
                     with trio.move_on_after(timeout) as deadline:
                         await tree.wait()
@@ -152,6 +160,8 @@ async def _answer(
     waiting: trio.CancelScope,
     stopping: trio.Event,
     tree: ProcessTree,
+    *,
+    terminal: int | None,
 ) -> None:
     """A stop request ends the wait for the command: the tree is stopped as the escalation
     says, gracefully first. One that comes during a stop already under way (a second one,
@@ -162,8 +172,8 @@ async def _answer(
             # Not once a stop was asked for: the tree's members are then the escalation's
             # to continue, and this tool, stopped along with them, would wait for ever
             # (`kill %1` continues a stopped job, then the command reads in the background).
-            if not (requested or stopping.is_set()):
-                _follow_a_stop(tree)
+            if terminal is not None and not (requested or stopping.is_set()):
+                _follow_a_stop(tree, terminal)
             continue
         requested.append(sig)
         if stopping.is_set() or len(requested) > 1:
@@ -172,7 +182,7 @@ async def _answer(
             waiting.cancel()
 
 
-def _follow_a_stop(tree: ProcessTree) -> None:
+def _follow_a_stop(tree: ProcessTree, terminal: int) -> None:
     """If the command stopped (Ctrl-Z; a read of the terminal in the background), stop
     this tool by the same signal, as ``sudo`` does, and once continued (``fg``, ``bg``)
     continue the command.
@@ -191,8 +201,8 @@ def _follow_a_stop(tree: ProcessTree) -> None:
         return  # (another child's SIGCHLD, or the stop was continued meanwhile)
     sig = stopped.si_status
     with contextlib.suppress(OSError):
-        if os.tcgetpgrp(0) == tree.pid:
-            os.tcsetpgrp(0, os.getpgrp())  # the terminal back to the shell's job: this tool
+        if os.tcgetpgrp(terminal) == tree.pid:
+            os.tcsetpgrp(terminal, os.getpgrp())  # the terminal back to the shell's job: this tool
     # (SIGTTOU is ignored while the terminal is the tree's: a stop by it must stop us too.)
     previous = signal.signal(sig, signal.SIG_DFL) if sig != signal.SIGSTOP else None
     try:
@@ -201,35 +211,46 @@ def _follow_a_stop(tree: ProcessTree) -> None:
         if previous is not None:
             signal.signal(sig, previous)
     with contextlib.suppress(OSError):
-        if os.tcgetpgrp(0) == os.getpgrp():  # continued in the foreground: fg, not bg
-            os.tcsetpgrp(0, tree.pid)
+        if os.tcgetpgrp(terminal) == os.getpgrp():  # continued in the foreground: fg, not bg
+            os.tcsetpgrp(terminal, tree.pid)
     tree.send_signal(signal.SIGCONT)
 
 
-def _owns_terminal() -> bool:
-    """Whether stdin is a terminal whose foreground process group is ours, and ours alone.
+@contextlib.contextmanager
+def _owned_terminal() -> Generator[int | None]:
+    """Our controlling terminal, open, if its foreground process group is ours, and ours
+    alone; None else (no terminal: cron, CI, a service; or run in the background).
 
+    The controlling terminal, not stdin: ``run -- sudo make < input`` prompts on it.
     The commands of a pipeline share a process group (``trio-proctree run -- git log |
     less``): the terminal is then theirs too, and handed to the tree it would be taken
     from them (the reader's read of it fails, or stops it). The tree then runs in the
     background of the terminal, as under ``timeout``.
     """
     try:
-        if not (os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp()):
-            return False
+        # (O_NONBLOCK: the open of a serial line may wait for its carrier, else.)
+        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
-        return False
-    return not _group_shared()
+        yield None  # no controlling terminal
+        return
+    try:
+        try:
+            owned = os.tcgetpgrp(fd) == os.getpgrp() and not _group_shared()
+        except OSError:
+            owned = False
+        yield fd if owned else None
+    finally:
+        os.close(fd)
 
 
 def _group_shared() -> bool:
     """Whether other commands of a pipeline are in our process group: processes there (not
-    us, nor our ancestors) that hold the pipe our stdout or stderr writes to. (A shell
+    us, nor our ancestors) that hold a pipe of our stdin, stdout or stderr. (A shell
     running a script without job control is in its commands' group, and waits; so is a
     job it left in the background: neither shares the terminal with us. A shell puts each
     command of a pipeline in its group before it runs it: by now they all are.)"""
     pipes: set[tuple[int, int]] = set()
-    for fd in (1, 2):
+    for fd in (0, 1, 2):
         with contextlib.suppress(OSError):
             if stat.S_ISFIFO((st := os.fstat(fd)).st_mode):
                 pipes.add((st.st_dev, st.st_ino))
@@ -260,15 +281,15 @@ def _holds(pid: int, pipes: set[tuple[int, int]]) -> bool:
 
 
 @contextlib.contextmanager
-def _terminal_handed_to(tree: ProcessTree | None) -> Generator[None]:
+def _terminal_handed_to(terminal: int | None, tree: ProcessTree) -> Generator[None]:
     """Make the tree's group the terminal's foreground group (so the command can read from
-    it and gets Ctrl-C), and take the terminal back afterwards."""
-    if tree is None:
+    it and gets Ctrl-C), and take the terminal back afterwards. (None: no terminal.)"""
+    if terminal is None:
         yield
         return
     previous = signal.signal(signal.SIGTTOU, signal.SIG_IGN)  # a background tcsetpgrp stops us
     try:
-        os.tcsetpgrp(0, tree.pid)
+        os.tcsetpgrp(terminal, tree.pid)
         # The command runs from its spawn on, before this: one that read the terminal
         # meanwhile got SIGTTIN, as a background reader, and stopped. It may read now.
         tree.send_signal(signal.SIGCONT)
@@ -277,6 +298,6 @@ def _terminal_handed_to(tree: ProcessTree | None) -> Generator[None]:
         with contextlib.suppress(OSError):
             # Only from the tree: a tree in the background (``bg``) left the terminal to
             # the shell, and taken from it the shell would be left without it.
-            if os.tcgetpgrp(0) == tree.pid:
-                os.tcsetpgrp(0, os.getpgrp())
+            if os.tcgetpgrp(terminal) == tree.pid:
+                os.tcsetpgrp(terminal, os.getpgrp())
         signal.signal(signal.SIGTTOU, previous)

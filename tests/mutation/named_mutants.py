@@ -649,8 +649,8 @@ MUTANTS = [
     (
         "cli: the terminal taken from the other commands of a pipeline",
         "_cmd_run.py",
-        "    return not _group_shared()\n",
-        "    return True\n",
+        "            owned = os.tcgetpgrp(fd) == os.getpgrp() and not _group_shared()\n",
+        "            owned = os.tcgetpgrp(fd) == os.getpgrp()\n",
         "pipeline_leaves_the_terminal",
     ),
     (
@@ -658,7 +658,21 @@ MUTANTS = [
         "_cmd_run.py",
         "        tree.send_signal(signal.SIGCONT)\n",
         "",
-        "read_it_too_soon",
+        "read_it_too_soon or before_the_hand_over",
+    ),
+    (
+        "cli: the terminal taken from a pipeline's command that feeds the tool",
+        "_cmd_run.py",
+        "    for fd in (0, 1, 2):\n",
+        "    for fd in (1, 2):\n",
+        "fed_by_a_pipeline",
+    ),
+    (
+        "cli: only a terminal on stdin is handed to the command",
+        "_cmd_run.py",
+        '        fd = os.open("/dev/tty", ',
+        '        fd = 0 if os.isatty(0) else os.open("/dev/null", ',
+        "stdin_redirected",
     ),
     (
         "cli: Ctrl-Z stops an interactive command alone, the shell waits for ever",
@@ -670,15 +684,15 @@ MUTANTS = [
     (
         "cli: a tool continued in the background hands its command the terminal",
         "_cmd_run.py",
-        "        if os.tcgetpgrp(0) == os.getpgrp():  # continued in the foreground",
+        "        if os.tcgetpgrp(terminal) == os.getpgrp():  # continued in the foreground",
         "        if True:",
         "background_stops_when_it_reads",
     ),
     (
         "cli: a tool ending in the background takes the terminal from the shell",
         "_cmd_run.py",
-        "            if os.tcgetpgrp(0) == tree.pid:\n                os.tcsetpgrp(0, os.getpgrp())\n        signal",
-        "            if True:\n                os.tcsetpgrp(0, os.getpgrp())\n        signal",
+        "            if os.tcgetpgrp(terminal) == tree.pid:\n                os.tcsetpgrp(terminal, os",
+        "            if True:\n                os.tcsetpgrp(terminal, os",
         "ending_in_the_background",
     ),
     (
