@@ -203,6 +203,93 @@ def test_ctrl_c_during_the_grace_kills_the_tree_now_then_interrupts(
     assert tracked.survivors() == []
 
 
+# The asyncio twin: Ctrl-C at a slow stop under asyncio.run (or uvloop.run). From 3.11
+# the first Ctrl-C cancels the main task, whose cleanup runs its course; a second raises
+# KeyboardInterrupt out of the loop, whose shutdown cancels the cleanup's task. Python
+# 3.10's asyncio.run takes no Ctrl-C of its own: the first raises at once.
+INTERRUPTED_DURING_AN_ASYNCIO_GRACE = procs.ALIVE_IN_A_CHILD + textwrap.dedent(
+    """
+    import asyncio, json, logging, os, signal, sys, threading, time
+    from trio_proctree.asyncio import open_process_tree
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # (as at a terminal)
+    presses = 2 if sys.version_info >= (3, 11) else 1
+    grace_began = threading.Event()
+
+    class Watch(logging.Handler):
+        def emit(self, record):
+            if "sending SIGTERM" in record.getMessage():
+                grace_began.set()
+
+    log = logging.getLogger("trio_proctree")
+    log.addHandler(Watch())
+    log.setLevel(logging.DEBUG)
+
+    def press_ctrl_c():
+        grace_began.wait()
+        for _ in range(presses):
+            time.sleep(0.1)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=press_ctrl_c, daemon=True).start()
+    trees, pids = [], Pids()
+
+    async def main():
+        command = ["sh", "-c", "trap '' TERM; sleep 60 & echo $$ $!; wait"]
+        async with open_process_tree(
+            command, grace=5.0, stdout=-1, containment=sys.argv[1]
+        ) as tree:
+            trees.append(tree)
+            pids.extend(int(pid) for pid in (await tree.stdout.readline()).split())
+
+    if sys.argv[2] == "uvloop.run":
+        import uvloop
+        run = uvloop.run
+    else:
+        run = asyncio.run
+    began = time.monotonic()
+    try:
+        run(main())
+        interrupted = False
+    except KeyboardInterrupt:
+        interrupted = True
+    outcome = trees[0].outcome
+
+    print(json.dumps({
+        "interrupted": interrupted,
+        "seconds": time.monotonic() - began,
+        "signals": None if outcome is None else [int(s) for s in outcome.signals],
+        "alive": [pid for pid in pids if alive(pid)],
+        "pids": pids,
+    }))
+    """
+)
+
+
+@pytest.mark.parametrize("runner", ["asyncio.run", "uvloop.run"])
+def test_ctrl_c_at_an_asyncio_programs_end_cuts_the_grace_short(
+    tracked: Tracked, contained: dict[str, Any], runner: str
+) -> None:
+    # The shutdown's cancellation of the cleanup's task comes with the KeyboardInterrupt
+    # as its context: the user pressed Ctrl-C again. Red before: the 5 s grace ran out.
+    if runner == "uvloop.run":
+        pytest.importorskip("uvloop")
+    report = json.loads(
+        procs.run_python(
+            INTERRUPTED_DURING_AN_ASYNCIO_GRACE,
+            contained["containment"],
+            runner,
+            env=contained["env"],
+        )
+    )
+    assert report["interrupted"]
+    assert len(report["pids"]) == 2  # the shell and its sleep
+    assert report["alive"] == []
+    assert report["signals"] == [signal.SIGTERM, signal.SIGCONT, signal.SIGKILL]
+    assert report["seconds"] < 4  # the 5 s grace was cut short
+    assert tracked.survivors() == []
+
+
 # Presses Ctrl-C the moment the block's exit enters the given function of the trio driver
 # (a trace hook), then reports whether the tree's cleanup ran and what is left alive.
 INTERRUPTED_AS_THE_BLOCK_EXITS = procs.ALIVE_IN_A_CHILD + textwrap.dedent(

@@ -29,7 +29,7 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Generator
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -158,6 +158,28 @@ class _AsyncioIO:
     def __init__(self, tree: ProcessTree) -> None:
         self._tree = tree
         self._loop = asyncio.get_running_loop()
+        self._interrupted = False
+
+    @contextlib.contextmanager
+    def _finishing(self) -> Generator[None]:
+        """Absorb a cancellation of the cleanup's task, noting a Ctrl-C that came with it.
+
+        Only the loop's shutdown (asyncio.run cancelling what is left) or a blanket
+        "cancel every task" reaches the cleanup task; stopping halfway would leak the
+        tree, and the loop waits for cancelled tasks to finish: so finish. A shutdown
+        that a KeyboardInterrupt set off (a second Ctrl-C from 3.11, the first before)
+        cancels it with that interrupt as the cancellation's context: the user asked
+        for it to end now, so the graces are cut short, as under trio.
+        """
+        try:
+            yield
+        except asyncio.CancelledError as exc:
+            self._interrupted |= isinstance(exc.__context__, KeyboardInterrupt)
+            logger.debug(
+                "%s: cleanup task cancelled%s; finishing the cleanup",
+                self._tree,
+                " by Ctrl-C" if self._interrupted else "",
+            )
 
     def now(self) -> float:
         return self._loop.time()
@@ -166,7 +188,7 @@ class _AsyncioIO:
         if fd == self._tree._core.leader.pidfd:
             # The leader's pidfd is shared with ProcessTree.wait(), and a loop has one
             # reader per fd: wait on the same future.
-            with contextlib.suppress(asyncio.CancelledError):  # see below
+            with self._finishing():
                 await asyncio.wait({self._tree._leader_exited()}, timeout=timeout)
             return
         woken = self._loop.create_future()
@@ -178,12 +200,8 @@ class _AsyncioIO:
         self._loop.add_reader(fd, wake)
         timer = self._loop.call_later(timeout, wake)
         try:
-            await woken
-        except asyncio.CancelledError:
-            # Only the loop's shutdown (asyncio.run cancelling what is left) or a blanket
-            # "cancel every task" reaches the cleanup task; stopping halfway would leak the
-            # tree, and the loop waits for cancelled tasks to finish: so finish.
-            logger.debug("%s: cleanup task cancelled; finishing the cleanup", self._tree)
+            with self._finishing():
+                await woken
         finally:
             self._loop.remove_reader(fd)
             timer.cancel()
@@ -194,13 +212,13 @@ class _AsyncioIO:
     def interrupted(self) -> bool:
         # asyncio.run turns Ctrl-C into a cancellation of the main task, which waits for
         # the cleanup like any other. A second one raises KeyboardInterrupt out of the
-        # loop, whose shutdown then still waits for the cleanup (its course, not cut
-        # short: nothing tells the cleanup task of it); a third abandons the loop, and
-        # the net at interpreter exit kills and reaps the tree.
-        return False
+        # loop, whose shutdown cancels the cleanup task (`_finishing`): the graces are
+        # then cut short. A third abandons the loop, and the net at interpreter exit
+        # kills and reaps the tree.
+        return self._interrupted
 
     async def sleep(self, seconds: float) -> None:
-        with contextlib.suppress(asyncio.CancelledError):  # as in wait_readable
+        with self._finishing():
             await asyncio.sleep(seconds)
 
     async def close_stdin(self, within: float) -> Exception | None:

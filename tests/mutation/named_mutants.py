@@ -661,6 +661,13 @@ MUTANTS = [
         "read_it_too_soon or before_the_hand_over",
     ),
     (
+        "asyncio: Ctrl-C at the loop's shutdown lets the grace run out",
+        "asyncio.py",
+        "            self._interrupted |= isinstance(exc.__context__, KeyboardInterrupt)\n",
+        "            self._interrupted |= False\n",
+        "asyncio_programs_end",
+    ),
+    (
         "cli: the terminal taken from a pipeline's command that feeds the tool",
         "_cmd_run.py",
         "    for fd in (0, 1, 2):\n",
