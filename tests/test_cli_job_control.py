@@ -14,6 +14,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import textwrap
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -82,6 +83,24 @@ class InteractiveShell:
             self.bash.kill()  # (by pid: ours)
         self.bash.wait()
         os.close(self.master)
+
+
+def release(fifo: Path, within: float = 10) -> None:
+    """Write a line to ``fifo`` once its reader has it open (never blocks for ever: a
+    reader that never comes fails the test)."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:  # ENXIO: no reader yet
+            assert time.monotonic() < deadline, f"nothing read {fifo} within {within} s"
+            time.sleep(0.005)
+            continue
+        try:
+            os.write(fd, b"\n")
+        finally:
+            os.close(fd)
+        return
 
 
 def wait_until(condition: Callable[[], bool], within: float, what: str) -> None:
@@ -203,8 +222,7 @@ def test_a_command_ending_in_the_background_leaves_the_terminal_to_the_shell(
     suspend(shell, leader)
     shell.type("bg\n")
     shell.expect(b"$ ")
-    with open(go, "w") as fifo:  # (blocks until the command opens it: it runs again)
-        fifo.write("\n")
+    release(go)  # (once the command opens it: it runs again)
     shell.expect(b"done")
     wait_until(lambda: "Done" in shell_jobs(shell), 10, "job done")
     assert shell.foreground() == shell.bash.pid
@@ -224,3 +242,200 @@ def test_a_stopped_run_asked_to_stop_stops_its_whole_tree(
     shell.type(f"kill -{sig.name[3:]} %1\n")
     wait_until(lambda: procs.state(leader) in (None, "Z"), 10, "leader ended")
     wait_until(lambda: tracked.survivors() == [shell.bash.pid], 10, "tree gone")
+    # The job ended by that signal (the tool passes it on: `_end_by`).
+    said = "Terminated" if sig == signal.SIGTERM else "Hangup"
+    wait_until(lambda: said in shell_jobs(shell), 10, f"job {said}")
+    assert shell.foreground() == shell.bash.pid
+
+
+def test_a_job_brought_back_running_gets_the_terminal_when_it_reads_it(
+    shell: InteractiveShell, tracked: Tracked, tmp_path: Path
+) -> None:
+    # bash's fg of a job running in the background gives this tool's group the terminal
+    # and sends no SIGCONT: the command, reading, stops for it (SIGTTIN), and the tool,
+    # in the foreground, hands it over. Red before: the tool stopped as well.
+    go = tmp_path / "go"
+    os.mkfifo(go)
+    waits_then_reads = f'echo "lea""der $$"; read x < {go}; read y; echo "go""t $y"'
+    shell.type(shlex.join([*tool(), "run", "--", "sh", "-c", waits_then_reads]) + "\n")
+    shell.expect(b"leader ")
+    leader = int(shell.expect(b"\r\n"))
+    shell.wait_foreground(leader)
+    suspend(shell, leader)
+    shell.type("bg\n")
+    shell.expect(b"$ ")
+    wait_until(lambda: procs.state(leader) == "S", 10, "command running again")
+    shell.type("fg\n")
+    tool_pid = procs.stat_field(leader, 4)
+    shell.wait_foreground(procs.pgid_of(tool_pid))
+    # Ctrl-Z now reaches the tool: the whole job stops, the command too.
+    shell.type(CTRL_Z)
+    shell.expect(b"Stopped")
+    shell.expect(b"$ ")
+    wait_until(lambda: procs.state(leader) == "T", 10, "command stopped")
+    shell.type("bg\n")
+    shell.expect(b"$ ")
+    wait_until(lambda: procs.state(leader) == "S", 10, "command running again")
+    shell.type("fg\n")
+    shell.wait_foreground(procs.pgid_of(tool_pid))
+    release(go)
+    shell.wait_foreground(leader)
+    shell.type("hello\n")
+    shell.expect(b"got hello")
+    shell.expect(b"$ ")
+    assert tracked.survivors() == [shell.bash.pid]
+
+
+# Hands the terminal over only once the file named by $CUE (a FIFO) is written to, then
+# says so on stderr.
+HANDOVER_ON_CUE = textwrap.dedent(
+    """
+    import os, sys
+    from trio_proctree import _cli, _job_control
+
+    hand_to = _job_control.Terminal.hand_to
+
+    def on_cue(terminal, group):
+        with open(os.environ["CUE"]) as cue:
+            cue.read()
+        hand_to(terminal, group)
+        print("hand-over " "done", file=sys.stderr)
+
+    _job_control.Terminal.hand_to = on_cue
+    sys.exit(_cli.main(sys.argv[1:]))
+    """
+)
+
+
+def test_a_tool_stopped_before_the_hand_over_and_sent_to_the_background_keeps_off_the_terminal(
+    shell: InteractiveShell, tracked: Tracked, tmp_path: Path
+) -> None:
+    # Stopped before the hand-over (a SIGSTOP; a Ctrl-Z there is passed on after it), and
+    # continued by bg in the background: its hand-over must then leave the terminal to
+    # the shell. Red before: it took it (SIGTTOU ignored), and the shell exited.
+    cue, wrapper = tmp_path / "cue", tmp_path / "on_cue.py"
+    os.mkfifo(cue)
+    wrapper.write_text(HANDOVER_ON_CUE)
+    command = [*procs.python(), str(wrapper), "run", "--", "sh", "-c", READS_THE_TERMINAL]
+    shell.type(f"CUE={shlex.quote(str(cue))} {shlex.join(command)}\n")
+    shell.expect(b"leader ")
+    leader = int(shell.expect(b"\r\n"))
+    tool_pid = procs.stat_field(leader, 4)
+    os.kill(tool_pid, signal.SIGSTOP)  # (ours, by pid)
+    shell.expect(b"Stopped")
+    shell.expect(b"$ ")
+    shell.type("bg\n")
+    shell.expect(b"$ ")
+    release(cue)
+    shell.expect(b"hand-over done")
+    assert shell.foreground() == shell.bash.pid
+    shell.type('echo "ali""ve"\n')
+    shell.expect(b"alive")
+    # Its read in the background stops it again; fg gives it the terminal at last.
+    wait_until(lambda: "Stopped" in shell_jobs(shell), 10, "job stopped on its read")
+    shell.type("fg\n")
+    shell.wait_foreground(leader)
+    shell.type("hello\n")
+    shell.expect(b"got hello")
+    shell.expect(b"$ ")
+    assert tracked.survivors() == [shell.bash.pid]
+
+
+def test_ctrl_z_stops_a_script_that_runs_the_tool_as_one_job(
+    shell: InteractiveShell, tracked: Tracked
+) -> None:
+    # The script's shell is in the tool's group, waiting for it: the job is stopped only
+    # once it is stopped too. Red before: the tool stopped alone, and the shell waited.
+    run = shlex.join([*tool(), "run", "--", "sh", "-c", READS_THE_TERMINAL])
+    shell.type(f"""bash -c {shlex.quote(run + '; echo "af""ter"')}\n""")
+    shell.expect(b"leader ")
+    leader = int(shell.expect(b"\r\n"))
+    shell.wait_foreground(leader)
+    suspend(shell, leader)
+    shell.type("fg\n")
+    shell.wait_foreground(leader)
+    shell.type("hello\n")
+    shell.expect(b"got hello")
+    shell.expect(b"after")
+    shell.expect(b"$ ")
+    assert tracked.survivors() == [shell.bash.pid]
+
+
+def test_fg_continues_the_commands_group_not_members_stopped_elsewhere(
+    shell: InteractiveShell, tracked: Tracked
+) -> None:
+    # As a shell continues a job: a member that stopped itself in a session of its own (a
+    # nested shell's job, say) stays stopped. Red before: the whole tree was continued.
+    member = 'echo "mem""ber $$"; kill -STOP $$; echo "resu""med"'
+    # (The leader reads on, so that its exit cannot continue the member: the member's
+    # group is orphaned then, and the kernel sends a stopped one SIGHUP and SIGCONT.)
+    leader_script = f"setsid sh -c {shlex.quote(member)} & {READS_THE_TERMINAL}; read z"
+    shell.type(shlex.join([*tool(), "run", "--", "sh", "-c", leader_script]) + "\n")
+    shell.expect(b"member ")
+    stopped_member = int(shell.expect(b"\r\n"))
+    wait_until(lambda: procs.state(stopped_member) == "T", 10, "member stopped")
+    leader = procs.stat_field(stopped_member, 4)
+    shell.wait_foreground(leader)
+    suspend(shell, leader)
+    shell.type("fg\n")
+    shell.wait_foreground(leader)
+    shell.type("hello\n")
+    shown = shell.expect(b"got hello")
+    assert procs.state(stopped_member) == "T"
+    assert b"resumed" not in shown
+    shell.type("bye\n")
+    shell.expect(b"$ ")
+    assert tracked.survivors() == [shell.bash.pid]
+
+
+def test_a_stopped_command_keeps_the_terminal_until_it_has_stopped(
+    shell: InteractiveShell, tracked: Tracked
+) -> None:
+    # An editor stopped by --timeout or a stop request restores the terminal's settings
+    # as it ends: only in the foreground can it. Red before: the terminal was taken back
+    # first, its stty stopped (SIGTTOU), and the terminal was left without echo.
+    # (At --timeout, as a stop request ends the tool by its signal, and bash restores the
+    # terminal's settings after a job that a signal ended.)
+    restores = 'trap "stty echo; exit 3" TERM; stty -echo; echo "lea""der $$"; sleep 60 & wait'
+    run = [*tool(), "run", "--timeout", "2", "--grace", "5", "--", "sh", "-c", restores]
+    shell.type(shlex.join(run) + "\n")
+    shell.expect(b"leader ")
+    shell.expect(b"$ ")
+    shell.type('echo "sta""tus=$?"\n')
+    shell.expect(b"status=124")
+    shell.type('echo "ec""hoed"\n')
+    shell.expect(b'echo "ec""hoed"')  # the terminal echoes what is typed again
+    shell.expect(b"echoed")
+    assert tracked.survivors() == [shell.bash.pid]
+
+
+def test_a_sigstop_with_no_shell_to_continue_the_tool_leaves_its_timeout_working(
+    tracked: Tracked,
+) -> None:
+    # setsid -c: the tool leads a session on a terminal of its own, with no shell: its
+    # group is orphaned, and a tool stopped there would never be continued. Red before:
+    # it followed the SIGSTOP, stopped for good, and its --timeout never came.
+    master, terminal = os.openpty()
+    command = [*tool(), "run", "--timeout", "1", "--grace", "0.2", "--", "sh", "-c"]
+    try:
+        runner = subprocess.Popen(
+            ["setsid", "-c", *command, 'echo "lea""der $$"; sleep 60'],
+            stdin=terminal, stdout=terminal, stderr=terminal, env=tracked.env,
+        )  # fmt: skip
+    finally:
+        os.close(terminal)
+    try:
+        shown = b""
+        while b"leader " not in shown or not shown.endswith(b"\r\n"):
+            ready, _, _ = select.select([master], [], [], 20)
+            assert ready, f"no leader said: {shown!r}"
+            shown += os.read(master, 4096)
+        leader = int(shown.split(b"leader ")[1].split()[0])
+        os.kill(leader, signal.SIGSTOP)  # (ours, by pid)
+        assert runner.wait(timeout=30) == 124
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait()
+        os.close(master)
+    assert tracked.survivors() == []

@@ -401,25 +401,23 @@ def typed_at_a_terminal(command: str, env: dict[str, str]) -> subprocess.Complet
 
 LATE_HANDOVER = textwrap.dedent(
     """
-    import contextlib, sys, time
-    from trio_proctree import _cli, _cmd_run
+    import sys, time
+    from trio_proctree import _cli, _job_control
 
-    handed_to = _cmd_run._terminal_handed_to
+    hand_to = _job_control.Terminal.hand_to
 
     def stopped(pid):
         with open(f"/proc/{pid}/stat", "rb") as f:
             return f.read().rpartition(b")")[2].split()[0] == b"T"
 
-    @contextlib.contextmanager
-    def late(terminal, tree):
+    def late(terminal, group):
         # Once the command has read the terminal too soon and stopped (SIGTTIN).
         deadline = time.monotonic() + 10
-        while not stopped(tree.pid) and time.monotonic() < deadline:
+        while not stopped(group) and time.monotonic() < deadline:
             time.sleep(0.005)
-        with handed_to(terminal, tree):
-            yield
+        hand_to(terminal, group)
 
-    _cmd_run._terminal_handed_to = late
+    _job_control.Terminal.hand_to = late
     sys.exit(_cli.main(sys.argv[1:]))
     """
 )

@@ -13,7 +13,7 @@ stops the tree (at once, during a stop already under way), it ends by that signa
 that a script running it in a loop stops on Ctrl-C (bash stops a script only for a child
 that died of SIGINT).
 An interactive command keeps the terminal, in a group of its own; under job control this
-tool stops when its command stops, as ``sudo`` does (`_follow_a_stop`).
+tool stops when its command stops, as ``sudo`` does (`_job_control`).
 """
 
 from __future__ import annotations
@@ -26,16 +26,15 @@ import math
 import os
 import resource
 import signal
-import stat
 import sys
-from collections.abc import AsyncIterator, Generator, Sequence
+from collections.abc import AsyncIterator, Sequence
 
 import attrs
 import trio
 
 from ._choose import ContainmentUnavailable
+from ._job_control import Terminal, owned_terminal
 from ._outcome import CleanupError
-from ._procfs import read_stat, scan
 from ._trio import ProcessTree, open_process_tree, unwrapped
 
 TIMED_OUT = 124
@@ -106,20 +105,25 @@ def _end_by(sig: int) -> int:
 
 async def _run(options: RunOptions) -> int:
     """The exit status for a shell, or minus the signal this process is to end by."""
-    with _owned_terminal() as terminal:
+    # The terminal is taken back only once the tree is stopped: a program stopped at the
+    # --timeout (an editor) restores the terminal's settings as it ends, which it can do
+    # only in the foreground.
+    with owned_terminal() as terminal:
         return await _run_with(options, terminal)
 
 
-async def _run_with(options: RunOptions, terminal: int | None) -> int:
-    """`_run`, given our controlling terminal open (`_owned_terminal`), or None."""
+async def _run_with(options: RunOptions, terminal: Terminal | None) -> int:
+    """`_run`, given our controlling terminal (`owned_terminal`), or None."""
     interactive = terminal is not None
     timed_out = False
     requested: list[int] = []  # the stop requests received, in order
     # Signals are received from here on, so none can end us before the tree is stopped;
     # and until the end, so none is redelivered as we leave (trio's receiver does that to
     # signals left pending: a traceback, or death by it, and the command's status lost).
-    # An interactive command's stops are followed (`_follow_a_stop`): told by SIGCHLD.
-    received = (*STOP_REQUESTS, signal.SIGCHLD) if interactive else STOP_REQUESTS
+    # An interactive command's stops are followed (SIGCHLD), and this tool's stops and
+    # continues (SIGTSTP, SIGCONT) passed on to it: `_job_control`.
+    job_control = (signal.SIGCHLD, signal.SIGCONT, signal.SIGTSTP)
+    received = (*STOP_REQUESTS, *job_control) if interactive else STOP_REQUESTS
     with trio.open_signal_receiver(*received) as requests, unwrapped():
         stopping = trio.Event()  # set once the tree is being stopped, whatever stops it
         async with trio.open_nursery() as answering:
@@ -132,10 +136,9 @@ async def _run_with(options: RunOptions, terminal: int | None) -> int:
                 # commands keep ours, in a group of their own that gets the terminal.
                 start_new_session=not interactive,
             ) as tree:
-                with (
-                    _terminal_handed_to(terminal, tree),
-                    trio.CancelScope() as waiting,
-                ):
+                if terminal is not None:
+                    terminal.hand_to(tree.pid)  # (its group's id: a group of its own)
+                with trio.CancelScope() as waiting:
                     answer = functools.partial(_answer, terminal=terminal)
                     answering.start_soon(answer, requests, requested, waiting, stopping, tree)
                     timeout = math.inf if options.timeout is None else options.timeout
@@ -161,7 +164,7 @@ async def _answer(
     stopping: trio.Event,
     tree: ProcessTree,
     *,
-    terminal: int | None,
+    terminal: Terminal | None,
 ) -> None:
     """A stop request ends the wait for the command: the tree is stopped as the escalation
     says, gracefully first. One that comes during a stop already under way (a second one,
@@ -173,131 +176,17 @@ async def _answer(
             # to continue, and this tool, stopped along with them, would wait for ever
             # (`kill %1` continues a stopped job, then the command reads in the background).
             if terminal is not None and not (requested or stopping.is_set()):
-                _follow_a_stop(tree, terminal)
+                terminal.follow_a_stop(tree.pid)
+            continue
+        if sig in (signal.SIGCONT, signal.SIGTSTP):
+            if terminal is not None and tree.outcome is None:  # (not yet reaped)
+                if sig == signal.SIGCONT:
+                    terminal.resume()
+                elif not (requested or stopping.is_set()):
+                    terminal.stop_the_tree()
             continue
         requested.append(sig)
         if stopping.is_set() or len(requested) > 1:
             tree.kill()
         else:
             waiting.cancel()
-
-
-def _follow_a_stop(tree: ProcessTree, terminal: int) -> None:
-    """If the command stopped (Ctrl-Z; a read of the terminal in the background), stop
-    this tool by the same signal, as ``sudo`` does, and once continued (``fg``, ``bg``)
-    continue the command.
-
-    The command's group has the terminal, and the shell does not know of it: Ctrl-Z
-    stops the command alone, and the shell, waiting for this tool, would wait for ever.
-    Stopped, this tool is a stopped job to the shell, which takes the terminal back.
-    """
-    try:
-        # Its stop only, never its exit (WEXITED not asked): the leader is reaped by the
-        # cleanup, after the last signal to its group.
-        stopped = os.waitid(os.P_PID, tree.pid, os.WSTOPPED | os.WNOHANG)
-    except ChildProcessError:
-        return
-    if stopped is None or stopped.si_code != os.CLD_STOPPED:
-        return  # (another child's SIGCHLD, or the stop was continued meanwhile)
-    sig = stopped.si_status
-    with contextlib.suppress(OSError):
-        if os.tcgetpgrp(terminal) == tree.pid:
-            os.tcsetpgrp(terminal, os.getpgrp())  # the terminal back to the shell's job: this tool
-    # (SIGTTOU is ignored while the terminal is the tree's: a stop by it must stop us too.)
-    previous = signal.signal(sig, signal.SIG_DFL) if sig != signal.SIGSTOP else None
-    try:
-        os.kill(os.getpid(), sig)  # returns once continued (an orphaned group: at once)
-    finally:
-        if previous is not None:
-            signal.signal(sig, previous)
-    with contextlib.suppress(OSError):
-        if os.tcgetpgrp(terminal) == os.getpgrp():  # continued in the foreground: fg, not bg
-            os.tcsetpgrp(terminal, tree.pid)
-    tree.send_signal(signal.SIGCONT)
-
-
-@contextlib.contextmanager
-def _owned_terminal() -> Generator[int | None]:
-    """Our controlling terminal, open, if its foreground process group is ours, and ours
-    alone; None else (no terminal: cron, CI, a service; or run in the background).
-
-    The controlling terminal, not stdin: ``run -- sudo make < input`` prompts on it.
-    The commands of a pipeline share a process group (``trio-proctree run -- git log |
-    less``): the terminal is then theirs too, and handed to the tree it would be taken
-    from them (the reader's read of it fails, or stops it). The tree then runs in the
-    background of the terminal, as under ``timeout``.
-    """
-    try:
-        # (O_NONBLOCK: the open of a serial line may wait for its carrier, else.)
-        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        yield None  # no controlling terminal
-        return
-    try:
-        try:
-            owned = os.tcgetpgrp(fd) == os.getpgrp() and not _group_shared()
-        except OSError:
-            owned = False
-        yield fd if owned else None
-    finally:
-        os.close(fd)
-
-
-def _group_shared() -> bool:
-    """Whether other commands of a pipeline are in our process group: processes there (not
-    us, nor our ancestors) that hold a pipe of our stdin, stdout or stderr. (A shell
-    running a script without job control is in its commands' group, and waits; so is a
-    job it left in the background: neither shares the terminal with us. A shell puts each
-    command of a pipeline in its group before it runs it: by now they all are.)"""
-    pipes: set[tuple[int, int]] = set()
-    for fd in (0, 1, 2):
-        with contextlib.suppress(OSError):
-            if stat.S_ISFIFO((st := os.fstat(fd)).st_mode):
-                pipes.add((st.st_dev, st.st_ino))
-    if not pipes:
-        return False
-    ours = {os.getpid()}
-    pid = os.getppid()
-    while pid > 1 and pid not in ours and (parent := read_stat(pid)) is not None:
-        ours.add(pid)
-        pid = parent.ppid
-    return any(
-        _holds(member, pipes) for member in scan().in_group(os.getpgrp()) if member not in ours
-    )
-
-
-def _holds(pid: int, pipes: set[tuple[int, int]]) -> bool:
-    """Whether process ``pid`` has one of ``pipes`` open."""
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return False
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            st = os.stat(f"/proc/{pid}/fd/{fd}")
-            if (st.st_dev, st.st_ino) in pipes:
-                return True
-    return False
-
-
-@contextlib.contextmanager
-def _terminal_handed_to(terminal: int | None, tree: ProcessTree) -> Generator[None]:
-    """Make the tree's group the terminal's foreground group (so the command can read from
-    it and gets Ctrl-C), and take the terminal back afterwards. (None: no terminal.)"""
-    if terminal is None:
-        yield
-        return
-    previous = signal.signal(signal.SIGTTOU, signal.SIG_IGN)  # a background tcsetpgrp stops us
-    try:
-        os.tcsetpgrp(terminal, tree.pid)
-        # The command runs from its spawn on, before this: one that read the terminal
-        # meanwhile got SIGTTIN, as a background reader, and stopped. It may read now.
-        tree.send_signal(signal.SIGCONT)
-        yield
-    finally:
-        with contextlib.suppress(OSError):
-            # Only from the tree: a tree in the background (``bg``) left the terminal to
-            # the shell, and taken from it the shell would be left without it.
-            if os.tcgetpgrp(terminal) == tree.pid:
-                os.tcsetpgrp(terminal, os.getpgrp())
-        signal.signal(signal.SIGTTOU, previous)
