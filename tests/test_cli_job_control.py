@@ -397,7 +397,7 @@ def test_a_stopped_command_keeps_the_terminal_until_it_has_stopped(
     # (At --timeout, as a stop request ends the tool by its signal, and bash restores the
     # terminal's settings after a job that a signal ended.)
     restores = 'trap "stty echo; exit 3" TERM; stty -echo; echo "lea""der $$"; sleep 60 & wait'
-    run = [*tool(), "run", "--timeout", "2", "--grace", "5", "--", "sh", "-c", restores]
+    run = [*tool(), "run", "--timeout", "4", "--grace", "5", "--", "sh", "-c", restores]
     shell.type(shlex.join(run) + "\n")
     shell.expect(b"leader ")
     shell.expect(b"$ ")
@@ -413,13 +413,14 @@ def test_a_sigstop_with_no_shell_to_continue_the_tool_leaves_its_timeout_working
     tracked: Tracked,
 ) -> None:
     # setsid -c: the tool leads a session on a terminal of its own, with no shell: its
-    # group is orphaned, and a tool stopped there would never be continued. Red before:
-    # it followed the SIGSTOP, stopped for good, and its --timeout never came.
+    # group is orphaned, and a tool stopped there would never be continued. The command
+    # stops itself by SIGSTOP. Red before: the tool followed that stop, stopped for good,
+    # and its --timeout never came.
     master, terminal = os.openpty()
     command = [*tool(), "run", "--timeout", "1", "--grace", "0.2", "--", "sh", "-c"]
     try:
         runner = subprocess.Popen(
-            ["setsid", "-c", *command, 'echo "lea""der $$"; sleep 60'],
+            ["setsid", "-c", *command, 'echo "lea""der $$"; kill -STOP $$; sleep 60'],
             stdin=terminal, stdout=terminal, stderr=terminal, env=tracked.env,
         )  # fmt: skip
     finally:
@@ -430,8 +431,6 @@ def test_a_sigstop_with_no_shell_to_continue_the_tool_leaves_its_timeout_working
             ready, _, _ = select.select([master], [], [], 20)
             assert ready, f"no leader said: {shown!r}"
             shown += os.read(master, 4096)
-        leader = int(shown.split(b"leader ")[1].split()[0])
-        os.kill(leader, signal.SIGSTOP)  # (ours, by pid)
         assert runner.wait(timeout=30) == 124
     finally:
         if runner.poll() is None:
@@ -439,3 +438,124 @@ def test_a_sigstop_with_no_shell_to_continue_the_tool_leaves_its_timeout_working
             runner.wait()
         os.close(master)
     assert tracked.survivors() == []
+
+
+@pytest.mark.parametrize("reads", [False, True], ids=["not-reading", "reading"])
+def test_ctrl_c_stops_a_script_that_runs_the_tool_in_a_loop_at_a_terminal(
+    shell: InteractiveShell, tracked: Tracked, reads: bool
+) -> None:
+    # bash stops a script on Ctrl-C only if it got SIGINT too. A command that never reads
+    # the terminal leaves it to the script's group, which gets Ctrl-C; one that reads it
+    # gets it (SIGTTIN, then the hand-over), and its death by Ctrl-C is passed on to the
+    # script. Red before: the tree had the terminal from the start, and the loop went on.
+    command = (
+        'echo "lea""der $$"; read x; echo "go""t $x"' if reads else 'echo "lea""der $$"; sleep 60'
+    )
+    run = shlex.join([*tool(), "run", "--", "sh", "-c", command])
+    loop = f'for i in 1 2 3; do {run}; echo "it=$i"; done; echo "lo""op over"'
+    shell.type(f"bash -c {shlex.quote(loop)}\n")
+    shell.expect(b"leader ")
+    leader = int(shell.expect(b"\r\n"))
+    if reads:
+        shell.wait_foreground(leader)
+    else:
+        wait_until(lambda: procs.state(leader) == "S", 10, "command running")
+    shell.type(b"\x03")  # Ctrl-C
+    shown = shell.expect(b"$ ")
+    assert b"it=" not in shown
+    assert b"loop over" not in shown
+    assert shell.foreground() == shell.bash.pid
+    assert tracked.survivors() == [shell.bash.pid]
+
+
+IGNORES_CTRL_C = 'trap \'\' INT; echo "lea""der $$"; sleep 60'
+
+
+def test_ctrl_c_reaches_a_python_program_that_runs_the_tool(
+    shell: InteractiveShell, tracked: Tracked
+) -> None:
+    # subprocess.run(["trio-proctree", "run", ...], stdin=DEVNULL), as xargs runs it: the
+    # caller shares the tool's group, and Ctrl-C is the caller's too, whatever the command
+    # does with it (this one ignores it: the tool stops it). Red before: the tree took the
+    # terminal, and the program carried on.
+    program = textwrap.dedent(
+        f"""
+        import subprocess
+        subprocess.run({[*tool(), "run", "--", "sh", "-c", IGNORES_CTRL_C]!r},
+                       stdin=subprocess.DEVNULL)
+        print("carried " "on")
+        """
+    )
+    shell.type(shlex.join([*procs.python(), "-c", program]) + "\n")
+    shell.expect(b"leader ")
+    leader = int(shell.expect(b"\r\n"))
+    wait_until(lambda: procs.state(leader) == "S", 10, "command running")
+    shell.type(b"\x03")
+    shown = shell.expect(b"$ ")
+    assert b"KeyboardInterrupt" in shown
+    assert b"carried on" not in shown
+    assert tracked.survivors() == [shell.bash.pid]
+
+
+def test_a_command_of_a_tool_in_the_background_stops_when_it_reads_the_terminal(
+    shell: InteractiveShell, tracked: Tracked
+) -> None:
+    # `trio-proctree run -- cmd &`: a reader in the background stops (SIGTTIN), as any
+    # job's does, until fg. Red before: the command, in a session of its own with the
+    # terminal as stdin, read what was typed at the shell.
+    shell.type(shlex.join([*tool(), "run", "--", "sh", "-c", READS_THE_TERMINAL]) + " &\n")
+    shell.expect(b"leader ")
+    leader = int(shell.expect(b"\r\n"))
+    wait_until(lambda: "Stopped" in shell_jobs(shell), 10, "job stopped on its read")
+    shell.type('echo "ali""ve"\n')
+    shell.expect(b"alive")  # the shell's, not read by the command
+    shell.type("fg\n")
+    shell.wait_foreground(leader)
+    shell.type("hello\n")
+    shell.expect(b"got hello")
+    shell.expect(b"$ ")
+    assert tracked.survivors() == [shell.bash.pid]
+
+
+def test_the_terminal_comes_back_from_a_job_of_a_shell_stopped_with_the_tree(
+    shell: InteractiveShell, tracked: Tracked
+) -> None:
+    # The command is an interactive shell, which gives the terminal to a job of its own;
+    # a stop request ends them all. The terminal must not be left to that dead job's
+    # group: the script running the tool reads it next. Red before: its read stopped it.
+    inner = 'PS1="inner> " exec bash --norc --noprofile --noediting -i'
+    run = shlex.join([*tool(), "run", "--grace", "0.2", "--", "sh", "-c", inner])
+    script = f'{run}; read x; echo "go""t $x"'
+    shell.type(f"bash -c {shlex.quote(script)}\n")
+    shell.expect(b"inner> ")
+    shell.type("""sh -c 'trap "" TERM; echo "lea""der $$"; sleep 100'\n""")
+    shell.expect(b"leader ")
+    job = int(shell.expect(b"\r\n"))
+    shell.wait_foreground(job)
+    inner_shell = procs.stat_field(job, 4)
+    os.kill(procs.stat_field(inner_shell, 4), signal.SIGTERM)  # (the tool: ours, by pid)
+    wait_until(lambda: procs.state(job) in (None, "Z"), 10, "job ended")
+    shell.type("hello\n")
+    shell.expect(b"got hello")
+    shell.expect(b"$ ")
+    assert tracked.survivors() == [shell.bash.pid]
+
+
+def test_a_tool_leading_a_pipeline_leaves_the_terminal_to_the_pipeline(
+    shell: InteractiveShell, tracked: Tracked, tmp_path: Path
+) -> None:
+    # `trio-proctree run -- git log | less` at a shell with job control: the tool leads
+    # the pipeline's group, the job's. Handed to the tree, the terminal would be taken
+    # from the reader beside it, whose read would stop it. The tree waits 0.5 s before it
+    # lets the reader read: a hand-over, if any, is done by then.
+    started, done = tmp_path / "started", tmp_path / "done"
+    os.mkfifo(started)
+    os.mkfifo(done)
+    tree = f"sleep 0.5; echo > {started}; read x < {done}"
+    reader = f'read x < {started}; read typed < /dev/tty; echo "go""t $typed"; echo > {done}'
+    run = shlex.join([*tool(), "run", "--", "sh", "-c", tree])
+    shell.type(f"{run} | sh -c {shlex.quote(reader)}\n")
+    shell.type("typed\n")  # (kept by the terminal for the reader: a line per read)
+    shell.expect(b"got typed")
+    shell.expect(b"$ ")
+    assert tracked.survivors() == [shell.bash.pid]

@@ -92,9 +92,10 @@ def _build_parser() -> argparse.ArgumentParser:
             A tree-aware timeout(1): coreutils timeout signals its own process group
             and misses daemons and setsid escapees.
 
-            stdin, stdout and stderr are CMD's own; run at a terminal, CMD keeps it,
-            even with stdin redirected (in a pipeline, it stays with the pipeline's
-            other commands), and Ctrl-Z, fg and bg work on CMD as on any job.
+            stdin, stdout and stderr are CMD's own. Typed at a shell, CMD gets the
+            terminal, even with stdin redirected; run by a script, a program or in a
+            pipeline, it gets it when it reads it, and Ctrl-C stays the caller's. Ctrl-Z,
+            fg and bg work on CMD as on any job.
             """
         ),
         epilog=textwrap.dedent(

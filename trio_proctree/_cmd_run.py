@@ -143,7 +143,9 @@ async def _run_with(options: RunOptions, terminal: Terminal | None) -> int:
                     answering.start_soon(answer, requests, requested, waiting, stopping, tree)
                     timeout = math.inf if options.timeout is None else options.timeout
                     with trio.move_on_after(timeout) as deadline:
-                        await tree.wait()
+                        returncode = await tree.wait()
+                        if -returncode in (signal.SIGINT, signal.SIGQUIT) and terminal:
+                            terminal.pass_on(-returncode)  # (its Ctrl-C, to a caller)
                     timed_out = deadline.cancelled_caught
                 stopping.set()
                 # Leaving the block stops whatever is still running: the whole escalation

@@ -1,11 +1,18 @@
-"""The terminal under ``trio-proctree run``: an interactive command's tree gets it, in a
-process group of its own, and the tree's stops make this tool a stopped job to the shell.
+"""The terminal under ``trio-proctree run``: the tree runs in this tool's session, in a
+process group of its own, gets the terminal when it is to have it, and its stops make
+this tool's job a stopped job to the shell.
 
 The shell knows this tool's process group (its job), not the tree's. Ctrl-Z stops the
 group that has the terminal, the tree's: left at that, the shell would wait for this tool
 for ever. So this tool stops its own group the same way when the tree stops, as ``sudo``
 does, and when the shell continues it (``fg``, ``bg``) it continues the tree's group,
 handing it the terminal again only in the foreground.
+
+The tree gets the terminal at once only when this tool leads a job of its own in the
+foreground (typed at a shell): a caller that shares this tool's group (a script, xargs,
+make, a Python program) would lose Ctrl-C to the tree. There, and in the background, the
+tree gets it when it stops for it (a read: SIGTTIN), as a job's reader would; and a
+Ctrl-C that ended the tree while it had the terminal goes on to that caller.
 """
 
 from __future__ import annotations
@@ -13,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import stat
 from collections.abc import Callable, Generator
 from types import FrameType
 from typing import Any
@@ -22,24 +28,34 @@ from ._procfs import read_stat, scan
 
 
 class Terminal:
-    """Our controlling terminal, open, while this tool's group is its foreground group and
-    ours alone (`owned_terminal`)."""
+    """Our controlling terminal, open (`owned_terminal`). ``leads``: this tool is a job of
+    its own in the foreground, and the tree gets the terminal at once."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, *, leads: bool) -> None:
         self.fd = fd
-        #: The tree's process group, once the terminal went to it (`hand_to`).
+        #: The tree's process group, once it runs (`hand_to`).
         self.group: int | None = None
+        #: Whether the terminal is the tree's in the foreground: from the start when this
+        #: tool leads its job, else from the tree's first stop for it.
+        self.given = leads
         self._ttou: Callable[[int, FrameType | None], Any] | int | None = None
 
     def hand_to(self, group: int) -> None:
-        """Give the tree's group the terminal (so that it can read it and gets Ctrl-C) and
-        continue it: started before this, it may have read the terminal as a background
-        reader and stopped (SIGTTIN)."""
+        """The tree's group runs: give it the terminal if it is to have it now (so that it
+        can read it and gets Ctrl-C), and continue it: started before this, it may have
+        read the terminal as a background reader and stopped (SIGTTIN)."""
         # Ignored from here on, not before the spawn (the tree would inherit it): this
         # tool's tcsetpgrp from the background would stop it.
         self._ttou = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
         self.group = group
         self.resume()
+
+    def held_by_the_tree(self) -> bool:
+        """Whether the tree's group is the terminal's foreground group now."""
+        try:
+            return self.group is not None and os.tcgetpgrp(self.fd) == self.group
+        except OSError:
+            return False
 
     def resume(self) -> None:
         """After the hand-over, or once this tool is continued: in the foreground the tree's
@@ -56,7 +72,7 @@ class Terminal:
         if self.group is None:
             return
         with contextlib.suppress(OSError):
-            if os.tcgetpgrp(self.fd) == os.getpgrp():
+            if self.given and os.tcgetpgrp(self.fd) == os.getpgrp():
                 os.tcsetpgrp(self.fd, self.group)
         with contextlib.suppress(ProcessLookupError):
             # (The leader, unreaped until cleanup's end, pins the group id.)
@@ -87,7 +103,9 @@ class Terminal:
         with contextlib.suppress(OSError):
             if sig in (signal.SIGTTIN, signal.SIGTTOU) and os.tcgetpgrp(self.fd) == ours:
                 # It stopped for the terminal, and the terminal is ours to give: continued
-                # in the foreground (fg) before it stopped for it.
+                # in the foreground (fg) before it stopped for it, or a reader that this
+                # tool's caller shares the terminal with: from now on it is the tree's.
+                self.given = True
                 self.resume()
                 return
         if _orphaned(ours):
@@ -107,13 +125,40 @@ class Terminal:
             if previous is not None:
                 signal.signal(sig, previous)
 
+    def pass_on(self, sig: int) -> None:
+        """The tree's leader ended by ``sig`` (Ctrl-C, Ctrl-\\): if the tree had the
+        terminal, the rest of this tool's group would have got ``sig`` too, had the tree
+        been in it. Send it to them (a script running this tool in a loop stops on Ctrl-C
+        only if it got SIGINT itself); not to this tool, whose end tells of it."""
+        if not self.held_by_the_tree():  # (its zombie leader, unreaped, pins the group)
+            return
+        for pid in scan().in_group(os.getpgrp()):
+            if pid == os.getpid():
+                continue
+            try:
+                pidfd = os.pidfd_open(pid)  # (a pid recycled since the scan is not signalled)
+            except OSError:
+                continue
+            try:
+                with contextlib.suppress(ProcessLookupError):
+                    stat_ = read_stat(pid)
+                    if stat_ is not None and stat_.pgid == os.getpgrp():
+                        signal.pidfd_send_signal(pidfd, sig)
+            finally:
+                os.close(pidfd)
+
     def close(self) -> None:
-        """Take the terminal back from the tree's group, if it has it (not from the shell:
-        a tree continued in the background left it the terminal), and close it."""
+        """Take the terminal back from the tree's group, if it has it, or from a group
+        gone (a job of a shell in the tree, left the terminal and killed with it); not
+        from the shell: a tree continued in the background left it the terminal. Then
+        close it."""
         try:
             if self.group is not None:
                 with contextlib.suppress(OSError):
-                    if os.tcgetpgrp(self.fd) == self.group:
+                    foreground = os.tcgetpgrp(self.fd)
+                    if foreground != os.getpgrp() and (
+                        foreground == self.group or not _has_live_members(foreground)
+                    ):
                         os.tcsetpgrp(self.fd, os.getpgrp())
             if self._ttou is not None:
                 signal.signal(signal.SIGTTOU, self._ttou)
@@ -123,14 +168,14 @@ class Terminal:
 
 @contextlib.contextmanager
 def owned_terminal() -> Generator[Terminal | None]:
-    """Our controlling terminal, if its foreground process group is ours, and ours alone;
-    None else (no terminal: cron, CI, a service; or run in the background).
+    """Our controlling terminal; None where there is none (cron, CI, a service), and the
+    tree then gets a session of its own.
 
-    The controlling terminal, not stdin: ``run -- sudo make < input`` prompts on it.
-    The commands of a pipeline share a process group (``trio-proctree run -- git log |
-    less``): the terminal is then theirs too, and handed to the tree it would be taken
-    from them (the reader's read of it fails, or stops it). The tree then runs in the
-    background of the terminal, as under ``timeout``.
+    The controlling terminal, not stdin: ``run -- sudo make < input`` prompts on it. The
+    tree gets it at once only when this tool is a job of its own in the foreground: it
+    leads its process group, alone. The commands of a pipeline share a group (``run --
+    git log | less``, led by the first): handed to the tree, the terminal would be taken
+    from the others (a reader's read of it would stop it).
     """
     try:
         # (O_NONBLOCK: the open of a serial line may wait for its carrier, else.)
@@ -138,19 +183,32 @@ def owned_terminal() -> Generator[Terminal | None]:
     except OSError:
         yield None  # no controlling terminal
         return
+    ours = os.getpid()
     try:
-        owned = os.tcgetpgrp(fd) == os.getpgrp() and not _group_shared()
+        leads = os.tcgetpgrp(fd) == os.getpgrp() == ours and _alone_in_group(ours)
     except OSError:
-        owned = False
-    if not owned:
-        os.close(fd)
-        yield None
-        return
-    terminal = Terminal(fd)
+        leads = False
+    terminal = Terminal(fd, leads=leads)
     try:
         yield terminal
     finally:
         terminal.close()
+
+
+def _alone_in_group(group: int) -> bool:
+    """Whether no other process of process group ``group`` runs. (A shell puts each
+    command of a pipeline in its group before it runs it: by now they all are.)"""
+    return not any(
+        pid != os.getpid() and (stat_ := read_stat(pid)) is not None and stat_.alive
+        for pid in scan().in_group(group)
+    )
+
+
+def _has_live_members(group: int) -> bool:
+    """Whether a process of process group ``group`` still runs."""
+    return any(
+        (stat_ := read_stat(pid)) is not None and stat_.alive for pid in scan().in_group(group)
+    )
 
 
 def _orphaned(group: int) -> bool:
@@ -163,40 +221,3 @@ def _orphaned(group: int) -> bool:
         if parent is not None and parent.pgid != group and parent.sid == session:
             return False
     return True
-
-
-def _group_shared() -> bool:
-    """Whether other commands of a pipeline are in our process group: processes there (not
-    us, nor our ancestors) that hold a pipe of our stdin, stdout or stderr. (A shell
-    running a script without job control is in its commands' group, and waits; so is a
-    job it left in the background: neither shares the terminal with us. A shell puts each
-    command of a pipeline in its group before it runs it: by now they all are.)"""
-    pipes: set[tuple[int, int]] = set()
-    for fd in (0, 1, 2):
-        with contextlib.suppress(OSError):
-            if stat.S_ISFIFO((st := os.fstat(fd)).st_mode):
-                pipes.add((st.st_dev, st.st_ino))
-    if not pipes:
-        return False
-    ours = {os.getpid()}
-    pid = os.getppid()
-    while pid > 1 and pid not in ours and (parent := read_stat(pid)) is not None:
-        ours.add(pid)
-        pid = parent.ppid
-    return any(
-        _holds(member, pipes) for member in scan().in_group(os.getpgrp()) if member not in ours
-    )
-
-
-def _holds(pid: int, pipes: set[tuple[int, int]]) -> bool:
-    """Whether process ``pid`` has one of ``pipes`` open."""
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return False
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            st = os.stat(f"/proc/{pid}/fd/{fd}")
-            if (st.st_dev, st.st_ino) in pipes:
-                return True
-    return False

@@ -649,9 +649,9 @@ MUTANTS = [
     (
         "cli: the terminal taken from the other commands of a pipeline",
         "_job_control.py",
-        "        owned = os.tcgetpgrp(fd) == os.getpgrp() and not _group_shared()\n",
-        "        owned = os.tcgetpgrp(fd) == os.getpgrp()\n",
-        "pipeline_leaves_the_terminal",
+        "        leads = os.tcgetpgrp(fd) == os.getpgrp() == ours and _alone_in_group(ours)\n",
+        "        leads = os.tcgetpgrp(fd) == os.getpgrp() == ours\n",
+        "leading_a_pipeline",
     ),
     (
         "cli: the terminal handed over without waking a stopped reader",
@@ -659,13 +659,6 @@ MUTANTS = [
         "        self.group = group\n        self.resume()\n",
         "        self.group = group\n        os.tcsetpgrp(self.fd, group)\n",
         "read_it_too_soon or read_the_terminal_before_the_hand_over",
-    ),
-    (
-        "cli: the terminal taken from a pipeline's command that feeds the tool",
-        "_job_control.py",
-        "    for fd in (0, 1, 2):\n",
-        "    for fd in (1, 2):\n",
-        "fed_by_a_pipeline",
     ),
     (
         "cli: only a terminal on stdin is handed to the command",
@@ -684,15 +677,15 @@ MUTANTS = [
     (
         "cli: a tool continued in the background hands its command the terminal",
         "_job_control.py",
-        "            if os.tcgetpgrp(self.fd) == os.getpgrp():\n                os.tcsetpgrp(self.fd, self.group)",
-        "            if True:\n                os.tcsetpgrp(self.fd, self.group)",
+        "            if self.given and os.tcgetpgrp(self.fd) == os.getpgrp():\n",
+        "            if self.given:\n",
         "background_stops_when_it_reads or keeps_off_the_terminal",
     ),
     (
         "cli: a tool ending in the background takes the terminal from the shell",
         "_job_control.py",
-        "                    if os.tcgetpgrp(self.fd) == self.group:\n",
-        "                    if True:\n",
+        "                    if foreground != os.getpgrp() and (\n",
+        "                    if True or (\n",
         "ending_in_the_background",
     ),
     (
@@ -743,6 +736,41 @@ MUTANTS = [
         "            self._interrupted |= isinstance(exc.__context__, KeyboardInterrupt)\n",
         "            self._interrupted |= False\n",
         "asyncio_programs_end",
+    ),
+    (
+        "cli: a tool whose caller shares its group gives the tree the terminal at once",
+        "_job_control.py",
+        "os.tcgetpgrp(fd) == os.getpgrp() == ours and",
+        "os.tcgetpgrp(fd) == os.getpgrp() and",
+        "python_program or loop_at_a_terminal",
+    ),
+    (
+        "cli: a tree's death by Ctrl-C not passed on to the caller",
+        "_cmd_run.py",
+        "                            terminal.pass_on(-returncode)  # (its Ctrl-C, to a caller)\n",
+        "                            pass\n",
+        "loop_at_a_terminal",
+    ),
+    (
+        "cli: a tool in the background gives its tree a session of its own",
+        "_job_control.py",
+        "    terminal = Terminal(fd, leads=leads)\n",
+        "    if os.tcgetpgrp(fd) != os.getpgrp():\n        os.close(fd)\n        yield None\n        return\n    terminal = Terminal(fd, leads=leads)\n",
+        "in_the_background_stops",
+    ),
+    (
+        "cli: the terminal left to a dead job's group",
+        "_job_control.py",
+        "                        foreground == self.group or not _has_live_members(foreground)\n",
+        "                        foreground == self.group\n",
+        "job_of_a_shell",
+    ),
+    (
+        "cli: a reader's stop for the terminal does not make it the tree's",
+        "_job_control.py",
+        "                self.given = True\n",
+        "",
+        "script_still_hands or in_the_background_stops",
     ),
     (
         "cgroup: a later image of the process reuses its former home",
