@@ -559,3 +559,15 @@ def test_a_tool_leading_a_pipeline_leaves_the_terminal_to_the_pipeline(
     shell.expect(b"got typed")
     shell.expect(b"$ ")
     assert tracked.survivors() == [shell.bash.pid]
+
+
+def test_a_command_that_dies_of_sigint_away_from_the_terminal_is_no_ctrl_c(
+    shell: InteractiveShell, tracked: Tracked
+) -> None:
+    # Only a tree that had the terminal got a Ctrl-C: one that kills itself with SIGINT
+    # while the script has the terminal is not passed on, and the script goes on.
+    run = shlex.join([*tool(), "run", "--", "sh", "-c", "kill -INT $$"])
+    shell.type(f"""bash -c {shlex.quote(run + '; echo "af""ter=$?"')}\n""")
+    shell.expect(b"after=130")
+    shell.expect(b"$ ")
+    assert tracked.survivors() == [shell.bash.pid]

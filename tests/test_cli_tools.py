@@ -222,6 +222,40 @@ def test_signal_to_the_tool_stops_the_whole_tree(tracked: Tracked, sig: signal.S
     assert tracked.survivors() == []
 
 
+def test_a_signal_the_tool_inherited_ignored_stays_ignored(tracked: Tracked) -> None:
+    # nohup ignores SIGHUP; a script's background command inherits SIGINT ignored, so
+    # that a Ctrl-C for the foreground leaves it running. Red before: the tool took the
+    # SIGINT for a stop request (and ended by it, not by the SIGTERM after it).
+    run = shlex.join([*tool(), "run", "--", "sh", "-c", "echo ready; sleep 60"])
+    with subprocess.Popen(
+        ["sh", "-c", f"trap '' INT; exec {run}"],
+        stdout=subprocess.PIPE, env=tracked.env, text=True,
+    ) as runner:  # fmt: skip
+        assert runner.stdout is not None
+        assert runner.stdout.readline() == "ready\n"
+        runner.send_signal(signal.SIGINT)  # our own child, by pid
+        runner.send_signal(signal.SIGTERM)
+        assert runner.wait(timeout=30) == -signal.SIGTERM
+    assert tracked.survivors() == []
+
+
+def test_sigquit_to_the_tool_is_passed_to_its_command(tracked: Tracked) -> None:
+    # Ctrl-\\ where the tool's group has the terminal (run by a script), or a kill -QUIT:
+    # as timeout(1) does, the command gets it (a JVM prints its threads and runs on).
+    # Red before: the tool died of it at once, and the watchdog SIGKILLed the tree.
+    quits = 'ulimit -c 0; trap "echo got QUIT; exit 5" QUIT; echo ready; sleep 60 & wait'
+    with subprocess.Popen(
+        [*tool(), "run", "--", "sh", "-c", quits],
+        stdout=subprocess.PIPE, env=tracked.env, text=True,
+    ) as runner:  # fmt: skip
+        assert runner.stdout is not None
+        assert runner.stdout.readline() == "ready\n"
+        runner.send_signal(signal.SIGQUIT)  # our own child, by pid
+        assert runner.stdout.read() == "got QUIT\n"
+        assert runner.wait(timeout=30) == 5
+    assert tracked.survivors() == []
+
+
 @pytest.mark.parametrize(
     ("options", "first", "then"),
     [

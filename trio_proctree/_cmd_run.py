@@ -123,7 +123,14 @@ async def _run_with(options: RunOptions, terminal: Terminal | None) -> int:
     # An interactive command's stops are followed (SIGCHLD), and this tool's stops and
     # continues (SIGTSTP, SIGCONT) passed on to it: `_job_control`.
     job_control = (signal.SIGCHLD, signal.SIGCONT, signal.SIGTSTP)
-    received = (*STOP_REQUESTS, *job_control) if interactive else STOP_REQUESTS
+    # SIGQUIT is passed on to the command, as timeout(1) does (`_answer`). A signal this
+    # tool inherited ignored stays ignored: nohup's SIGHUP, and SIGINT and SIGQUIT for a
+    # script's command in the background (a Ctrl-C for the foreground is not for it).
+    passed_on = (*STOP_REQUESTS, signal.SIGQUIT)
+    received = (
+        *(sig for sig in passed_on if signal.getsignal(sig) != signal.SIG_IGN),
+        *(job_control if interactive else ()),
+    )
     with trio.open_signal_receiver(*received) as requests, unwrapped():
         stopping = trio.Event()  # set once the tree is being stopped, whatever stops it
         async with trio.open_nursery() as answering:
@@ -179,6 +186,14 @@ async def _answer(
             # (`kill %1` continues a stopped job, then the command reads in the background).
             if terminal is not None and not (requested or stopping.is_set()):
                 terminal.follow_a_stop(tree.pid)
+            continue
+        if sig == signal.SIGQUIT:
+            # Ctrl-\\ where the tool's group has the terminal (run by a script), or a kill
+            # -QUIT: the command's to act on (a JVM prints its threads and runs on), not
+            # this tool's death without its cleanup.
+            if tree.outcome is None:  # (not yet reaped: the leader pins the group id)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(tree.pid, signal.SIGQUIT)
             continue
         if sig in (signal.SIGCONT, signal.SIGTSTP):
             if terminal is not None and tree.outcome is None:  # (not yet reaped)

@@ -670,8 +670,8 @@ MUTANTS = [
     (
         "cli: Ctrl-Z stops an interactive command alone, the shell waits for ever",
         "_cmd_run.py",
-        "    received = (*STOP_REQUESTS, *job_control) if interactive else STOP_REQUESTS\n",
-        "    received = STOP_REQUESTS\n",
+        "        *(job_control if interactive else ()),\n",
+        "",
         "ctrl_z_stops_run",
     ),
     (
@@ -771,6 +771,27 @@ MUTANTS = [
         "                self.given = True\n",
         "",
         "script_still_hands or in_the_background_stops",
+    ),
+    (
+        "cli: SIGQUIT ends the tool without its cleanup",
+        "_cmd_run.py",
+        "    passed_on = (*STOP_REQUESTS, signal.SIGQUIT)\n",
+        "    passed_on = STOP_REQUESTS\n",
+        "sigquit",
+    ),
+    (
+        "cli: a signal inherited ignored taken for a stop request",
+        "_cmd_run.py",
+        "        *(sig for sig in passed_on if signal.getsignal(sig) != signal.SIG_IGN),\n",
+        "        *passed_on,\n",
+        "inherited_ignored",
+    ),
+    (
+        "cli: a tree's own death by SIGINT, away from the terminal, passed on as Ctrl-C",
+        "_job_control.py",
+        "        if not self.held_by_the_tree():  # (its zombie leader, unreaped, pins the group)\n            return\n",
+        "",
+        "away_from_the_terminal",
     ),
     (
         "cgroup: a later image of the process reuses its former home",
