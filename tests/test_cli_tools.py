@@ -226,7 +226,10 @@ def test_a_signal_the_tool_inherited_ignored_stays_ignored(tracked: Tracked) -> 
     # nohup ignores SIGHUP; a script's background command inherits SIGINT ignored, so
     # that a Ctrl-C for the foreground leaves it running. Red before: the tool took the
     # SIGINT for a stop request (and ended by it, not by the SIGTERM after it).
-    run = shlex.join([*tool(), "run", "--", "sh", "-c", "echo ready; sleep 60"])
+    # (Its command takes a second to stop: a SIGINT wrongly taken for a request is still
+    # stopping it when the SIGTERM comes, and the tool then ends by the SIGINT.)
+    stops_slowly = 'trap "sleep 1; exit 0" TERM; echo ready; sleep 60 & wait'
+    run = shlex.join([*tool(), "run", "--", "sh", "-c", stops_slowly])
     with subprocess.Popen(
         ["sh", "-c", f"trap '' INT; exec {run}"],
         stdout=subprocess.PIPE, env=tracked.env, text=True,
