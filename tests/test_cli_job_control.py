@@ -71,6 +71,17 @@ class InteractiveShell:
         before, _, self.shown = self.shown.partition(wanted)
         return before
 
+    def said_pid(self, label: bytes) -> int:
+        """Wait for a line ``label PID``; the pid."""
+        self.expect(label)
+        return int(self.expect(b"\r\n"))
+
+    def answer(self) -> bytes:
+        """Type a line for the command that reads the terminal; what showed before it said
+        it got it."""
+        self.type("hello\n")
+        return self.expect(b"got hello")
+
     def foreground(self) -> int:
         """The terminal's foreground process group."""
         return os.tcgetpgrp(self.master)
@@ -126,12 +137,16 @@ def shell(tracked: Tracked) -> Iterator[InteractiveShell]:
 READS_THE_TERMINAL = 'echo "lea""der $$"; read x; echo "go""t $x"'
 
 
+def run_line(script: str, *options: str) -> str:
+    """The command line of a `trio-proctree run` of the shell script ``script``."""
+    return shlex.join([*tool(), "run", *options, "--", "sh", "-c", script])
+
+
 def start_reader(shell: InteractiveShell, *extra: str) -> int:
     """Type a `trio-proctree run` of a command that reads the terminal; its leader's pid,
     once the tree has the terminal."""
-    shell.type(shlex.join([*tool(), "run", *extra, "--", "sh", "-c", READS_THE_TERMINAL]) + "\n")
-    shell.expect(b"leader ")
-    leader = int(shell.expect(b"\r\n"))
+    shell.type(run_line(READS_THE_TERMINAL, *extra) + "\n")
+    leader = shell.said_pid(b"leader ")
     shell.wait_foreground(leader)  # handed over: Ctrl-Z now goes to the tree's group
     return leader
 
@@ -146,11 +161,9 @@ def test_a_command_that_read_the_terminal_before_the_hand_over_is_not_a_stopped_
     late.write_text(LATE_HANDOVER)
     command = [*procs.python(), str(late), "run", "--", "sh", "-c", READS_THE_TERMINAL]
     shell.type(shlex.join(command) + "\n")
-    shell.expect(b"leader ")
-    leader = int(shell.expect(b"\r\n"))
+    leader = shell.said_pid(b"leader ")
     shell.wait_foreground(leader)
-    shell.type("hello\n")
-    shown = shell.expect(b"got hello")
+    shown = shell.answer()
     shown += shell.expect(b"$ ")
     assert b"Stopped" not in shown
     assert tracked.survivors() == [shell.bash.pid]
@@ -173,8 +186,7 @@ def test_ctrl_z_stops_run_as_a_job_and_fg_resumes_its_command(
     suspend(shell, leader)
     shell.type("fg\n")
     shell.wait_foreground(leader)  # the terminal is the command's again
-    shell.type("hello\n")
-    shell.expect(b"got hello")
+    shell.answer()
     shell.expect(b"$ ")
     shell.type('echo "sta""tus=$?"\n')
     shell.expect(b"status=0")
@@ -195,8 +207,7 @@ def test_a_command_sent_to_the_background_stops_when_it_reads_the_terminal(
     assert procs.state(leader) == "T"
     shell.type("fg\n")
     shell.wait_foreground(leader)
-    shell.type("hello\n")
-    shell.expect(b"got hello")
+    shell.answer()
     shell.expect(b"$ ")
     assert tracked.survivors() == [shell.bash.pid]
 
@@ -215,9 +226,8 @@ def test_a_command_ending_in_the_background_leaves_the_terminal_to_the_shell(
     go = tmp_path / "go"
     os.mkfifo(go)
     waits = f'echo "lea""der $$"; read x < {go}; echo "do""ne"'
-    shell.type(shlex.join([*tool(), "run", "--", "sh", "-c", waits]) + "\n")
-    shell.expect(b"leader ")
-    leader = int(shell.expect(b"\r\n"))
+    shell.type(run_line(waits) + "\n")
+    leader = shell.said_pid(b"leader ")
     shell.wait_foreground(leader)
     suspend(shell, leader)
     shell.type("bg\n")
@@ -257,9 +267,8 @@ def test_a_job_brought_back_running_gets_the_terminal_when_it_reads_it(
     go = tmp_path / "go"
     os.mkfifo(go)
     waits_then_reads = f'echo "lea""der $$"; read x < {go}; read y; echo "go""t $y"'
-    shell.type(shlex.join([*tool(), "run", "--", "sh", "-c", waits_then_reads]) + "\n")
-    shell.expect(b"leader ")
-    leader = int(shell.expect(b"\r\n"))
+    shell.type(run_line(waits_then_reads) + "\n")
+    leader = shell.said_pid(b"leader ")
     shell.wait_foreground(leader)
     suspend(shell, leader)
     shell.type("bg\n")
@@ -280,8 +289,7 @@ def test_a_job_brought_back_running_gets_the_terminal_when_it_reads_it(
     shell.wait_foreground(procs.pgid_of(tool_pid))
     release(go)
     shell.wait_foreground(leader)
-    shell.type("hello\n")
-    shell.expect(b"got hello")
+    shell.answer()
     shell.expect(b"$ ")
     assert tracked.survivors() == [shell.bash.pid]
 
@@ -318,8 +326,7 @@ def test_a_tool_stopped_before_the_hand_over_and_sent_to_the_background_keeps_of
     wrapper.write_text(HANDOVER_ON_CUE)
     command = [*procs.python(), str(wrapper), "run", "--", "sh", "-c", READS_THE_TERMINAL]
     shell.type(f"CUE={shlex.quote(str(cue))} {shlex.join(command)}\n")
-    shell.expect(b"leader ")
-    leader = int(shell.expect(b"\r\n"))
+    leader = shell.said_pid(b"leader ")
     tool_pid = procs.stat_field(leader, 4)
     os.kill(tool_pid, signal.SIGSTOP)  # (ours, by pid)
     shell.expect(b"Stopped")
@@ -335,8 +342,7 @@ def test_a_tool_stopped_before_the_hand_over_and_sent_to_the_background_keeps_of
     wait_until(lambda: "Stopped" in shell_jobs(shell), 10, "job stopped on its read")
     shell.type("fg\n")
     shell.wait_foreground(leader)
-    shell.type("hello\n")
-    shell.expect(b"got hello")
+    shell.answer()
     shell.expect(b"$ ")
     assert tracked.survivors() == [shell.bash.pid]
 
@@ -346,16 +352,14 @@ def test_ctrl_z_stops_a_script_that_runs_the_tool_as_one_job(
 ) -> None:
     # The script's shell is in the tool's group, waiting for it: the job is stopped only
     # once it is stopped too. Red before: the tool stopped alone, and the shell waited.
-    run = shlex.join([*tool(), "run", "--", "sh", "-c", READS_THE_TERMINAL])
+    run = run_line(READS_THE_TERMINAL)
     shell.type(f"""bash -c {shlex.quote(run + '; echo "af""ter"')}\n""")
-    shell.expect(b"leader ")
-    leader = int(shell.expect(b"\r\n"))
+    leader = shell.said_pid(b"leader ")
     shell.wait_foreground(leader)
     suspend(shell, leader)
     shell.type("fg\n")
     shell.wait_foreground(leader)
-    shell.type("hello\n")
-    shell.expect(b"got hello")
+    shell.answer()
     shell.expect(b"after")
     shell.expect(b"$ ")
     assert tracked.survivors() == [shell.bash.pid]
@@ -370,17 +374,15 @@ def test_fg_continues_the_commands_group_not_members_stopped_elsewhere(
     # (The leader reads on, so that its exit cannot continue the member: the member's
     # group is orphaned then, and the kernel sends a stopped one SIGHUP and SIGCONT.)
     leader_script = f"setsid sh -c {shlex.quote(member)} & {READS_THE_TERMINAL}; read z"
-    shell.type(shlex.join([*tool(), "run", "--", "sh", "-c", leader_script]) + "\n")
-    shell.expect(b"member ")
-    stopped_member = int(shell.expect(b"\r\n"))
+    shell.type(run_line(leader_script) + "\n")
+    stopped_member = shell.said_pid(b"member ")
     wait_until(lambda: procs.state(stopped_member) == "T", 10, "member stopped")
     leader = procs.stat_field(stopped_member, 4)
     shell.wait_foreground(leader)
     suspend(shell, leader)
     shell.type("fg\n")
     shell.wait_foreground(leader)
-    shell.type("hello\n")
-    shown = shell.expect(b"got hello")
+    shown = shell.answer()
     assert procs.state(stopped_member) == "T"
     assert b"resumed" not in shown
     shell.type("bye\n")
@@ -397,8 +399,7 @@ def test_a_stopped_command_keeps_the_terminal_until_it_has_stopped(
     # (At --timeout, as a stop request ends the tool by its signal, and bash restores the
     # terminal's settings after a job that a signal ended.)
     restores = 'trap "stty echo; exit 3" TERM; stty -echo; echo "lea""der $$"; sleep 60 & wait'
-    run = [*tool(), "run", "--timeout", "4", "--grace", "5", "--", "sh", "-c", restores]
-    shell.type(shlex.join(run) + "\n")
+    shell.type(run_line(restores, "--timeout", "4", "--grace", "5") + "\n")
     shell.expect(b"leader ")
     shell.expect(b"$ ")
     shell.type('echo "sta""tus=$?"\n')
@@ -451,11 +452,10 @@ def test_ctrl_c_stops_a_script_that_runs_the_tool_in_a_loop_at_a_terminal(
     command = (
         'echo "lea""der $$"; read x; echo "go""t $x"' if reads else 'echo "lea""der $$"; sleep 60'
     )
-    run = shlex.join([*tool(), "run", "--", "sh", "-c", command])
+    run = run_line(command)
     loop = f'for i in 1 2 3; do {run}; echo "it=$i"; done; echo "lo""op over"'
     shell.type(f"bash -c {shlex.quote(loop)}\n")
-    shell.expect(b"leader ")
-    leader = int(shell.expect(b"\r\n"))
+    leader = shell.said_pid(b"leader ")
     if reads:
         shell.wait_foreground(leader)
     else:
@@ -487,8 +487,7 @@ def test_ctrl_c_reaches_a_python_program_that_runs_the_tool(
         """
     )
     shell.type(shlex.join([*procs.python(), "-c", program]) + "\n")
-    shell.expect(b"leader ")
-    leader = int(shell.expect(b"\r\n"))
+    leader = shell.said_pid(b"leader ")
     wait_until(lambda: procs.state(leader) == "S", 10, "command running")
     shell.type(b"\x03")
     shown = shell.expect(b"$ ")
@@ -503,16 +502,14 @@ def test_a_command_of_a_tool_in_the_background_stops_when_it_reads_the_terminal(
     # `trio-proctree run -- cmd &`: a reader in the background stops (SIGTTIN), as any
     # job's does, until fg. Red before: the command, in a session of its own with the
     # terminal as stdin, read what was typed at the shell.
-    shell.type(shlex.join([*tool(), "run", "--", "sh", "-c", READS_THE_TERMINAL]) + " &\n")
-    shell.expect(b"leader ")
-    leader = int(shell.expect(b"\r\n"))
+    shell.type(run_line(READS_THE_TERMINAL) + " &\n")
+    leader = shell.said_pid(b"leader ")
     wait_until(lambda: "Stopped" in shell_jobs(shell), 10, "job stopped on its read")
     shell.type('echo "ali""ve"\n')
     shell.expect(b"alive")  # the shell's, not read by the command
     shell.type("fg\n")
     shell.wait_foreground(leader)
-    shell.type("hello\n")
-    shell.expect(b"got hello")
+    shell.answer()
     shell.expect(b"$ ")
     assert tracked.survivors() == [shell.bash.pid]
 
@@ -524,19 +521,17 @@ def test_the_terminal_comes_back_from_a_job_of_a_shell_stopped_with_the_tree(
     # a stop request ends them all. The terminal must not be left to that dead job's
     # group: the script running the tool reads it next. Red before: its read stopped it.
     inner = 'PS1="inner> " exec bash --norc --noprofile --noediting -i'
-    run = shlex.join([*tool(), "run", "--grace", "0.2", "--", "sh", "-c", inner])
+    run = run_line(inner, "--grace", "0.2")
     script = f'{run}; read x; echo "go""t $x"'
     shell.type(f"bash -c {shlex.quote(script)}\n")
     shell.expect(b"inner> ")
     shell.type("""sh -c 'trap "" TERM; echo "lea""der $$"; sleep 100'\n""")
-    shell.expect(b"leader ")
-    job = int(shell.expect(b"\r\n"))
+    job = shell.said_pid(b"leader ")
     shell.wait_foreground(job)
     inner_shell = procs.stat_field(job, 4)
     os.kill(procs.stat_field(inner_shell, 4), signal.SIGTERM)  # (the tool: ours, by pid)
     wait_until(lambda: procs.state(job) in (None, "Z"), 10, "job ended")
-    shell.type("hello\n")
-    shell.expect(b"got hello")
+    shell.answer()
     shell.expect(b"$ ")
     assert tracked.survivors() == [shell.bash.pid]
 
@@ -553,7 +548,7 @@ def test_a_tool_leading_a_pipeline_leaves_the_terminal_to_the_pipeline(
     os.mkfifo(done)
     tree = f"sleep 0.5; echo > {started}; read x < {done}"
     reader = f'read x < {started}; read typed < /dev/tty; echo "go""t $typed"; echo > {done}'
-    run = shlex.join([*tool(), "run", "--", "sh", "-c", tree])
+    run = run_line(tree)
     shell.type(f"{run} | sh -c {shlex.quote(reader)}\n")
     shell.type("typed\n")  # (kept by the terminal for the reader: a line per read)
     shell.expect(b"got typed")
@@ -566,7 +561,7 @@ def test_a_command_that_dies_of_sigint_away_from_the_terminal_is_no_ctrl_c(
 ) -> None:
     # Only a tree that had the terminal got a Ctrl-C: one that kills itself with SIGINT
     # while the script has the terminal is not passed on, and the script goes on.
-    run = shlex.join([*tool(), "run", "--", "sh", "-c", "kill -INT $$"])
+    run = run_line("kill -INT $$")
     shell.type(f"""bash -c {shlex.quote(run + '; echo "af""ter=$?"')}\n""")
     shell.expect(b"after=130")
     shell.expect(b"$ ")

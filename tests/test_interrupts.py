@@ -123,13 +123,11 @@ def test_a_timeout_that_an_exception_passes_on_its_way_out_leaves_no_stray_cance
     assert tracked.survivors() == []
 
 
-# Holds a tree whose members ignore SIGTERM, ends its block (cleanup: a 5 s grace), and is
-# interrupted once (one Ctrl-C) a moment into that grace. Reports before it exits, so
-# that the net at interpreter exit cannot hide a tree the cleanup left behind.
-INTERRUPTED_DURING_THE_GRACE = procs.ALIVE_IN_A_CHILD + textwrap.dedent(
+# A child's code: ``press_ctrl_c(presses)`` in a thread presses Ctrl-C that many times,
+# 0.1 s apart, from a moment after cleanup sent its SIGTERM.
+CTRL_C_IN_THE_GRACE = textwrap.dedent(
     """
-    import json, logging, os, signal, sys, threading, time, trio
-    from trio_proctree import open_process_tree
+    import logging, os, signal, threading, time
 
     # Ctrl-C as at a terminal: a background job (CI, nohup) inherits SIGINT ignored, and
     # then Python installs no KeyboardInterrupt for it.
@@ -145,12 +143,26 @@ INTERRUPTED_DURING_THE_GRACE = procs.ALIVE_IN_A_CHILD + textwrap.dedent(
     log.addHandler(Watch())
     log.setLevel(logging.DEBUG)
 
-    def press_ctrl_c():
+    def press_ctrl_c(presses):
         grace_began.wait()
-        time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(presses):
+            time.sleep(0.1)
+            os.kill(os.getpid(), signal.SIGINT)
+    """
+)
 
-    threading.Thread(target=press_ctrl_c, daemon=True).start()
+# Holds a tree whose members ignore SIGTERM, ends its block (cleanup: a 5 s grace), and is
+# interrupted once (one Ctrl-C) a moment into that grace. Reports before it exits, so
+# that the net at interpreter exit cannot hide a tree the cleanup left behind.
+INTERRUPTED_DURING_THE_GRACE = (
+    procs.ALIVE_IN_A_CHILD
+    + CTRL_C_IN_THE_GRACE
+    + textwrap.dedent(
+        """
+    import json, sys, time, trio
+    from trio_proctree import open_process_tree
+
+    threading.Thread(target=press_ctrl_c, args=(1,), daemon=True).start()
     trees, pids = [], Pids()
 
     async def main():
@@ -181,6 +193,7 @@ INTERRUPTED_DURING_THE_GRACE = procs.ALIVE_IN_A_CHILD + textwrap.dedent(
         "pids": pids,
     }))
     """
+    )
 )
 
 
@@ -207,31 +220,16 @@ def test_ctrl_c_during_the_grace_kills_the_tree_now_then_interrupts(
 # the first Ctrl-C cancels the main task, whose cleanup runs its course; a second raises
 # KeyboardInterrupt out of the loop, whose shutdown cancels the cleanup's task. Python
 # 3.10's asyncio.run takes no Ctrl-C of its own: the first raises at once.
-INTERRUPTED_DURING_AN_ASYNCIO_GRACE = procs.ALIVE_IN_A_CHILD + textwrap.dedent(
-    """
-    import asyncio, json, logging, os, signal, sys, threading, time
+INTERRUPTED_DURING_AN_ASYNCIO_GRACE = (
+    procs.ALIVE_IN_A_CHILD
+    + CTRL_C_IN_THE_GRACE
+    + textwrap.dedent(
+        """
+    import asyncio, json, sys, time
     from trio_proctree.asyncio import open_process_tree
 
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # (as at a terminal)
     presses = 2 if sys.version_info >= (3, 11) else 1
-    grace_began = threading.Event()
-
-    class Watch(logging.Handler):
-        def emit(self, record):
-            if "sending SIGTERM" in record.getMessage():
-                grace_began.set()
-
-    log = logging.getLogger("trio_proctree")
-    log.addHandler(Watch())
-    log.setLevel(logging.DEBUG)
-
-    def press_ctrl_c():
-        grace_began.wait()
-        for _ in range(presses):
-            time.sleep(0.1)
-            os.kill(os.getpid(), signal.SIGINT)
-
-    threading.Thread(target=press_ctrl_c, daemon=True).start()
+    threading.Thread(target=press_ctrl_c, args=(presses,), daemon=True).start()
     trees, pids = [], Pids()
 
     async def main():
@@ -263,6 +261,7 @@ INTERRUPTED_DURING_AN_ASYNCIO_GRACE = procs.ALIVE_IN_A_CHILD + textwrap.dedent(
         "pids": pids,
     }))
     """
+    )
 )
 
 
