@@ -102,7 +102,9 @@ def test_an_interrupted_demo_leaves_nothing_running(tracked: Tracked, sig: int) 
             time.sleep(0.005)
         demo.send_signal(sig)  # our own child, by pid
         _, said = demo.communicate(timeout=30)
-    assert demo.returncode == 128 + sig, said
+    # Ended by the signal, not an exit of 128+N: a shell loop that ran the demo stops at
+    # a Ctrl-C only when its command died of SIGINT (bash's wait-for-child-exit rule).
+    assert demo.returncode == -sig, said
     assert "demo interrupted; nothing it started still runs" in said
     assert tracked.survivors() == []
 

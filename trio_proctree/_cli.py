@@ -13,7 +13,7 @@ import trio
 from . import __version__
 from ._choose import CONTAINMENTS
 from ._cmd_orphans import run as list_orphans
-from ._cmd_run import RunOptions
+from ._cmd_run import RunOptions, end_by
 from ._cmd_run import run as run_command
 from ._demo import Interrupted, compare, render
 from ._escalation import parse_duration, parse_stop_signal
@@ -203,7 +203,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows = trio.run(compare)
         except Interrupted as stopped:
             sys.stderr.write("trio-proctree: demo interrupted; nothing it started still runs\n")
-            return 128 + stopped.signal
+            # Ended by the signal, as an uncaught one would have ended it: a shell loop
+            # running the demo stops at a Ctrl-C only if its command died of SIGINT.
+            return end_by(stopped.signal)
         render(rows, sys.stdout)
         return 0
     if args.command == "run":

@@ -62,7 +62,7 @@ def run(options: RunOptions) -> int:
         returncode = trio.run(_run, options)
     except (OSError, ContainmentUnavailable, NotImplementedError, CleanupError) as exc:
         return _failed(options.command[0], exc)
-    return _end_by(-returncode) if returncode < 0 else returncode
+    return end_by(-returncode) if returncode < 0 else returncode
 
 
 def _failed(name: str, exc: Exception) -> int:
@@ -84,7 +84,7 @@ def _complain(message: str) -> None:
     sys.stderr.write(f"trio-proctree: {message}\n")
 
 
-def _end_by(sig: int) -> int:
+def end_by(sig: int) -> int:
     """End this process by signal ``sig`` (the tree is gone by now); 128+N if it lives on
     (a signal whose default action is not to end a process)."""
     # What a normal exit does first: the watchdog told we are done and waited for, the

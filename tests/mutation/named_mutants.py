@@ -626,9 +626,16 @@ MUTANTS = [
         "under_way",
     ),
     (
+        "cli: an interrupted demo exits 128+N instead of ending by the signal",
+        "_cli.py",
+        "            return end_by(stopped.signal)",
+        "            return 128 + stopped.signal",
+        "interrupted_demo",
+    ),
+    (
         "cli: exits 128+N instead of ending by the signal",
         "_cmd_run.py",
-        "    return _end_by(-returncode) if returncode < 0 else returncode",
+        "    return end_by(-returncode) if returncode < 0 else returncode",
         "    return 128 - returncode if returncode < 0 else returncode",
         "bash_script or ends_by_the_signal",
     ),
