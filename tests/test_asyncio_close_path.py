@@ -289,6 +289,40 @@ def test_cancel_before_the_first_step_still_reaps_the_tree(
     assert tracked.survivors() == []
 
 
+def test_a_cleanup_nobody_awaits_is_finished_by_the_loops_shutdown(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # A program's shutdown hook starts the cleanup (aclose(), dropped) and stops the loop;
+    # nothing awaits the cleanup. Red before: asyncio.run's shutdown cancelled the cleanup's
+    # task before its first step, and the task started in its place came after the
+    # shutdown took its list of tasks to wait for: abandoned when the loop closed, it left
+    # the tree running ("Task was destroyed but it is pending"), outcome None.
+    trees: list[ProcessTree] = []
+
+    async def main() -> None:
+        scope = open_process_tree(IGNORES_TERM, grace=0.2, stdout=subprocess.PIPE, **contained)
+        tree = await scope.__aenter__()  # (never exited: the hook alone ends the tree)
+        trees.append(tree)
+        assert tree.stdout is not None
+        assert await tree.stdout.readline() == b"ready\n"
+        loop = asyncio.get_running_loop()
+
+        def shut_down() -> None:  # as a SIGTERM handler of the program's might
+            tree.aclose().close()  # the cleanup starts at the call
+            loop.stop()
+
+        loop.call_soon(shut_down)
+        await asyncio.sleep(60)
+
+    with pytest.raises(RuntimeError, match="Event loop stopped before Future completed"):
+        asyncio.run(main())
+    outcome = trees[0].outcome
+    assert outcome is not None
+    assert outcome.signals == (signal.SIGTERM, signal.SIGCONT, signal.SIGKILL)
+    assert procs.reaped(trees[0].pid)
+    assert tracked.survivors() == []
+
+
 def test_task_group_aborting_right_after_scheduling_the_close(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:
@@ -409,7 +443,8 @@ def test_trees_open_at_interpreter_exit_are_killed_and_reaped(
 
 CUT_OFF_BY_THE_LOOPS_CLOSE = textwrap.dedent(
     """
-    import asyncio, subprocess, sys
+    import asyncio, gc, subprocess, sys
+    import trio_proctree.asyncio
     from trio_proctree.asyncio import open_process_tree
 
     async def hold(ready):
@@ -428,9 +463,13 @@ CUT_OFF_BY_THE_LOOPS_CLOSE = textwrap.dedent(
     task.cancel()  # the block's exit: its cleanup waits out the grace
     loop.run_until_complete(asyncio.sleep(0.1))
     # As asyncio.run's shutdown does when a second Ctrl-C cuts it short: the loop closes
-    # with the cleanup pending. The interpreter then exits: the net at exit kills and
-    # reaps the tree, and the cleanup's coroutine is finalised after it, with no loop.
+    # with the cleanup pending. Its coroutine is finalised with no loop running: here, at
+    # once (at the interpreter's exit, its class held by asyncio's cache of coroutine
+    # types keeps it from the last collection). Then the net at exit kills and reaps.
     loop.close()
+    del task, ready
+    trio_proctree.asyncio._cleanups.clear()  # (what holds running cleanups)
+    gc.collect()
     """
 )
 

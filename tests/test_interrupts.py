@@ -289,6 +289,53 @@ def test_ctrl_c_at_an_asyncio_programs_end_cuts_the_grace_short(
     assert tracked.survivors() == []
 
 
+@pytest.mark.parametrize("runner", ["asyncio.run", "uvloop.run"])
+def test_a_shutdown_run_while_an_earlier_ctrl_c_is_handled_keeps_its_grace(
+    tracked: Tracked, contained: dict[str, Any], runner: str
+) -> None:
+    # "except KeyboardInterrupt: asyncio.run(shut_down())": every exception raised while
+    # that handler runs has the old interrupt as its context, the shutdown's cancellation
+    # of a cleanup under way included. Red before: that was taken for a new Ctrl-C, and a
+    # tree that needed a moment to stop was SIGKILLed at once.
+    run = pytest.importorskip("uvloop").run if runner == "uvloop.run" else asyncio.run
+    # (Its members are short: one forked as the SIGTERM lands may miss it, and must not
+    # outlast the grace for that.)
+    stops_in_a_moment = [
+        "sh", "-c", "trap 'sleep 0.2; exit 0' TERM; echo ready; while :; do sleep 0.05; done"
+    ]  # fmt: skip
+    trees: list[trio_proctree.asyncio.ProcessTree] = []
+
+    async def shut_down() -> None:
+        ready = asyncio.Event()
+
+        async def stop_a_tree() -> None:
+            async with open_process_tree(
+                stops_in_a_moment, grace=2.0, stdout=subprocess.PIPE, **contained
+            ) as tree:
+                trees.append(tree)
+                assert tree.stdout is not None
+                assert await tree.stdout.readline() == b"ready\n"
+                ready.set()
+                await tree.aclose()  # under way when this program returns
+
+        task = asyncio.get_running_loop().create_task(stop_a_tree())
+        await ready.wait()
+        await asyncio.sleep(0.05)  # the cleanup's SIGTERM is out
+        assert not task.done()
+        # Returning: the runner's shutdown cancels what is left, the cleanup's task too.
+
+    try:
+        raise KeyboardInterrupt  # noqa: TRY301 - an earlier Ctrl-C, which the program handles:
+    except KeyboardInterrupt:
+        run(shut_down())
+    outcome = trees[0].outcome
+    assert outcome is not None
+    assert outcome.signals == (signal.SIGTERM, signal.SIGCONT), outcome
+    assert not outcome.grace_expired
+    assert outcome.returncode == 0  # its trap ran to the end
+    assert tracked.survivors() == []
+
+
 # Presses Ctrl-C the moment the block's exit enters the given function of the trio driver
 # (a trace hook), then reports whether the tree's cleanup ran and what is left alive.
 INTERRUPTED_AS_THE_BLOCK_EXITS = procs.ALIVE_IN_A_CHILD + textwrap.dedent(

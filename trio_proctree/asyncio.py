@@ -83,6 +83,52 @@ def _anyio_in_use() -> Any:
 _ANYIO_ON_ASYNCIO = "anyio._backends._asyncio"
 
 
+class _BeginsAnyway(Coroutine[Any, Any, None]):
+    """The cleanup's coroutine, made to begin even if its task is cancelled first.
+
+    asyncio throws a cancellation that comes before a task's first step into a coroutine
+    that has not started, which ends it without running a line of it; and asyncio.run's
+    shutdown cancels every task, the cleanup that a shutdown hook has just started with
+    aclose() included. Starting another task instead was tried: it came after the
+    shutdown had listed the tasks to wait for, and was abandoned when the loop closed (the
+    tree ran on, its outcome never made). Here that cancellation is dropped and the
+    cleanup begins, in the task the shutdown waits for; from then on the cleanup takes
+    each cancellation itself (`_AsyncioIO._finishing`).
+    """
+
+    def __init__(self, cleanup: Coroutine[Any, Any, None]) -> None:
+        self._cleanup = cleanup
+        self._begun = False
+        # What the task's repr shows (asyncio reads them off the coroutine).
+        self.__name__ = getattr(cleanup, "__name__", "cleanup")
+        self.__qualname__ = getattr(cleanup, "__qualname__", self.__name__)
+
+    def send(self, value: None) -> Any:
+        self._begun = True
+        return self._cleanup.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        if not self._begun and isinstance(typ if val is None else val, asyncio.CancelledError):
+            logger.debug("cleanup's task cancelled before it began; beginning all the same")
+            return self.send(None)
+        self._begun = True
+        if val is None and tb is None:  # (the three-argument form is deprecated from 3.12)
+            return self._cleanup.throw(typ)
+        return self._cleanup.throw(typ, val, tb)  # pragma: no cover - asyncio passes one
+
+    def close(self) -> None:
+        self._cleanup.close()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return self
+
+    def __iter__(self) -> Generator[Any, None, None]:
+        return self
+
+    def __next__(self) -> Any:
+        return self.send(None)
+
+
 class _Rounds:
     """Counts the rounds of a wait through cancellations (a spin shows up here)."""
 
@@ -159,6 +205,11 @@ class _AsyncioIO:
         self._tree = tree
         self._loop = asyncio.get_running_loop()
         self._interrupted = False
+        #: The KeyboardInterrupt being handled where the cleanup began, if any: a program
+        #: that runs its shutdown in ``except KeyboardInterrupt:`` gives it as context to
+        #: every exception raised meanwhile, and it is no Ctrl-C during this cleanup.
+        handled = sys.exc_info()[1]
+        self._interrupt_before = handled if isinstance(handled, KeyboardInterrupt) else None
 
     @contextlib.contextmanager
     def _finishing(self) -> Generator[None]:
@@ -169,12 +220,18 @@ class _AsyncioIO:
         tree, and the loop waits for cancelled tasks to finish: so finish. A shutdown
         that a KeyboardInterrupt set off (a second Ctrl-C from 3.11, the first before)
         cancels it with that interrupt as the cancellation's context: the user asked
-        for it to end now, so the graces are cut short, as under trio.
+        for it to end now, so the graces are cut short, as under trio. Only an interrupt
+        raised since the cleanup began: one handled already (a shutdown run in ``except
+        KeyboardInterrupt:``) asked for the graceful stop under way, as a Ctrl-C that ends
+        a trio block does.
         """
         try:
             yield
         except asyncio.CancelledError as exc:
-            self._interrupted |= isinstance(exc.__context__, KeyboardInterrupt)
+            context = exc.__context__
+            self._interrupted |= (
+                isinstance(context, KeyboardInterrupt) and context is not self._interrupt_before
+            )
             logger.debug(
                 "%s: cleanup task cancelled%s; finishing the cleanup",
                 self._tree,
@@ -258,10 +315,9 @@ class ProcessTree(TreeView):
         self._stdin_transport: asyncio.WriteTransport | None = None
         self._exited: asyncio.Future[None] | None = None
         #: The running cleanup, and the future callers wait on: settled when the cleanup
-        #: has run (a task cancelled before its first step is replaced, the future stays).
+        #: has run.
         self._cleanup: asyncio.Task[None] | None = None
         self._cleaned: asyncio.Future[None] | None = None
-        self._cleanup_began = False
         self._waiters = 0
         self._error_reported = False  # a cleanup error goes to one caller, not to each
         self._rounds = _Rounds()
@@ -327,29 +383,17 @@ class ProcessTree(TreeView):
         if self._cleaned is None:
             self._cleaned = loop.create_future()
         if self._cleanup is None:
-            task = loop.create_task(self._run_cleanup())
+            task = loop.create_task(_BeginsAnyway(self._core.cleanup(_AsyncioIO(self))))
             self._cleanup = task
             _cleanups.add(task)
             task.add_done_callback(self._cleanup_done)
         return self._cleaned
 
-    async def _run_cleanup(self) -> None:
-        self._cleanup_began = True
-        await self._core.cleanup(_AsyncioIO(self))
-
     def _cleanup_done(self, task: asyncio.Task[None]) -> None:
         _cleanups.discard(task)
         cleaned = self._cleaned
         assert cleaned is not None
-        if task.cancelled() and not self._cleanup_began:
-            # Cancelled before its first step (a blanket "cancel every task" right after
-            # aclose() was called): the cleanup never ran. Start it again; the callers
-            # wait on `cleaned`, not on this task.
-            logger.debug("%s: cleanup cancelled before it began; starting it again", self)
-            self._cleanup = None
-            self._start_cleanup()
-            return
-        if task.cancelled():  # pragma: no cover - the cleanup absorbs cancellation once begun
+        if task.cancelled():  # pragma: no cover - the cleanup absorbs every cancellation
             cleaned.cancel()
             return
         error = task.exception()  # (also marks it retrieved: no "never retrieved" noise)

@@ -740,9 +740,16 @@ MUTANTS = [
     (
         "asyncio: Ctrl-C at the loop's shutdown lets the grace run out",
         "asyncio.py",
-        "            self._interrupted |= isinstance(exc.__context__, KeyboardInterrupt)\n",
-        "            self._interrupted |= False\n",
+        "                isinstance(context, KeyboardInterrupt) and context is not self._interrupt_before\n",
+        "                False\n",
         "asyncio_programs_end",
+    ),
+    (
+        "asyncio: an interrupt handled before the cleanup began cuts its grace short",
+        "asyncio.py",
+        "                isinstance(context, KeyboardInterrupt) and context is not self._interrupt_before\n",
+        "                isinstance(context, KeyboardInterrupt)\n",
+        "earlier_ctrl_c",
     ),
     (
         "cli: a tool whose caller shares its group gives the tree the terminal at once",
@@ -871,11 +878,11 @@ MUTANTS = [
         "whose_tasks_are_all_cancelled",
     ),
     (
-        "close: a cleanup cancelled before it began is not started again",
+        "close: a cleanup cancelled before it began never begins",
         "asyncio.py",
-        "        if task.cancelled() and not self._cleanup_began:",
+        "        if not self._begun and isinstance(typ if val is None else val, asyncio.CancelledError):",
         "        if False:",
-        "before_its_first_step_runs",
+        "before_its_first_step_runs or nobody_awaits",
     ),
     (
         "fds: a failed listing skips the group's signal",
