@@ -176,6 +176,79 @@ async def test_double_fork_daemon_is_killed(tracked: Tracked, strong: str) -> No
     assert tracked.survivors() == []
 
 
+# A daemon that ignores SIGTERM and moves to a new pid again and again (fork, setsid, fork;
+# the old pid exits), as fast as it can, for up to 5 s; it writes a byte to stdout at each
+# move. Every one of its selves holds stdout: its end (EOF) says that none is left, which
+# a /proc listing cannot (the pid it read may be a zombie by the time it looks).
+HOPPER = [
+    sys.executable,
+    "-c",
+    textwrap.dedent(
+        """
+        import os, signal, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        ends = time.monotonic() + 5
+        while time.monotonic() < ends:
+            os.write(1, b"h")
+            middle = os.fork()
+            if middle:
+                os.waitpid(middle, 0)
+                os._exit(0)
+            os.setsid()
+            if os.fork():
+                os._exit(0)
+        """
+    ),
+]
+
+
+async def hop_then_stop(tree_stdout: int, hops: int) -> trio.lowlevel.FdStream:
+    """A stream of the hopper's stdout once it has moved ``hops`` times."""
+    said = trio.lowlevel.FdStream(tree_stdout)
+    seen = 0
+    while seen < hops:
+        chunk = await said.receive_some()
+        assert chunk, "the hopper stopped on its own"
+        seen += len(chunk)
+    return said
+
+
+async def until_eof(stream: trio.lowlevel.FdStream, within: float) -> bool:
+    """Whether ``stream`` ends within ``within`` seconds (what comes meanwhile is dropped)."""
+    with trio.move_on_after(within):
+        while await stream.receive_some():
+            pass
+        return True
+    return False
+
+
+async def test_a_daemon_that_keeps_double_forking_is_killed(tracked: Tracked, strong: str) -> None:
+    # Red before under the subreaper: its listing read our children once, and the
+    # daemon's self it read had moved on (a zombie) by the time it was looked at, among
+    # the hundreds of zombies its moves left; its new self, ours since the read, went
+    # unseen: the tree was taken for empty, no signal sent, the daemon left running.
+    read_end, write_end = os.pipe()
+    try:
+        async with open_process_tree(
+            HOPPER, grace=0.2, stdout=write_end, env=tracked.env, containment=strong
+        ) as tree:
+            os.close(write_end)
+            write_end = -1
+            said = await hop_then_stop(read_end, hops=300)
+            read_end = -1  # (the stream owns it)
+    finally:
+        for fd in (read_end, write_end):
+            if fd >= 0:
+                os.close(fd)
+    try:
+        assert await until_eof(said, within=2.0), "the daemon is still moving on"
+    finally:
+        await said.aclose()
+    assert tree.outcome is not None
+    assert tree.outcome.grace_expired  # SIGTERM ignored: its hard stop ended it
+    assert tracked.survivors() == []
+
+
 async def test_fork_bomb_of_hundreds_is_killed(tracked: Tracked, strong: str) -> None:
     async with open_process_tree(
         FORK_BOMB, grace=0.5, stdout=subprocess.PIPE, env=tracked.env, containment=strong
@@ -1016,6 +1089,59 @@ async def test_parent_killed_with_sigkill_takes_its_trees_along(
     finally:
         sibling.kill()
         sibling.wait()
+
+
+# Holds a tree of HOPPER open, its stdout the descriptor given; says "ready".
+HOPPER_PARENT = textwrap.dedent(
+    """
+    import os, sys, trio
+    from trio_proctree import open_process_tree
+
+    async def main(containment, out, hopper):
+        async with open_process_tree(hopper, containment=containment, stdout=out):
+            os.close(out)
+            print("ready", flush=True)
+            await trio.sleep_forever()
+
+    trio.run(main, sys.argv[1], int(sys.argv[2]), sys.argv[3:])
+    """
+)
+
+
+async def test_parent_killed_with_sigkill_takes_a_daemon_that_keeps_double_forking_along(
+    tracked: Tracked, strong: str
+) -> None:
+    # Red before under the subreaper: the watchdog's pass over /proc found the daemon's
+    # self it had listed a zombie (it had moved on), and stopped there; its new self,
+    # missing from that listing, ran on.
+    read_end, write_end = os.pipe()
+    try:
+        parent = subprocess.Popen(  # noqa: ASYNC220 - it starts at once
+            [sys.executable, "-c", HOPPER_PARENT, strong, str(write_end), *HOPPER],
+            stdout=subprocess.PIPE,
+            env=tracked.env,
+            pass_fds=[write_end],
+        )
+    finally:
+        os.close(write_end)
+    with parent:
+        try:
+            assert parent.stdout is not None
+            assert parent.stdout.readline() == b"ready\n"
+            said = await hop_then_stop(read_end, hops=300)
+            read_end = -1  # (the stream owns it)
+            parent.send_signal(signal.SIGKILL)  # no atexit, no cleanup: only the watchdog
+            parent.wait()
+            try:
+                assert await until_eof(said, within=1.0), "the daemon is still moving on"
+            finally:
+                await said.aclose()
+        finally:
+            parent.kill()
+            if read_end >= 0:
+                os.close(read_end)
+    await until_none_survive(tracked, within=1.0)  # (the watchdog, done)
+    assert tracked.survivors() == []
 
 
 # Registers two process groups with the watchdog, each by the window of clock ticks its

@@ -131,6 +131,10 @@ class SubreaperContainment(MemberTracking):
             self._undecided = True
         return bool(verdict)
 
+    #: How many times one listing reads our children again for processes re-parented to us
+    #: while it ran, before it leaves the rest to the next listing (`_undecided`).
+    RELISTINGS = 20
+
     def _list_members(self) -> list[int]:
         # Every process of the tree is below us: the leader's subtree, and the subtrees of
         # what re-parented to us from the tree. (Once the leader is reaped, its pid may
@@ -140,8 +144,35 @@ class SubreaperContainment(MemberTracking):
         # A dead child has no subtree left (its children re-parented to us as it exited,
         # and are listed here themselves): it is not read at all.
         roots = [leader] if leader is not None and not exited_child(leader) else []
+        members: list[int] = []
+        known: set[int] = set()  # our children read so far
+        walked: set[int] = set()
+        for _ in range(self.RELISTINGS):
+            read_before = len(known)
+            roots += self._adopted_from_this_tree(known, leader)
+            if not roots and len(known) == read_before:
+                return members  # no child of ours came since the last read: all listed
+            for stat in self._walk(roots, walked):
+                if stat.alive:
+                    members.append(stat.pid)
+                    self._seen.add((stat.pid, stat.starttime))
+            # A member that exited after our children were read handed its own to us, past
+            # that read: they are read again, until no new child shows up. (Read once, a
+            # daemon that double-forks again and again was missed, the tree taken for empty
+            # while it ran: its new self became our child after the read, and the old one
+            # had exited by the time it was looked at, among hundreds of zombies.)
+            roots = []
+        self._undecided = True  # (still new ones: the next listing goes on)
+        return members
+
+    def _adopted_from_this_tree(self, known: set[int], leader: int | None) -> list[int]:
+        """Those of our children not in ``known`` (each added to it) that came from this
+        tree, ``leader`` (the unreaped leader's pid, if any) aside."""
         adopted: list[ProcStat] = []
         for child in adopted_children(also=[self.leader.parent_thread]):
+            if child in known:
+                continue
+            known.add(child)
             if child == leader or is_unreaped_leader(child) or is_watchdog(child):
                 continue  # a leader (another tree's: started by us, from no tree), or ours
             if exited_child(child):
@@ -151,21 +182,16 @@ class SubreaperContainment(MemberTracking):
         # Every stat read before any is judged: one question about a reaped leader's group
         # serves them all (`_group_lives`).
         self._lives_for_listed = None
-        roots += [stat.pid for stat in adopted if self._from_this_tree(stat, listed=True)]
-        members: list[int] = []
-        for stat in self._walk(roots):
-            if stat.alive:
-                members.append(stat.pid)
-                self._seen.add((stat.pid, stat.starttime))
-        return members
+        return [stat.pid for stat in adopted if self._from_this_tree(stat, listed=True)]
 
-    def _walk(self, roots: list[int]) -> Iterator[ProcStat]:
+    def _walk(self, roots: list[int], walked: set[int]) -> Iterator[ProcStat]:
         """`descendants` of ``roots``, each process not tracked yet pinned on the way: its
         pidfd opened before its stat is read, so that the walk's stat is also the pin's
         proof (`pin_process`), and `_open_member` need not read it again (one /proc read
-        fewer a new member, of three; 15-50 us each on a VM, before the stop signal)."""
+        fewer a new member, of three; 15-50 us each on a VM, before the stop signal).
+        ``walked``: the pids walked already in this listing, skipped (a pid may be listed
+        twice: children handed on meanwhile), and those walked here added."""
         pending = list(roots)
-        walked: set[int] = set()  # (a pid may be listed twice: children handed on meanwhile)
         while pending:
             if (pid := pending.pop()) in walked:
                 continue

@@ -300,15 +300,33 @@ def kill_marked(entry, deadline):
     # deadline: one that shows the marker is killed, and everything scanned again (for
     # what it forked meanwhile). A process started with an empty environment shows none
     # for good, and costs that wait: once, as the deadline is shared by all markers.
+    # A pass that finds nobody is followed by quick ones over the pids it did not list: a
+    # marked process that moved on to a new pid while the pass looked (fork, then exit:
+    # a daemon that double-forks again and again) showed it a zombie, and its new self
+    # only to a later listing. Passed over, it ran on. Ended by a listing with nothing
+    # new, or after MISSES quick passes in a row with nobody marked (processes others
+    # start all the time on a busy machine).
     killed = set()
-    while True:
-        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    pids = all_pids()
+    listed = set()
+    misses = 0
+    while pids:
+        listed.update(pids)
         hit, blanks = sift(pids, entry, killed)
         while not hit and blanks and time.monotonic() < deadline:
             time.sleep(0.001)
             hit, blanks = sift(blanks, entry, killed)
-        if not hit:
+        if hit:
+            misses = 0
+            listed = set()  # everything again: what a killed one forked meanwhile
+        elif (misses := misses + 1) > MISSES:
             return
+        pids = [pid for pid in all_pids() if pid not in listed]
+
+MISSES = 20
+
+def all_pids():
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
 
 def kill_now():
     # Trees whose spawn failed after their leader ran (that process may be out of file

@@ -878,6 +878,20 @@ MUTANTS = [
         "whose_tasks_are_all_cancelled",
     ),
     (
+        "subreaper: our children read once a listing, a double-forking daemon missed",
+        "_subreaper.py",
+        "            if not roots and len(known) == read_before:",
+        "            if not roots:",
+        "keeps_double_forking_is_killed",
+    ),
+    (
+        "watchdog: a pass finding nobody ends the search, a double-forking daemon missed",
+        "_watchdog.py",
+        "        elif (misses := misses + 1) > MISSES:",
+        "        elif (misses := misses + 1) > 0:",
+        "keeps_double_forking_along",
+    ),
+    (
         "close: a cleanup cancelled before it began never begins",
         "asyncio.py",
         "        if not self._begun and isinstance(typ if val is None else val, asyncio.CancelledError):",
