@@ -855,3 +855,32 @@ def test_anyio_merely_imported_costs_the_first_tree_no_backend_import(
         """
     )
     assert procs.run_python(code, env=tracked.env) == "False\n"
+
+
+def test_a_scope_entered_twice_at_once_starts_one_tree(
+    run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # Red before: both entries passed the check before either spawn was done, each
+    # started a tree, and the first one, its record overwritten, ran on after both blocks.
+    async def main() -> None:
+        scope = open_process_tree(["sleep", "60"], grace=0.2, **contained)
+        entered: list[int] = []
+        refused: list[RuntimeError] = []
+
+        async def enter() -> None:
+            try:
+                async with scope as tree:
+                    entered.append(tree.pid)
+                    await asyncio.sleep(0.05)
+            except RuntimeError as exc:
+                refused.append(exc)
+
+        await asyncio.gather(enter(), enter())
+        assert len(entered) == 1
+        message = "this open_process_tree() scope was already entered"
+        assert [str(exc) for exc in refused] == [message]
+        with pytest.raises(RuntimeError, match="already entered"):  # and after it ended
+            await scope.__aenter__()
+
+    run(main)
+    assert tracked.survivors() == []

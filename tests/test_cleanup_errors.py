@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import logging
 import signal
+import traceback
 from typing import Any
 
 import pytest
@@ -115,6 +116,31 @@ async def test_existing_cause_is_kept_and_the_cleanup_error_noted(
     logged = [r for r in caplog.records if r.exc_info and r.exc_info[1] is injected]
     assert len(logged) == 1
     assert str(tree.pid) in logged[0].getMessage()
+    assert tracked.survivors() == []
+
+
+async def test_the_context_of_the_users_exception_stays_in_its_traceback(
+    tracked: Tracked, contained: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    # An exception raised while another is handled shows that one in its traceback. Red
+    # before: the cleanup error was made its __cause__, which a traceback shows instead
+    # ("the direct cause"), and the user's real first error vanished from it.
+    with pytest.raises(RuntimeError) as caught:
+        async with open_process_tree(SLEEPER, grace=0.2, **contained) as tree:
+            injected = fail_first_stop_signal(tree)
+            try:
+                {}["config"]
+            except KeyError:
+                raise RuntimeError("could not start the job")  # noqa: B904 - on purpose
+    assert isinstance(caught.value.__context__, KeyError)
+    assert caught.value.__cause__ is None
+    shown = "".join(traceback.format_exception(caught.value))
+    assert "KeyError: 'config'" in shown
+    assert "During handling of the above exception, another exception occurred" in shown
+    [note] = getattr(caught.value, "__notes__", [])  # (typed from Python 3.11 on)
+    assert "Operation not permitted (injected)" in note
+    logged = [r for r in caplog.records if r.exc_info and r.exc_info[1] is injected]
+    assert len(logged) == 1
     assert tracked.survivors() == []
 
 

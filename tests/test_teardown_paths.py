@@ -344,3 +344,30 @@ async def test_block_scope_cancel_does_not_cut_cleanup_short(
     assert tree.outcome.grace_expired  # ...which still ran its whole course
     assert tree.outcome.duration >= 0.3
     assert tracked.survivors() == []
+
+
+async def test_a_scope_entered_twice_at_once_starts_one_tree(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # Red before: both entries passed the check before either spawn was done, each
+    # started a tree, and the first one, its record overwritten, ran on after both blocks.
+    scope = open_process_tree(["sleep", "60"], grace=0.2, **contained)
+    entered: list[int] = []
+    refused: list[RuntimeError] = []
+
+    async def enter() -> None:
+        try:
+            async with scope as tree:
+                entered.append(tree.pid)
+                await trio.sleep(0.05)
+        except RuntimeError as exc:
+            refused.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(enter)
+        nursery.start_soon(enter)
+    assert len(entered) == 1
+    assert [str(exc) for exc in refused] == ["this open_process_tree() scope was already entered"]
+    with pytest.raises(RuntimeError, match="already entered"):  # and after it ended
+        await scope.__aenter__()
+    assert tracked.survivors() == []

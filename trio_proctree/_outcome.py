@@ -59,12 +59,12 @@ def chain_cleanup_error(exc: BaseException, error: BaseException, label: str) ->
 
     The cleanup error becomes ``exc.__cause__`` when that is free (as the asyncio contract
     asks) and a note otherwise; it is also logged, since a cancellation that a cancel scope
-    absorbs would take its ``__cause__`` with it.
+    absorbs would take its ``__cause__`` with it. Free: no cause, and no context that the
+    traceback shows (an exception raised while another was handled): a traceback shows a
+    cause in place of the context, and the user's first error would vanish from it.
     """
-    if exc.__cause__ is None:
-        suppress = exc.__suppress_context__
+    if exc.__cause__ is None and (exc.__context__ is None or exc.__suppress_context__):
         exc.__cause__ = error
-        exc.__suppress_context__ = suppress
     else:
         note = f"cleanup of {label} also failed: {error!r}"
         if sys.version_info >= (3, 11):

@@ -256,11 +256,15 @@ class _TreeScope:
         self._policy = policy
         self._containment = containment
         self._tree: ProcessTree | None = None
+        self._entered = False
 
     @trio.lowlevel.enable_ki_protection
     async def __aenter__(self) -> ProcessTree:
-        if self._tree is not None:
+        # Marked before the spawn, not once it is done: two tasks entering one scope at
+        # once each started a tree, and the first, its record overwritten, was never stopped.
+        if self._entered:
             raise RuntimeError("this open_process_tree() scope was already entered")
+        self._entered = True
         # Not abandoned on cancel: a cancellation that arrives while the worker thread forks
         # waits for the spawn, so the process is never lost...
         spawned, containment = await trio.to_thread.run_sync(

@@ -593,6 +593,7 @@ class _TreeScope:
         self._policy = policy
         self._containment = containment
         self._tree: ProcessTree | None = None
+        self._entered = False
 
     async def _start(self, spawn: _QueuedSpawn) -> ProcessTree | None:
         """The started tree; None if the spawn was dropped before a worker took it."""
@@ -618,8 +619,11 @@ class _TreeScope:
         return tree
 
     async def __aenter__(self) -> ProcessTree:
-        if self._tree is not None:
+        # Marked before the spawn, not once it is done: two tasks entering one scope at
+        # once each started a tree, and the first, its record overwritten, was never stopped.
+        if self._entered:
             raise RuntimeError("this open_process_tree() scope was already entered")
+        self._entered = True
         # The spawn runs in a task of its own, waited through cancellations: a cancellation
         # that arrives while the worker thread forks must not lose the process. It is
         # delivered once the tree is in hand, and the tree is stopped first.

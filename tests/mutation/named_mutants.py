@@ -1350,6 +1350,27 @@ MUTANTS = [
         "settings_a_member_changed",
     ),
     (
+        "cleanup: a cleanup error made the cause of an exception with a context in view",
+        "_outcome.py",
+        "    if exc.__cause__ is None and (exc.__context__ is None or exc.__suppress_context__):",
+        "    if exc.__cause__ is None:",
+        "stays_in_its_traceback",
+    ),
+    (
+        "scope: never marked entered, a second entry starts a second tree (trio)",
+        "_trio.py",
+        "        self._entered = True\n",
+        "        self._entered = False\n",
+        "entered_twice",
+    ),
+    (
+        "scope: never marked entered, a second entry starts a second tree (asyncio)",
+        "asyncio.py",
+        "        self._entered = True\n",
+        "        self._entered = False\n",
+        "entered_twice",
+    ),
+    (
         "cleanup: no note for an exception with a cause of its own",
         "_outcome.py",
         "            exc.add_note(note)\n",
