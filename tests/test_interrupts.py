@@ -188,6 +188,7 @@ INTERRUPTED_DURING_THE_GRACE = (
         "interrupted": interrupted,
         "seconds": time.monotonic() - began,
         "signals": None if outcome is None else [int(s) for s in outcome.signals],
+        "grace_expired": None if outcome is None else outcome.grace_expired,
         "returncode": None if outcome is None else outcome.returncode,
         "alive": [pid for pid in pids if alive(pid)],
         "pids": pids,
@@ -211,6 +212,7 @@ def test_ctrl_c_during_the_grace_kills_the_tree_now_then_interrupts(
     assert len(report["pids"]) == 2  # the shell and its sleep
     assert report["alive"] == []
     assert report["signals"] == [signal.SIGTERM, signal.SIGCONT, signal.SIGKILL]
+    assert report["grace_expired"] is False  # (cut short, not run out)
     assert report["returncode"] == -signal.SIGKILL
     assert report["seconds"] < 4  # the 5 s grace was cut short
     assert tracked.survivors() == []
@@ -257,6 +259,7 @@ INTERRUPTED_DURING_AN_ASYNCIO_GRACE = (
         "interrupted": interrupted,
         "seconds": time.monotonic() - began,
         "signals": None if outcome is None else [int(s) for s in outcome.signals],
+        "grace_expired": None if outcome is None else outcome.grace_expired,
         "alive": [pid for pid in pids if alive(pid)],
         "pids": pids,
     }))
@@ -285,6 +288,7 @@ def test_ctrl_c_at_an_asyncio_programs_end_cuts_the_grace_short(
     assert len(report["pids"]) == 2  # the shell and its sleep
     assert report["alive"] == []
     assert report["signals"] == [signal.SIGTERM, signal.SIGCONT, signal.SIGKILL]
+    assert report["grace_expired"] is False  # (cut short, not run out)
     assert report["seconds"] < 4  # the 5 s grace was cut short
     assert tracked.survivors() == []
 

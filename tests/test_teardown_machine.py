@@ -21,6 +21,7 @@ from trio_proctree._teardown import (
     Action,
     AwaitEmpty,
     CloseStdin,
+    CutShort,
     Finished,
     KillAll,
     LeaderLeft,
@@ -33,7 +34,7 @@ MUST = "must be a finite number of seconds >= 0, not"
 
 
 def drive(
-    teardown: Teardown, answers: Sequence[bool | LeaderLeft], *, alive: bool = True
+    teardown: Teardown, answers: Sequence[bool | LeaderLeft | CutShort], *, alive: bool = True
 ) -> list[Action]:
     """Run the machine: each AwaitEmpty gets the next answer (did the tree empty?)."""
     actions = [teardown.start(tree_alive=alive)]
@@ -176,6 +177,83 @@ def test_grace_running_out_brings_sigkill() -> None:
     ]
     assert teardown.signals == [signal.SIGTERM, signal.SIGCONT, signal.SIGKILL]
     assert teardown.grace_expired
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_ctrl_c_in_a_grace_brings_sigkill_at_once_and_no_grace_ran_out(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Red before: the driver answered False, as for a grace that ran out: the steps left
+    # were each sent and cut short in turn, the outcome said the grace had run out, and
+    # the warning that it had lasted its full 1 s.
+    policy = Escalation(steps=[(signal.SIGINT, 1.0), (signal.SIGTERM, 2.0)], kill_wait=0.5)
+    teardown = Teardown(policy, label=LABEL, stdin_open=False)
+    with caplog.at_level(logging.WARNING, logger="trio_proctree"):
+        assert drive(teardown, [CutShort(0.25), True]) == [
+            SendSignal(signal.SIGINT),
+            AwaitEmpty(1.0),
+            KillAll(),
+            AwaitEmpty(0.5, grace=False),
+            Finished(emptied=True),
+        ]
+    assert teardown.signals == [signal.SIGINT, signal.SIGCONT, signal.SIGKILL]
+    assert teardown.grace_expired is False
+    assert warnings_of(caplog) == [
+        f"{LABEL} still running when cleanup was interrupted (Ctrl-C) 0.25s after SIGINT; "
+        "sending SIGKILL to the tree"
+    ]
+
+
+def test_a_ctrl_c_after_stdin_was_closed_brings_sigkill_at_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    policy = Escalation(steps=[(signal.SIGTERM, 1.0)], close_stdin=2.0, kill_wait=0.5)
+    teardown = Teardown(policy, label=LABEL, stdin_open=True)
+    with caplog.at_level(logging.WARNING, logger="trio_proctree"):
+        assert drive(teardown, [CutShort(1.5), True]) == [
+            CloseStdin(),
+            AwaitEmpty(2.0),
+            KillAll(),
+            AwaitEmpty(0.5, grace=False),
+            Finished(emptied=True),
+        ]
+    assert teardown.signals == [signal.SIGKILL]
+    assert warnings_of(caplog) == [
+        f"{LABEL} still running when cleanup was interrupted (Ctrl-C) 1.5s after stdin was "
+        "closed; sending SIGKILL to the tree"
+    ]
+
+
+def test_a_ctrl_c_in_what_a_leader_left_brings_sigkill_at_once() -> None:
+    policy = Escalation(steps=[Step(signal.SIGTERM, 4.0, leader_only=True)], kill_wait=0.5)
+    teardown = Teardown(policy, label=LABEL, stdin_open=False)
+    assert drive(teardown, [LeaderLeft(3.0), CutShort(2.0), True])[-3:] == [
+        KillAll(),
+        AwaitEmpty(0.5, grace=False),
+        Finished(emptied=True),
+    ]
+    assert teardown.grace_expired is False
+
+
+def test_a_ctrl_c_after_the_programs_kill_brings_the_hard_stop_at_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    policy = Escalation(steps=[(signal.SIGTERM, 3.0)], kill_wait=0.5)
+    teardown = Teardown(policy, label=LABEL, stdin_open=False, killed=True)
+    with caplog.at_level(logging.WARNING, logger="trio_proctree"):
+        assert drive(teardown, [CutShort(0.1), True]) == [
+            AwaitEmpty(0.5, grace=True),
+            KillAll(),
+            AwaitEmpty(0.5, grace=False),
+            Finished(emptied=True),
+        ]
+    assert warnings_of(caplog) == [
+        f"{LABEL} still running when cleanup was interrupted (Ctrl-C) 0.1s after the "
+        "program's SIGKILL; sending SIGKILL to the tree"
+    ]
 
 
 def test_a_tree_outliving_sigkill_is_reported_not_emptied() -> None:

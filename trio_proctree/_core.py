@@ -26,8 +26,10 @@ from ._outcome import CleanupError, CleanupOutcome
 from ._procfs import catches
 from ._spawn import Spawned, SpawnPlan
 from ._teardown import (
+    Answer,
     AwaitEmpty,
     CloseStdin,
+    CutShort,
     Finished,
     KillAll,
     LeaderLeft,
@@ -154,7 +156,7 @@ class TreeCore:
             # tells of the leader's leaving without passing it on: `LeaderLeft`).
             closed_stdin_at, leader_step = None, None
             while not isinstance(action, Finished):
-                emptied: bool | LeaderLeft | None = None
+                emptied: Answer = None
                 if isinstance(action, AwaitEmpty):
                     emptied = await self._wait_empty(
                         io, action, errors, since=closed_stdin_at, leader_step=leader_step
@@ -305,17 +307,20 @@ class TreeCore:
         *,
         since: float | None,
         leader_step: LeaderStep | None = None,
-    ) -> bool | LeaderLeft:
+    ) -> bool | LeaderLeft | CutShort:
         """Wait up to ``wait.timeout`` seconds from ``since`` (else from now) for the tree
-        to empty: True if it did. ``leader_step``: the step before went to the leader
+        to empty: True if it did, `CutShort` if a Ctrl-C ended a grace (`LoopIO.interrupted`)
+        first. ``leader_step``: the step before went to the leader
         alone, and if the leader leaves members running without having passed it on, that
         is said at once (the wait wakes for its exit: every containment waits on the
         leader first)."""
         deadline = (io.now() if since is None else since) + wait.timeout
         while (pending := await self._pending(io, errors)) != []:
             remaining = deadline - io.now()
-            if remaining <= 0 or (wait.grace and io.interrupted()):
+            if remaining <= 0:
                 return False
+            if wait.grace and io.interrupted():
+                return CutShort(wait.timeout - remaining)
             # (A pause instead of pidfds: members finishing their exit, or a look that
             # failed. Asked again after it, not handed a step they may not need.)
             if leader_step is not None and isinstance(pending, list) and self._failed(leader_step):

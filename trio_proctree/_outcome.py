@@ -26,7 +26,8 @@ class CleanupOutcome:
     signals: tuple[int, ...]
     #: Whether the close-stdin step ran first (its pipe closed then, or closed already).
     stdin_closed: bool
-    #: Whether the graceful steps ran out of time, so SIGKILL was needed.
+    #: Whether the graceful steps ran out of time, so SIGKILL was needed. False when a
+    #: Ctrl-C during cleanup cut them short (SIGKILL then came at once: see ``signals``).
     grace_expired: bool
     #: Processes other than the leader that outlived it and were stopped by cleanup: still
     #: running when cleanup began after the leader had exited (``sh -c "sleep 60 & exit 0"``

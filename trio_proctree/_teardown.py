@@ -59,6 +59,15 @@ class LeaderLeft:
 
 
 @attrs.frozen
+class CutShort:
+    """The driver's answer to a grace's wait that the user cut short (a Ctrl-C during
+    cleanup), ``waited`` seconds into it: the hard stop now, the graceful steps left
+    skipped. The grace did not run out, and is not said to have."""
+
+    waited: float
+
+
+@attrs.frozen
 class Finished:
     """Nothing more to do. ``emptied`` is False only if the tree outlived SIGKILL."""
 
@@ -67,8 +76,9 @@ class Finished:
 
 Action = CloseStdin | SendSignal | KillAll | AwaitEmpty | Finished
 #: The plan's steps, each answered by the driver: for AwaitEmpty, whether the tree emptied
-#: (or `LeaderLeft`); for the other actions, None.
-_Plan = Generator[Action, bool | LeaderLeft | None, Finished]
+#: (or `LeaderLeft`, `CutShort`); for the other actions, None.
+Answer = bool | LeaderLeft | CutShort | None
+_Plan = Generator[Action, Answer, Finished]
 
 
 class Teardown:
@@ -104,7 +114,7 @@ class Teardown:
             return Finished(emptied=True)
         return next(self._plan)
 
-    def send(self, emptied: bool | LeaderLeft | None = None) -> Action:
+    def send(self, emptied: Answer = None) -> Action:
         try:
             return self._plan.send(emptied)
         except StopIteration as done:
@@ -119,7 +129,10 @@ class Teardown:
             logger.debug("%s: closing stdin, waiting up to %gs", self.label, policy.close_stdin)
             self.stdin_closed = True
             yield CloseStdin()
-            if (yield AwaitEmpty(policy.close_stdin)):
+            emptied = yield AwaitEmpty(policy.close_stdin)
+            if isinstance(emptied, CutShort):
+                return (yield from self._cut_short(emptied, "stdin was closed"))
+            if emptied:
                 return Finished(emptied=True)
         for step in policy.graceful_steps:
             if logger.isEnabledFor(logging.DEBUG):  # (naming the signal costs, on this path)
@@ -148,6 +161,8 @@ class Teardown:
                 self.signals += (step.signal, signal.SIGCONT)
                 yield SendSignal(step.signal)
                 emptied = yield AwaitEmpty(emptied.remaining)
+            if isinstance(emptied, CutShort):
+                return (yield from self._cut_short(emptied, signal_name(step.signal)))
             if emptied:
                 return Finished(emptied=True)
             logger.debug(
@@ -183,7 +198,10 @@ class Teardown:
             logger.debug(
                 "%s: killed by the program, waiting up to %gs for it to end", self.label, wait
             )
-            if (yield AwaitEmpty(wait)):
+            emptied = yield AwaitEmpty(wait)
+            if isinstance(emptied, CutShort):
+                return (yield from self._cut_short(emptied, "the program's SIGKILL"))
+            if emptied:
                 return Finished(emptied=True)
             logger.warning(
                 "%s still running %gs into cleanup, after the program's SIGKILL; sending "
@@ -191,6 +209,16 @@ class Teardown:
                 self.label,
                 wait,
             )
+        return (yield from self._hard_stop())
+
+    def _cut_short(self, cut: CutShort, after: str) -> _Plan:
+        logger.warning(
+            "%s still running when cleanup was interrupted (Ctrl-C) %.3gs after %s; sending "
+            "SIGKILL to the tree",
+            self.label,
+            cut.waited,
+            after,
+        )
         return (yield from self._hard_stop())
 
     def _hard_stop(self) -> _Plan:

@@ -1371,6 +1371,13 @@ MUTANTS = [
         "entered_twice",
     ),
     (
+        "cleanup: a grace cut short by Ctrl-C reported as run out",
+        "_core.py",
+        "                return CutShort(wait.timeout - remaining)",
+        "                return False",
+        "ctrl_c_during_the_grace or asyncio_programs_end",
+    ),
+    (
         "cleanup: no note for an exception with a cause of its own",
         "_outcome.py",
         "            exc.add_note(note)\n",
