@@ -1378,6 +1378,13 @@ MUTANTS = [
         "ctrl_c_during_the_grace or asyncio_programs_end",
     ),
     (
+        "cgroup: the sweep removes a killed stale cgroup before its members died",
+        "_cgroup.py",
+        "                    _until_emptied(tree, within=STALE_KILL_WAIT)",
+        "                    pass",
+        "stale_cgroup",
+    ),
+    (
         "cleanup: no note for an exception with a cause of its own",
         "_outcome.py",
         "            exc.add_note(note)\n",
