@@ -323,6 +323,24 @@ def test_a_cleanup_nobody_awaits_is_finished_by_the_loops_shutdown(
     assert tracked.survivors() == []
 
 
+def test_the_cleanups_task_shows_where_it_is(tracked: Tracked, contained: dict[str, Any]) -> None:
+    # Its coroutine is wrapped (so that it begins even if cancelled first): the task must
+    # still show the cleanup's own code and stack, as asyncio's debugging aids read them.
+    async def main() -> None:
+        _, tree = await started_tree(tracked, contained, grace=0.3)
+        closing = tree.aclose()
+        [task] = [t for t in asyncio.all_tasks() if "TreeCore.cleanup" in repr(t)]
+        await asyncio.sleep(0.05)  # into its grace
+        assert "_core.py:" in repr(task)  # where it waits
+        stack = task.get_stack()
+        assert stack
+        assert stack[0].f_code.co_name == "cleanup"
+        await closing
+
+    asyncio.run(main())
+    assert tracked.survivors() == []
+
+
 def test_task_group_aborting_right_after_scheduling_the_close(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:
@@ -443,8 +461,7 @@ def test_trees_open_at_interpreter_exit_are_killed_and_reaped(
 
 CUT_OFF_BY_THE_LOOPS_CLOSE = textwrap.dedent(
     """
-    import asyncio, gc, subprocess, sys
-    import trio_proctree.asyncio
+    import asyncio, subprocess, sys
     from trio_proctree.asyncio import open_process_tree
 
     async def hold(ready):
@@ -463,13 +480,9 @@ CUT_OFF_BY_THE_LOOPS_CLOSE = textwrap.dedent(
     task.cancel()  # the block's exit: its cleanup waits out the grace
     loop.run_until_complete(asyncio.sleep(0.1))
     # As asyncio.run's shutdown does when a second Ctrl-C cuts it short: the loop closes
-    # with the cleanup pending. Its coroutine is finalised with no loop running: here, at
-    # once (at the interpreter's exit, its class held by asyncio's cache of coroutine
-    # types keeps it from the last collection). Then the net at exit kills and reaps.
+    # with the cleanup pending. The interpreter then exits: the net at exit kills and
+    # reaps the tree, and the cleanup's coroutine is finalised after it, with no loop.
     loop.close()
-    del task, ready
-    trio_proctree.asyncio._cleanups.clear()  # (what holds running cleanups)
-    gc.collect()
     """
 )
 

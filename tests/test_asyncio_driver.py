@@ -884,3 +884,24 @@ def test_a_scope_entered_twice_at_once_starts_one_tree(
 
     run(main)
     assert tracked.survivors() == []
+
+
+def test_a_scope_whose_spawn_failed_can_be_entered_again(
+    run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any], tmp_path: Path
+) -> None:
+    # Nothing of the failed entry runs, so nothing stands in the way of another (red
+    # while the scope was marked entered for good before its spawn).
+    async def main() -> None:
+        workdir = tmp_path / "work"
+        workdir.mkdir()
+        scope = open_process_tree(["true"], cwd=workdir, **contained)
+        workdir.rmdir()  # gone by the time the scope is entered
+        with pytest.raises(FileNotFoundError):
+            async with scope:
+                pytest.fail("entered with no working directory")  # pragma: no cover
+        workdir.mkdir()
+        async with scope as tree:
+            assert await tree.wait() == 0
+
+    run(main)
+    assert tracked.survivors() == []

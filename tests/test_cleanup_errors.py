@@ -128,8 +128,9 @@ async def test_the_context_of_the_users_exception_stays_in_its_traceback(
     with pytest.raises(RuntimeError) as caught:
         async with open_process_tree(SLEEPER, grace=0.2, **contained) as tree:
             injected = fail_first_stop_signal(tree)
+            settings: dict[str, str] = {}
             try:
-                {}["config"]
+                settings["config"]
             except KeyError:
                 raise RuntimeError("could not start the job")  # noqa: B904 - on purpose
     assert isinstance(caught.value.__context__, KeyError)

@@ -340,6 +340,41 @@ def test_a_shutdown_run_while_an_earlier_ctrl_c_is_handled_keeps_its_grace(
     assert tracked.survivors() == []
 
 
+@pytest.mark.parametrize("runner", ["asyncio.run", "uvloop.run"])
+def test_a_ctrl_c_before_the_cleanups_first_step_cuts_its_grace_short(
+    tracked: Tracked, contained: dict[str, Any], runner: str
+) -> None:
+    # A shutdown hook starts the cleanup, and a Ctrl-C comes before the cleanup's task
+    # has run a step: the loop's shutdown cancels that task with the interrupt as the
+    # context. Red before: the cancellation, dropped so that the cleanup begins all the
+    # same, was never looked at, and the whole grace ran.
+    run = pytest.importorskip("uvloop").run if runner == "uvloop.run" else asyncio.run
+    trees: list[trio_proctree.asyncio.ProcessTree] = []
+
+    async def main() -> None:
+        scope = open_process_tree(IGNORES_TERM, grace=3.0, stdout=subprocess.PIPE, **contained)
+        tree = await scope.__aenter__()  # (never exited: the hook alone ends the tree)
+        trees.append(tree)
+        assert tree.stdout is not None
+        assert await tree.stdout.readline() == b"ready\n"
+
+        def shut_down_then_ctrl_c() -> None:
+            tree.aclose().close()  # the cleanup's task is made, not yet run
+            raise KeyboardInterrupt  # what Python's SIGINT handler raises
+
+        asyncio.get_running_loop().call_soon(shut_down_then_ctrl_c)
+        await asyncio.sleep(60)
+
+    with pytest.raises(KeyboardInterrupt):
+        run(main())
+    outcome = trees[0].outcome
+    assert outcome is not None
+    assert outcome.signals == (signal.SIGTERM, signal.SIGCONT, signal.SIGKILL)
+    assert outcome.grace_expired is False  # cut short
+    assert outcome.duration < 2  # of a 3 s grace
+    assert tracked.survivors() == []
+
+
 # Presses Ctrl-C the moment the block's exit enters the given function of the trio driver
 # (a trace hook), then reports whether the tree's cleanup ran and what is left alive.
 INTERRUPTED_AS_THE_BLOCK_EXITS = procs.ALIVE_IN_A_CHILD + textwrap.dedent(

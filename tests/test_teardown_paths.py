@@ -9,6 +9,7 @@ import shlex
 import signal
 import subprocess
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -370,4 +371,22 @@ async def test_a_scope_entered_twice_at_once_starts_one_tree(
     assert [str(exc) for exc in refused] == ["this open_process_tree() scope was already entered"]
     with pytest.raises(RuntimeError, match="already entered"):  # and after it ended
         await scope.__aenter__()
+    assert tracked.survivors() == []
+
+
+async def test_a_scope_whose_spawn_failed_can_be_entered_again(
+    tracked: Tracked, contained: dict[str, Any], tmp_path: Path
+) -> None:
+    # Nothing of the failed entry runs, so nothing stands in the way of another (red
+    # while the scope was marked entered for good before its spawn).
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    scope = open_process_tree(["true"], cwd=workdir, **contained)
+    workdir.rmdir()  # gone by the time the scope is entered
+    with pytest.raises(FileNotFoundError):
+        async with scope:
+            pytest.fail("entered with no working directory")  # pragma: no cover
+    workdir.mkdir()
+    async with scope as tree:
+        assert await tree.wait() == 0
     assert tracked.survivors() == []

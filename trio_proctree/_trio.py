@@ -265,19 +265,25 @@ class _TreeScope:
         if self._entered:
             raise RuntimeError("this open_process_tree() scope was already entered")
         self._entered = True
-        # Not abandoned on cancel: a cancellation that arrives while the worker thread forks
-        # waits for the spawn, so the process is never lost...
-        spawned, containment = await trio.to_thread.run_sync(
-            start_tree, self._plan, self._containment
-        )
-        core = TreeCore(spawned, containment, self._plan, self._policy)
-        tree = self._tree = ProcessTree(core, spawned)
-        # ...and is delivered here, with the tree already in hand: the block does not run
-        # and the tree is stopped before the Cancelled goes on.
         try:
-            await trio.lowlevel.checkpoint_if_cancelled()
-        except BaseException as exc:
-            await tree._aclose_under(exc)
+            # Not abandoned on cancel: a cancellation that arrives while the worker thread
+            # forks waits for the spawn, so the process is never lost...
+            spawned, containment = await trio.to_thread.run_sync(
+                start_tree, self._plan, self._containment
+            )
+            core = TreeCore(spawned, containment, self._plan, self._policy)
+            tree = self._tree = ProcessTree(core, spawned)
+            # ...and is delivered here, with the tree already in hand: the block does not
+            # run and the tree is stopped before the Cancelled goes on.
+            try:
+                await trio.lowlevel.checkpoint_if_cancelled()
+            except BaseException as exc:
+                await tree._aclose_under(exc)
+                raise
+        except BaseException:
+            # Nothing of it runs (a spawn that failed started nothing; a tree cancelled
+            # here was stopped): the scope may be entered again, as before it was.
+            self._entered = False
             raise
         return tree
 

@@ -33,6 +33,7 @@ from collections.abc import Callable, Coroutine, Generator
 from types import TracebackType
 from typing import Any, TypeVar
 
+from ._begins_anyway import BeginsAnyway
 from ._choose import ContainmentChoice, choose_containment, start_tree
 from ._containment import Containment
 from ._core import TreeCore, TreeView
@@ -81,52 +82,6 @@ def _anyio_in_use() -> Any:
 
 
 _ANYIO_ON_ASYNCIO = "anyio._backends._asyncio"
-
-
-class _BeginsAnyway(Coroutine[Any, Any, None]):
-    """The cleanup's coroutine, made to begin even if its task is cancelled first.
-
-    asyncio throws a cancellation that comes before a task's first step into a coroutine
-    that has not started, which ends it without running a line of it; and asyncio.run's
-    shutdown cancels every task, the cleanup that a shutdown hook has just started with
-    aclose() included. Starting another task instead was tried: it came after the
-    shutdown had listed the tasks to wait for, and was abandoned when the loop closed (the
-    tree ran on, its outcome never made). Here that cancellation is dropped and the
-    cleanup begins, in the task the shutdown waits for; from then on the cleanup takes
-    each cancellation itself (`_AsyncioIO._finishing`).
-    """
-
-    def __init__(self, cleanup: Coroutine[Any, Any, None]) -> None:
-        self._cleanup = cleanup
-        self._begun = False
-        # What the task's repr shows (asyncio reads them off the coroutine).
-        self.__name__ = getattr(cleanup, "__name__", "cleanup")
-        self.__qualname__ = getattr(cleanup, "__qualname__", self.__name__)
-
-    def send(self, value: None) -> Any:
-        self._begun = True
-        return self._cleanup.send(value)
-
-    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
-        if not self._begun and isinstance(typ if val is None else val, asyncio.CancelledError):
-            logger.debug("cleanup's task cancelled before it began; beginning all the same")
-            return self.send(None)
-        self._begun = True
-        if val is None and tb is None:  # (the three-argument form is deprecated from 3.12)
-            return self._cleanup.throw(typ)
-        return self._cleanup.throw(typ, val, tb)  # pragma: no cover - asyncio passes one
-
-    def close(self) -> None:
-        self._cleanup.close()
-
-    def __await__(self) -> Generator[Any, None, None]:
-        return self
-
-    def __iter__(self) -> Generator[Any, None, None]:
-        return self
-
-    def __next__(self) -> Any:
-        return self.send(None)
 
 
 class _Rounds:
@@ -228,15 +183,20 @@ class _AsyncioIO:
         try:
             yield
         except asyncio.CancelledError as exc:
-            context = exc.__context__
-            self._interrupted |= (
-                isinstance(context, KeyboardInterrupt) and context is not self._interrupt_before
-            )
-            logger.debug(
-                "%s: cleanup task cancelled%s; finishing the cleanup",
-                self._tree,
-                " by Ctrl-C" if self._interrupted else "",
-            )
+            self.note_cancellation(exc)
+
+    def note_cancellation(self, exc: asyncio.CancelledError) -> None:
+        """A cancellation of the cleanup's task, absorbed: note a Ctrl-C that came with it
+        (see `_finishing`; also one that came before the cleanup's first step)."""
+        context = exc.__context__
+        self._interrupted |= (
+            isinstance(context, KeyboardInterrupt) and context is not self._interrupt_before
+        )
+        logger.debug(
+            "%s: cleanup task cancelled%s; finishing the cleanup",
+            self._tree,
+            " by Ctrl-C" if self._interrupted else "",
+        )
 
     def now(self) -> float:
         return self._loop.time()
@@ -383,7 +343,8 @@ class ProcessTree(TreeView):
         if self._cleaned is None:
             self._cleaned = loop.create_future()
         if self._cleanup is None:
-            task = loop.create_task(_BeginsAnyway(self._core.cleanup(_AsyncioIO(self))))
+            io = _AsyncioIO(self)
+            task = loop.create_task(BeginsAnyway(self._core.cleanup(io), io.note_cancellation))
             self._cleanup = task
             _cleanups.add(task)
             task.add_done_callback(self._cleanup_done)
@@ -624,6 +585,17 @@ class _TreeScope:
         if self._entered:
             raise RuntimeError("this open_process_tree() scope was already entered")
         self._entered = True
+        try:
+            started = await self._spawn()
+        except BaseException:
+            # Nothing of it runs (a spawn that failed started nothing; a tree cancelled
+            # here was stopped): the scope may be entered again, as before it was.
+            self._entered = False
+            raise
+        self._tree = started
+        return started
+
+    async def _spawn(self) -> ProcessTree:
         # The spawn runs in a task of its own, waited through cancellations: a cancellation
         # that arrives while the worker thread forks must not lose the process. It is
         # delivered once the tree is in hand, and the tree is stopped first.
@@ -640,7 +612,6 @@ class _TreeScope:
             raise cancelled
         started = _settle(starting, cancelled, self._plan.label, report=True)
         assert started is not None
-        self._tree = started
         return started
 
     async def __aexit__(

@@ -740,15 +740,15 @@ MUTANTS = [
     (
         "asyncio: Ctrl-C at the loop's shutdown lets the grace run out",
         "asyncio.py",
-        "                isinstance(context, KeyboardInterrupt) and context is not self._interrupt_before\n",
-        "                False\n",
+        "            isinstance(context, KeyboardInterrupt) and context is not self._interrupt_before\n",
+        "            False\n",
         "asyncio_programs_end",
     ),
     (
         "asyncio: an interrupt handled before the cleanup began cuts its grace short",
         "asyncio.py",
-        "                isinstance(context, KeyboardInterrupt) and context is not self._interrupt_before\n",
-        "                isinstance(context, KeyboardInterrupt)\n",
+        "            isinstance(context, KeyboardInterrupt) and context is not self._interrupt_before\n",
+        "            isinstance(context, KeyboardInterrupt)\n",
         "earlier_ctrl_c",
     ),
     (
@@ -893,8 +893,8 @@ MUTANTS = [
     ),
     (
         "close: a cleanup cancelled before it began never begins",
-        "asyncio.py",
-        "        if not self._begun and isinstance(typ if val is None else val, asyncio.CancelledError):",
+        "_begins_anyway.py",
+        "        if not self._begun and isinstance(cancellation, asyncio.CancelledError):",
         "        if False:",
         "before_its_first_step_runs or nobody_awaits",
     ),
@@ -1383,6 +1383,27 @@ MUTANTS = [
         "                    _until_emptied(tree, within=STALE_KILL_WAIT)",
         "                    pass",
         "stale_cgroup",
+    ),
+    (
+        "asyncio: a Ctrl-C before the cleanup's first step not seen",
+        "_begins_anyway.py",
+        "            if cancellation.__context__ is None:",
+        "            if False:",
+        "first_step_cuts",
+    ),
+    (
+        "scope: a scope whose spawn failed stays entered (trio)",
+        "_trio.py",
+        "            self._entered = False\n            raise",
+        "            raise",
+        "entered_again",
+    ),
+    (
+        "scope: a scope whose spawn failed stays entered (asyncio)",
+        "asyncio.py",
+        "            self._entered = False\n            raise",
+        "            raise",
+        "entered_again",
     ),
     (
         "cleanup: no note for an exception with a cause of its own",
