@@ -85,7 +85,7 @@ def test_the_demo_counts_a_daemon_tree_running_only_once_its_daemon_left_the_gro
     assert tracked.survivors() == []
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1])
 def test_an_interrupted_demo_leaves_nothing_running(tracked: Tracked, sig: int) -> None:
     # Its first strategies leave trees running on purpose, until it kills them. Red
     # before: SIGTERM or SIGHUP ended the demo at once, and those trees ran on (their

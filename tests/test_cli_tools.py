@@ -259,6 +259,29 @@ def test_sigquit_to_the_tool_is_passed_to_its_command(tracked: Tracked) -> None:
     assert tracked.survivors() == []
 
 
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM])
+def test_a_signal_for_the_command_to_act_on_is_passed_to_it(
+    tracked: Tracked, sig: signal.Signals
+) -> None:
+    # A supervisor's `kill -USR1` asks a server under the tool to reopen its logs (nginx,
+    # gunicorn), and goes on running. Red before: the tool died of it at once (its default
+    # action), and the watchdog SIGKILLed the tree with no grace.
+    name = sig.name[3:]
+    acts = f'trap "echo got {name}" {name}; echo ready; while :; do sleep 0.05; done'
+    with subprocess.Popen(
+        [*tool(), "run", "--grace", "0.5", "--", "sh", "-c", acts],
+        stdout=subprocess.PIPE, env=tracked.env, text=True,
+    ) as runner:  # fmt: skip
+        assert runner.stdout is not None
+        assert runner.stdout.readline() == "ready\n"
+        runner.send_signal(sig)  # our own child, by pid
+        assert runner.stdout.readline() == f"got {name}\n"
+        assert runner.poll() is None  # the tool runs on, and so does its command
+        runner.send_signal(signal.SIGTERM)
+        assert runner.wait(timeout=30) == -signal.SIGTERM  # (the shell dies of it)
+    assert tracked.survivors() == []
+
+
 @pytest.mark.parametrize(
     ("options", "first", "then"),
     [

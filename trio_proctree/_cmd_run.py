@@ -44,6 +44,16 @@ NOT_FOUND = 127
 
 #: Signals that ask this tool to stop the tree and exit.
 STOP_REQUESTS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+#: Signals passed on to the command's process group, as timeout(1) passes on SIGQUIT: each
+#: ends a process that has no handler for it, and is the command's to act on (Ctrl-\\ or
+#: `kill -QUIT` for a JVM's thread dump; `kill -USR1` for a server to reopen its logs).
+#: Left to their default action, this tool died of them, and its watchdog SIGKILLed the
+#: tree. (Faults, SIGSEGV and the like, are this process's own: not passed on.)
+PASSED_ON = tuple(
+    getattr(signal, name)
+    for name in ("SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGVTALRM", "SIGPROF", "SIGPWR")
+    if hasattr(signal, name)
+)
 
 
 @attrs.frozen
@@ -123,12 +133,11 @@ async def _run_with(options: RunOptions, terminal: Terminal | None) -> int:
     # An interactive command's stops are followed (SIGCHLD), and this tool's stops and
     # continues (SIGTSTP, SIGCONT) passed on to it: `_job_control`.
     job_control = (signal.SIGCHLD, signal.SIGCONT, signal.SIGTSTP)
-    # SIGQUIT is passed on to the command, as timeout(1) does (`_answer`). A signal this
-    # tool inherited ignored stays ignored: nohup's SIGHUP, and SIGINT and SIGQUIT for a
-    # script's command in the background (a Ctrl-C for the foreground is not for it).
-    passed_on = (*STOP_REQUESTS, signal.SIGQUIT)
+    # SIGQUIT and the like are passed on to the command (`PASSED_ON`, `_answer`). A signal
+    # this tool inherited ignored stays ignored: nohup's SIGHUP, and SIGINT and SIGQUIT for
+    # a script's command in the background (a Ctrl-C for the foreground is not for it).
     received = (
-        *(sig for sig in passed_on if signal.getsignal(sig) != signal.SIG_IGN),
+        *(sig for sig in (*STOP_REQUESTS, *PASSED_ON) if signal.getsignal(sig) != signal.SIG_IGN),
         *(job_control if interactive else ()),
     )
     with trio.open_signal_receiver(*received) as requests, unwrapped():
@@ -187,13 +196,13 @@ async def _answer(
             if terminal is not None and not (requested or stopping.is_set()):
                 terminal.follow_a_stop(tree.pid)
             continue
-        if sig == signal.SIGQUIT:
-            # Ctrl-\\ where the tool's group has the terminal (run by a script), or a kill
-            # -QUIT: the command's to act on (a JVM prints its threads and runs on), not
-            # this tool's death without its cleanup.
+        if sig in PASSED_ON:
+            # Ctrl-\\ where the tool's group has the terminal (run by a script), a kill
+            # -QUIT or -USR1: the command's to act on (a JVM prints its threads and runs on,
+            # a server reopens its logs), not this tool's death without its cleanup.
             if tree.outcome is None:  # (not yet reaped: the leader pins the group id)
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(tree.pid, signal.SIGQUIT)
+                    os.killpg(tree.pid, sig)
             continue
         if sig in (signal.SIGCONT, signal.SIGTSTP):
             if terminal is not None and tree.outcome is None:  # (not yet reaped)

@@ -22,6 +22,7 @@ import attrs
 import trio
 
 from ._choose import choose_containment
+from ._cmd_run import PASSED_ON
 from ._containment import pin_process, signal_pidfd
 from ._procfs import is_alive, read_stat
 from ._trio import open_process_tree
@@ -36,7 +37,8 @@ _MARKER = "TRIO_PROCTREE_DEMO"
 SETTLE = 0.2
 #: Signals that end the demo early: the comparison stops, and what it started is killed
 #: first (ended by one at once, a strategy's uncontained tree would run on for a minute).
-INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: (Those a process has no handler for end it: SIGUSR1 left them running, once.)
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, *PASSED_ON)
 _CLEAN_UP_ROUNDS = 10
 
 

@@ -787,17 +787,17 @@ MUTANTS = [
         "script_still_hands or in_the_background_stops",
     ),
     (
-        "cli: SIGQUIT ends the tool without its cleanup",
+        "cli: SIGQUIT, SIGUSR1 and the like end the tool without its cleanup",
         "_cmd_run.py",
-        "    passed_on = (*STOP_REQUESTS, signal.SIGQUIT)\n",
-        "    passed_on = STOP_REQUESTS\n",
-        "sigquit",
+        "        *(sig for sig in (*STOP_REQUESTS, *PASSED_ON) if signal.getsignal(sig) != signal.SIG_IGN),\n",
+        "        *(sig for sig in STOP_REQUESTS if signal.getsignal(sig) != signal.SIG_IGN),\n",
+        "sigquit or act_on_is_passed",
     ),
     (
         "cli: a signal inherited ignored taken for a stop request",
         "_cmd_run.py",
-        "        *(sig for sig in passed_on if signal.getsignal(sig) != signal.SIG_IGN),\n",
-        "        *passed_on,\n",
+        "        *(sig for sig in (*STOP_REQUESTS, *PASSED_ON) if signal.getsignal(sig) != signal.SIG_IGN),\n",
+        "        *(*STOP_REQUESTS, *PASSED_ON),\n",
         "inherited_ignored",
     ),
     (
