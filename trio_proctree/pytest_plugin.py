@@ -6,7 +6,8 @@ test's teardown, every process the test started that is still alive (its call ph
 against a snapshot taken just before it) fails the test, naming pids and command lines,
 and is killed, so the next test starts clean. (One still in its exit, killed at the test's
 end, say, is waited for instead: it never runs again.) Processes started by fixtures' setup are
-not counted, so a session-wide server started on first use is not taken for a leak.
+not counted, so a session-wide server started on first use is not taken for a leak; nor are
+multiprocessing's forkserver and resource tracker, kept for the session by design.
 
 To see re-parented grandchildren and ``setsid`` escapees, the pytest process becomes their
 child subreaper when checking starts: orphans then re-parent to it, not to init, and stay
@@ -20,6 +21,7 @@ import contextlib
 import os
 import select
 import signal
+import sys
 import time
 from collections.abc import Generator
 
@@ -100,7 +102,7 @@ def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, object, object
     before = item.stash.get(_SNAPSHOT, None)
     if before is None:
         return result
-    ours = {watchdog.pid for watchdog in _watchdog.running()}
+    ours = {watchdog.pid for watchdog in _watchdog.running()} | _session_helpers()
     leaked = {
         key: command
         for key, command in _descendants().items()
@@ -118,6 +120,21 @@ def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, object, object
             pytrace=False,
         )
     return result
+
+
+def _session_helpers() -> set[int]:
+    """The processes the standard library starts on first use and keeps, by design, for
+    the rest of the session: multiprocessing's forkserver (the start method by default on
+    Linux from Python 3.14) and its resource tracker. Taken for leaks, they were killed
+    and reaped, and the next pool crashed in the standard library."""
+    found = [
+        getattr(getattr(sys.modules.get(module), instance, None), pid, None)
+        for module, instance, pid in (
+            ("multiprocessing.forkserver", "_forkserver", "_forkserver_pid"),
+            ("multiprocessing.resource_tracker", "_resource_tracker", "_pid"),
+        )
+    ]
+    return {pid for pid in found if isinstance(pid, int)}
 
 
 #: How long a process caught dying, or killed here, is given to finish its exit.

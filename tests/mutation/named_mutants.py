@@ -1406,6 +1406,13 @@ MUTANTS = [
         "entered_again",
     ),
     (
+        "plugin: multiprocessing's forkserver and resource tracker taken for leaks",
+        "pytest_plugin.py",
+        "    ours = {watchdog.pid for watchdog in _watchdog.running()} | _session_helpers()\n",
+        "    ours = {watchdog.pid for watchdog in _watchdog.running()}\n",
+        "multiprocessings_own",
+    ),
+    (
         "cleanup: no note for an exception with a cause of its own",
         "_outcome.py",
         "            exc.add_note(note)\n",
