@@ -649,8 +649,15 @@ MUTANTS = [
     (
         "demo: SIGTERM ends it at once, its uncontained trees left running",
         "_demo.py",
+        "INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, *PASSED_ON)",
+        "INTERRUPTS = (signal.SIGINT, signal.SIGHUP, *PASSED_ON)",
+        "interrupted_demo",
+    ),
+    (
+        "demo: SIGUSR1 ends it at once, its uncontained trees left running",
+        "_demo.py",
+        "INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, *PASSED_ON)",
         "INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)",
-        "INTERRUPTS = (signal.SIGINT, signal.SIGHUP)",
         "interrupted_demo",
     ),
     (
