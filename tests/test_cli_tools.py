@@ -370,6 +370,36 @@ def test_orphans_finds_a_real_reparented_process_and_then_none(tracked: Tracked)
     assert clean.stdout == "no orphans\n"
 
 
+def test_orphans_shows_a_newline_in_a_command_line_escaped_not_as_a_row(
+    tracked: Tracked,
+) -> None:
+    # Red before: an argument with a newline in it forged a row of the table (here one
+    # claiming to be pid 1); --json was right all along.
+    marker = f"60.{uuid.uuid4().int % 10**9}"
+    forged = "forged\n      1       0       9s  /sbin/init"
+    # (The inner shell's "; :" keeps it from exec'ing sleep: it stays, its $0 forged.)
+    subprocess.run(
+        ["sh", "-c", f"sh -c 'sleep {marker}; :' '{forged}' &"],
+        env=tracked.env, start_new_session=True, check=True, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        [orphan] = [
+            pid for pid in tracked.survivors() if b"forged" in (procs.arguments(pid) or b"")
+        ]
+        listed = run_tool("orphans", "--match", "forged", env=tracked.env)
+        assert listed.returncode == 1, listed
+        header, row = listed.stdout.splitlines()  # one row, not two
+        assert header.split() == ["PID", "PARENT", "AGE", "COMMAND"]
+        assert row.split()[0] == str(orphan)
+        assert row.endswith("forged\\n      1       0       9s  /sbin/init")
+        listed = run_tool("orphans", "--json", "--match", "forged", env=tracked.env)
+        [as_json] = json.loads(listed.stdout)
+        assert forged in as_json["command"]  # (as it is)
+    finally:
+        procs.kill_survivors(tracked.token)  # (the shell and its sleep)
+    assert tracked.survivors() == []
+
+
 def test_orphans_ignores_plain_children_when_the_session_leader_is_gone(tracked: Tracked) -> None:
     # CI runners and `setsid cmd &` leave programs in a session whose leader has exited.
     # Children such a program started itself are not orphans, although the group and

@@ -27,7 +27,7 @@ from typing import Any
 import attrs
 
 from ._orphans import children
-from ._procfs import ProcStat, command_line, is_alive, read_file, read_stat
+from ._procfs import ProcStat, command_line, is_alive, on_one_line, read_file, read_stat
 
 
 @attrs.frozen
@@ -87,7 +87,9 @@ def report(orphans: list[Orphan], *, as_json: bool) -> str:
     if not orphans:
         return "no orphans\n"
     lines = [f"{'PID':>7} {'PARENT':>7} {'AGE':>9}  COMMAND"]
-    lines.extend(f"{o.pid:>7} {o.ppid:>7} {_age(o.age):>9}  {o.command}" for o in orphans)
+    lines.extend(
+        f"{o.pid:>7} {o.ppid:>7} {_age(o.age):>9}  {on_one_line(o.command)}" for o in orphans
+    )
     return "\n".join(lines) + "\n"
 
 

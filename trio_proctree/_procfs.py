@@ -218,6 +218,15 @@ def read_stat(pid: int) -> ProcStat | None:
 _ARGUMENTS_WITHIN = 0.01
 
 
+def on_one_line(text: str) -> str:
+    """``text`` with each character that is not printable (a newline, an escape) written as
+    its Python escape: a command line shown in a table or a list, one per line, cannot
+    then forge a line of its own or move the terminal's cursor."""
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
+
+
 def command_line(pid: int) -> str:
     """The process's arguments joined by spaces, for people to read.
 

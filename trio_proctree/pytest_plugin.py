@@ -30,7 +30,7 @@ import pytest
 from . import _watchdog
 from ._containment import pin_process, signal_pidfd
 from ._orphans import become_subreaper, children, descendants
-from ._procfs import command_line, foreign_proc
+from ._procfs import command_line, foreign_proc, on_one_line
 
 _SNAPSHOT = pytest.StashKey[set[tuple[int, int]]]()
 
@@ -113,7 +113,7 @@ def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, object, object
     if leaked:
         _kill(sorted(leaked))
         listing = "\n".join(
-            f"  pid {pid}: {command}" for (pid, _), command in sorted(leaked.items())
+            f"  pid {pid}: {on_one_line(command)}" for (pid, _), command in sorted(leaked.items())
         )
         pytest.fail(
             f"{item.nodeid} left {len(leaked)} process(es) running (killed now):\n{listing}",

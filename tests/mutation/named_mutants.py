@@ -1420,6 +1420,13 @@ MUTANTS = [
         "multiprocessings_own",
     ),
     (
+        "orphans: a command line shown as it is, its newlines forging rows",
+        "_cmd_orphans.py",
+        "{_age(o.age):>9}  {on_one_line(o.command)}",
+        "{_age(o.age):>9}  {o.command}",
+        "newline_in_a_command_line",
+    ),
+    (
         "cleanup: no note for an exception with a cause of its own",
         "_outcome.py",
         "            exc.add_note(note)\n",
