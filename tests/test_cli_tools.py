@@ -383,9 +383,17 @@ def test_orphans_shows_a_newline_in_a_command_line_escaped_not_as_a_row(
         env=tracked.env, start_new_session=True, check=True, stdout=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        [orphan] = [
-            pid for pid in tracked.survivors() if b"forged" in (procs.arguments(pid) or b"")
-        ]
+        # The shell, once its sleep has exec'd (a fork not yet exec'd shows its arguments
+        # too). No event says an exec is done: looked at again in short pauses.
+        deadline = time.monotonic() + 10
+        while True:
+            said = {pid: procs.arguments(pid) or b"" for pid in tracked.survivors()}
+            shells = [pid for pid, arguments in said.items() if b"forged" in arguments]
+            if len(shells) == 1 and any(a.startswith(b"sleep\0") for a in said.values()):
+                break
+            assert time.monotonic() < deadline, said
+            time.sleep(0.005)
+        [orphan] = shells
         listed = run_tool("orphans", "--match", "forged", env=tracked.env)
         assert listed.returncode == 1, listed
         header, row = listed.stdout.splitlines()  # one row, not two
