@@ -289,6 +289,25 @@ def test_cancel_before_the_first_step_still_reaps_the_tree(
     assert tracked.survivors() == []
 
 
+async def held_until_a_hook(
+    hook: Callable[[ProcessTree], None],
+    trees: list[ProcessTree],
+    *,
+    grace: float,
+    contained: dict[str, Any],
+) -> None:
+    """Hold a tree that ignores SIGTERM (added to ``trees``) with its scope never exited,
+    and call ``hook(tree)`` from the loop, as a program's signal handler would be: what
+    ends the tree, and the run, is the hook's."""
+    scope = open_process_tree(IGNORES_TERM, grace=grace, stdout=subprocess.PIPE, **contained)
+    tree = await scope.__aenter__()
+    trees.append(tree)
+    assert tree.stdout is not None
+    assert await tree.stdout.readline() == b"ready\n"
+    asyncio.get_running_loop().call_soon(hook, tree)
+    await asyncio.sleep(60)
+
+
 def test_a_cleanup_nobody_awaits_is_finished_by_the_loops_shutdown(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:
@@ -299,23 +318,12 @@ def test_a_cleanup_nobody_awaits_is_finished_by_the_loops_shutdown(
     # the tree running ("Task was destroyed but it is pending"), outcome None.
     trees: list[ProcessTree] = []
 
-    async def main() -> None:
-        scope = open_process_tree(IGNORES_TERM, grace=0.2, stdout=subprocess.PIPE, **contained)
-        tree = await scope.__aenter__()  # (never exited: the hook alone ends the tree)
-        trees.append(tree)
-        assert tree.stdout is not None
-        assert await tree.stdout.readline() == b"ready\n"
-        loop = asyncio.get_running_loop()
-
-        def shut_down() -> None:  # as a SIGTERM handler of the program's might
-            tree.aclose().close()  # the cleanup starts at the call
-            loop.stop()
-
-        loop.call_soon(shut_down)
-        await asyncio.sleep(60)
+    def shut_down(tree: ProcessTree) -> None:  # as a SIGTERM handler of the program's might
+        tree.aclose().close()  # the cleanup starts at the call
+        asyncio.get_running_loop().stop()
 
     with pytest.raises(RuntimeError, match="Event loop stopped before Future completed"):
-        asyncio.run(main())
+        asyncio.run(held_until_a_hook(shut_down, trees, grace=0.2, contained=contained))
     outcome = trees[0].outcome
     assert outcome is not None
     assert outcome.signals == (signal.SIGTERM, signal.SIGCONT, signal.SIGKILL)

@@ -20,6 +20,7 @@ from trio_proctree.asyncio import open_process_tree
 
 from . import procs
 from .conftest import Tracked
+from .test_asyncio_close_path import held_until_a_hook
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
@@ -351,22 +352,12 @@ def test_a_ctrl_c_before_the_cleanups_first_step_cuts_its_grace_short(
     run = pytest.importorskip("uvloop").run if runner == "uvloop.run" else asyncio.run
     trees: list[trio_proctree.asyncio.ProcessTree] = []
 
-    async def main() -> None:
-        scope = open_process_tree(IGNORES_TERM, grace=3.0, stdout=subprocess.PIPE, **contained)
-        tree = await scope.__aenter__()  # (never exited: the hook alone ends the tree)
-        trees.append(tree)
-        assert tree.stdout is not None
-        assert await tree.stdout.readline() == b"ready\n"
-
-        def shut_down_then_ctrl_c() -> None:
-            tree.aclose().close()  # the cleanup's task is made, not yet run
-            raise KeyboardInterrupt  # what Python's SIGINT handler raises
-
-        asyncio.get_running_loop().call_soon(shut_down_then_ctrl_c)
-        await asyncio.sleep(60)
+    def shut_down_then_ctrl_c(tree: trio_proctree.asyncio.ProcessTree) -> None:
+        tree.aclose().close()  # the cleanup's task is made, not yet run
+        raise KeyboardInterrupt  # what Python's SIGINT handler raises
 
     with pytest.raises(KeyboardInterrupt):
-        run(main())
+        run(held_until_a_hook(shut_down_then_ctrl_c, trees, grace=3.0, contained=contained))
     outcome = trees[0].outcome
     assert outcome is not None
     assert outcome.signals == (signal.SIGTERM, signal.SIGCONT, signal.SIGKILL)
