@@ -25,10 +25,11 @@ import trio.testing
 
 from trio_proctree import ContainmentUnavailable, open_process_tree
 from trio_proctree import _spawn_into_cgroup as direct_spawn
-from trio_proctree._cgroup import _JOIN_AND_EXEC, cgroup_home
+from trio_proctree._cgroup import cgroup_home
 from trio_proctree._choose import choose_containment
 from trio_proctree._orphans import children
 from trio_proctree._procfs import read_file, read_stat
+from trio_proctree._through_sh import JOIN_AND_EXEC
 
 COOPERATIVE = ["sh", "-c", "sleep 60 & sleep 61 & echo running; wait"]
 #: The same with a daemon: a ``setsid`` escapee (its pid said first), which a process
@@ -175,7 +176,8 @@ async def proctree_teardown() -> float:
         await running(tree.stdout)
         started = time.perf_counter()
         await tree.aclose()
-    return time.perf_counter() - started
+        # (Before the block's end: its __aexit__ finds cleanup done, but yields once.)
+        return time.perf_counter() - started
 
 
 async def killpg_escaping_teardown() -> float:
@@ -274,7 +276,7 @@ async def joined_killpg_many(count: int) -> float:
             (
                 cgroup,
                 await trio.lowlevel.open_process(
-                    ["/bin/sh", "-c", _JOIN_AND_EXEC, f"{cgroup}/cgroup.procs", "sleep", "60"],
+                    ["/bin/sh", "-c", JOIN_AND_EXEC, f"{cgroup}/cgroup.procs", "sleep", "60"],
                     start_new_session=True,
                 ),
             )

@@ -60,6 +60,7 @@ BAD_REQUESTS = [
     pytest.param(["sleep", "1"], {"grace": -1}, ValueError, "grace", id="negative-grace"),
     pytest.param(["sleep", "1"], {"grace": math.nan}, ValueError, "grace", id="nan-grace"),
     pytest.param(["sleep", "1"], {"grace": math.inf}, ValueError, "grace", id="inf-grace"),
+    pytest.param(["sleep", "1"], {"grace": 10**400}, ValueError, "grace", id="huge-grace"),
     pytest.param(["sleep", "1"], {"stop_signal": 0}, ValueError, "signal", id="signal-0"),
     pytest.param(["sleep", "1"], {"stop_signal": 12345}, ValueError, "signal", id="signal-12345"),
     pytest.param(["sleep", "1"], {"stop_signal": "SIGFOO"}, ValueError, "signal", id="signal-name"),
@@ -152,6 +153,95 @@ async def test_a_script_whose_interpreter_is_missing_raises_file_not_found(
         await entry([str(script)], **contained)()
     assert f"no such interpreter {interpreter!r}" in str(raised.value)
     assert raised.value.filename == str(script)
+
+
+def popen_raises(command: list[str]) -> OSError:
+    """What `subprocess.Popen` raises for ``command``: the oracle (it starts nothing)."""
+    with pytest.raises(OSError) as raised:
+        subprocess.Popen(command)
+    return raised.value
+
+
+#: #! lines the kernel refuses (ENOEXEC: no interpreter name, or one cut short by the 256
+#: bytes it reads), each with text that, were it run by a shell, would leave a mark.
+REFUSED_HASH_BANGS = {
+    "no-name": b"#!\ntouch {mark}\n",
+    "blank-name": b"#!  \t\ntouch {mark}\n",
+    "name-cut-short": b"#!/bin/sh" + b"x" * 300 + b"\ntouch {mark}\n",
+    "only-blanks-no-newline": b"#!" + b" " * 300,
+}
+
+
+@kernel_refuses
+@pytest.mark.parametrize("case", list(REFUSED_HASH_BANGS))
+async def test_a_hash_bang_line_the_kernel_refuses_raises_exec_format_error(
+    nothing_leaks: None, tmp_path: Path, contained: dict[str, Any], case: str
+) -> None:
+    # Read as the kernel reads a #! line, and raised as Popen raises it. Red before under
+    # cgroup containment through /bin/sh: the check let these through, and sh's exec ran
+    # the file as a shell script (exit 0, the mark made).
+    mark = tmp_path / "ran"
+    script = tmp_path / "tool"
+    script.write_bytes(REFUSED_HASH_BANGS[case].replace(b"{mark}", bytes(mark)))
+    script.chmod(0o755)
+    assert popen_raises([str(script)]).errno == errno.ENOEXEC
+    with pytest.raises(OSError) as raised:
+        await _run([str(script)], **contained)()
+    assert raised.value.errno == errno.ENOEXEC
+    assert not mark.exists()
+
+
+def _interpreters(into: Path) -> dict[str, tuple[bytes, type[OSError]]]:
+    """#! lines naming interpreters the kernel cannot start, and what Popen raises."""
+    text = into / "text"  # executable, but of no format: the kernel refuses it (ENOEXEC)
+    text.write_bytes(b"echo not a program\n")
+    plain = into / "plain"  # not executable
+    plain.write_bytes(b"#!/bin/sh\n")
+    nested = into / "nested"  # a script whose own interpreter is missing
+    nested.write_bytes(b"#!/nonexistent/interpreter\n")
+    for path in (text, nested):
+        path.chmod(0o755)
+    return {
+        "no-newline-missing": (b"#!/nonexistent/interpreter", FileNotFoundError),
+        "a-directory": (b"#!" + bytes(into) + b"\n", PermissionError),
+        "not-executable": (b"#!" + bytes(plain) + b"\n", PermissionError),
+        "of-no-format": (b"#!" + bytes(text) + b"\n", OSError),
+        "whose-interpreter-is-missing": (b"#!" + bytes(nested) + b"\n", FileNotFoundError),
+    }
+
+
+@kernel_refuses
+@pytest.mark.parametrize(
+    "case",
+    [
+        "no-newline-missing",
+        "a-directory",
+        "not-executable",
+        "of-no-format",
+        "whose-interpreter-is-missing",
+    ],
+)
+async def test_a_hash_bang_interpreter_the_kernel_cannot_start_raises_as_popen_does(
+    nothing_leaks: None, tmp_path: Path, contained: dict[str, Any], case: str
+) -> None:
+    # The interpreter is looked at as the kernel looks at a program: there, executable, of
+    # a format it runs (another #! script, up to the kernel's depth). Red before under
+    # cgroup containment through /bin/sh: only "is it there" was asked, and sh's exec
+    # gave exit status 126 or 127 (or ran the file as a script) where Popen raises.
+    line, error = _interpreters(tmp_path)[case]
+    mark = tmp_path / "ran"
+    script = tmp_path / "tool"
+    # (The text after the line, were it run by a shell, would leave a mark.)
+    script.write_bytes(line + b"\ntouch " + bytes(mark) + b"\n" if line.endswith(b"\n") else line)
+    script.chmod(0o755)
+    expected = popen_raises([str(script)])
+    assert type(expected) is error
+    with pytest.raises(OSError) as raised:
+        await _run([str(script)], **contained)()
+    assert type(raised.value) is error
+    assert raised.value.errno == expected.errno
+    assert raised.value.filename == str(script)
+    assert not mark.exists()
 
 
 async def test_a_script_whose_interpreter_is_there_runs(
@@ -367,6 +457,62 @@ async def test_the_search_in_relative_folders_from_a_relative_cwd_runs_what_pope
     )
     assert result.stdout == b"second\n"
     assert tracked.survivors() == []
+
+
+#: A command prefix: root without the capabilities that let it into any directory, so
+#: that a directory's mode counts for it as for any user.
+WITHOUT_DAC_OVERRIDE = (
+    "setpriv",
+    "--inh-caps=-dac_override,-dac_read_search",
+    "--bounding-set=-dac_override,-dac_read_search",
+)
+
+#: Asks Popen and trio_proctree to run the program given (a path, or a name looked for on
+#: the PATH given), and prints what each raised.
+RAISED_BY_EACH = """
+import subprocess, sys, trio
+from trio_proctree import open_process_tree
+
+program, path = sys.argv[1], sys.argv[2]
+env = {"PATH": path}
+
+def popen():
+    subprocess.Popen([program], env=env)
+
+async def ours():
+    async with open_process_tree([program], env=env, containment="group"):
+        pass
+
+for attempt in (popen, lambda: trio.run(ours)):
+    try:
+        attempt()
+    except OSError as exc:
+        print(type(exc).__name__, exc.errno)
+"""
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv(1)"
+)
+@pytest.mark.parametrize("named", ["by-path", "on-path"])
+def test_a_program_in_a_directory_we_may_not_search_raises_permission_error(
+    tmp_path: Path, named: str
+) -> None:
+    # As Popen raises it, from the exec's EACCES. Red before (helper-20): every error in
+    # looking at the file counted as "not there", and FileNotFoundError was raised.
+    locked = tmp_path / "unsearchable"
+    locked.mkdir()
+    (locked / "prog").write_text("#!/bin/sh\necho ran\n")
+    (locked / "prog").chmod(0o755)
+    locked.chmod(0o000)
+    try:
+        program = str(locked / "prog") if named == "by-path" else "prog"
+        said = procs.run_python(
+            RAISED_BY_EACH, program, f"{locked}:/usr/bin", before=WITHOUT_DAC_OVERRIDE
+        )
+    finally:
+        locked.chmod(0o755)
+    assert said.splitlines() == [f"PermissionError {errno.EACCES}"] * 2
 
 
 async def test_directory_is_not_an_executable(nothing_leaks: None, tmp_path: Path) -> None:

@@ -37,6 +37,7 @@ from trio_proctree import (
     _cgroup,
     _orphans,
     _procfs,
+    _through_sh,
     open_process_tree,
     run_process_tree,
 )
@@ -1941,7 +1942,7 @@ def test_stale_cgroup_of_a_dead_owner_is_swept_and_its_processes_killed(
     staging = os.path.join(parent, f"staging-{tracked.token}")
     os.mkdir(staging)
     leftover = subprocess.Popen(
-        ["/bin/sh", "-c", _cgroup._JOIN_AND_EXEC, f"{staging}/cgroup.procs", "sleep", "60"],
+        ["/bin/sh", "-c", _through_sh.JOIN_AND_EXEC, f"{staging}/cgroup.procs", "sleep", "60"],
         env=tracked.env,
         start_new_session=True,
     )

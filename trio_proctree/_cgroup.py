@@ -24,11 +24,10 @@ import itertools
 import logging
 import os
 import select
-import shlex
 import signal
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -46,29 +45,13 @@ from ._containment import (
 from ._leader import Leader
 from ._pidfd import open_pidfd
 from ._procfs import ProcStat, proc_hides_processes, read_file, read_stat
-from ._spawn import SpawnPlan
+from ._spawn import SpawnPlan, resolve_executable
 from ._spawn_into_cgroup import IntoCgroup
+from ._through_sh import wrapped
 
 logger = logging.getLogger("trio_proctree")
 
 _HOME_PREFIX = "trio_proctree-"
-
-#: Joins the cgroup named by $0 (its cgroup.procs), then becomes the command. Exit status
-#: 125 (and a message) if the cgroup cannot be joined, as env(1) and timeout(1) use it.
-_JOIN_AND_EXEC = (
-    'echo $$ > "$0" || { echo "trio_proctree: cannot join cgroup ${0%/*}" >&2; exit 125; }; '
-    'exec "$@"'
-)
-
-
-def _keep_pwd(env: Mapping[Any, Any] | None) -> str:
-    """What the /bin/sh wrapper must do so that the command gets PWD as given: sh sets
-    PWD for itself (to the real directory) and exports it, where Popen passes the
-    environment as it is."""
-    given = os.environ.get("PWD") if env is None else env.get("PWD", env.get(b"PWD"))
-    if given is None:
-        return "unset PWD; "
-    return f"export PWD={shlex.quote(os.fsdecode(given))}; "
 
 
 def _unescape_mount_path(field: str) -> str:
@@ -602,14 +585,24 @@ class CgroupContainment(MemberTracking):
             self._direct = True
         if executable is not None:
             argv[0] = executable  # (sh's exec cannot set a different argv[0])
-        found = plan.resolved
-        if found is not None and found.passed_over and found.path is not None:
-            # sh's own search may stop at a file on PATH that the kernel refuses (dash runs
-            # one of no format as a script; bash stops at one missing its interpreter):
-            # the one Popen's search settles on is named instead, which argv[0] shows too.
-            argv[0] = os.path.abspath(found.path)  # (sh runs in the tree's cwd)
+        found, path = plan.resolved, None
+        if found is not None and found.path is not None and os.sep not in os.fsdecode(argv[0]):
+            if found.remembered:
+                # What appeared on PATH since the last search is unknown, and sh searches
+                # on its own: looked for afresh (~15 us), as Popen's exec would.
+                found = resolve_executable(
+                    plan.program, env=options.get("env"), cwd=options.get("cwd"), remembered=False
+                )
+            if found.path is not None:
+                path = os.path.abspath(found.path)  # (sh runs in the tree's cwd)
         procs = os.path.join(self.path, "cgroup.procs")
-        command = ["/bin/sh", "-c", _keep_pwd(options.get("env")) + _JOIN_AND_EXEC, procs, *argv]
+        command = wrapped(
+            procs,
+            argv,
+            env=options.get("env"),
+            found=path,
+            passed_over=found is not None and found.passed_over,
+        )
         plan = super().prepare(plan)
         return attrs.evolve(
             plan, command=command, options=options, into_cgroup=direct, through_sh=True

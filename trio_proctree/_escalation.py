@@ -65,9 +65,14 @@ def parse_duration(value: float, *, what: str) -> float:
     """Return ``value`` as seconds, refusing negative, NaN and infinite values."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{what} must be a number of seconds, not {value!r}")
-    seconds = float(value)
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int too large for a float (10**400): no finite wait either
+        seconds = math.inf
     if math.isnan(seconds) or math.isinf(seconds) or seconds < 0:
-        raise ValueError(f"{what} must be a finite number of seconds >= 0, not {value!r}")
+        huge = isinstance(value, int) and seconds == math.inf
+        shown = f"an integer of {int(value).bit_length()} bits" if huge else repr(value)
+        raise ValueError(f"{what} must be a finite number of seconds >= 0, not {shown}")
     return seconds
 
 

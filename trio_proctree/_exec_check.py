@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import functools
 import os
+import stat
 import struct
 from typing import Any
 
@@ -25,13 +26,40 @@ _PT_INTERP = 3
 _PATH_MAX = 4096
 
 
-def refusal(path: str, name: str, cwd: Any) -> OSError | None:
+MISSING, NOT_EXECUTABLE, EXECUTABLE = "missing", "not executable", "executable"
+
+#: How many interpreters deep Linux follows a program (a #! script whose interpreter is
+#: itself a #! script, ...) before it gives up with ELOOP.
+_MAX_DEPTH = 5
+
+
+def look_at(path: str) -> str | OSError:
+    """Whether ``path`` is missing, there but no executable file, or an executable file;
+    or the error the exec would meet on the way to it (EACCES: a directory we may not
+    search), which Popen's search reports, where a missing file it passes over.
+
+    One stat for a PATH entry that does not have it (most of them, on every spawn).
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError, ValueError):
+        return MISSING
+    except OSError as exc:
+        return type(exc)(exc.errno, exc.strerror, path)
+    if stat.S_ISREG(mode) and os.access(path, os.X_OK):
+        return EXECUTABLE
+    return NOT_EXECUTABLE
+
+
+def refusal(path: str, name: str, cwd: Any, *, _depth: int = 0) -> OSError | None:
     """What the exec of ``path`` (the program ``name``, run in ``cwd``) would fail with,
     where the file itself says it; None where it says nothing against running.
 
     FileNotFoundError for a ``#!`` script or a dynamically linked ELF program whose
-    interpreter is missing; OSError (ENOEXEC) for a file of no format Linux runs. A file
-    we may not read is left to the exec.
+    interpreter is missing, PermissionError for one that is not executable; OSError
+    (ENOEXEC) for a file of no format Linux runs, or a ``#!`` line it cannot read; the
+    same for an interpreter, as deep as Linux follows them. A file we may not read is
+    left to the exec.
     """
     try:
         with open(path, "rb") as program:
@@ -40,45 +68,91 @@ def refusal(path: str, name: str, cwd: Any) -> OSError | None:
     except OSError:
         return None  # not ours to read: the exec will say what it says
     if head.startswith(_ELF_MAGIC):
-        if loader is None:
-            return None
-        return _missing(loader, "the ELF program interpreter", name, cwd)
-    if head.startswith(b"#!"):
-        return _script_refusal(head, name, cwd)
-    # The formats Linux runs itself are ELF and #! scripts (a.out went in 6.1); anything
-    # else runs only through a binfmt_misc handler, which may match on any bytes or on
-    # the file's name: where one is registered, the exec decides.
-    if binfmt_misc_handlers():
+        interpreter, named_by = loader, "the ELF program interpreter"
+    elif head.startswith(b"#!"):
+        interpreter, named_by = hash_bang_interpreter(head), "the #! line"
+        if interpreter is None:
+            message = f"{os.strerror(errno.ENOEXEC)}: a #! line Linux cannot read"
+            return _unless_handled(OSError(errno.ENOEXEC, message, name))
+    else:
+        # The formats Linux runs itself are ELF and #! scripts (a.out went in 6.1);
+        # anything else runs only through a binfmt_misc handler.
+        return _unless_handled(OSError(errno.ENOEXEC, os.strerror(errno.ENOEXEC), name))
+    if interpreter is None:
+        return None  # (a statically linked program)
+    return _interpreter_refusal(
+        interpreter, named_by=named_by, path=path, name=name, cwd=cwd, depth=_depth
+    )
+
+
+def _unless_handled(error: OSError) -> OSError | None:
+    """``error``, unless a binfmt_misc handler is registered: one may take a file before
+    the kernel's own formats do, by any bytes or by its name, and run it its own way;
+    then the exec decides. (Asked only on the way to an error: it reads a directory.)"""
+    return None if binfmt_misc_handlers() else error
+
+
+def hash_bang_interpreter(head: bytes) -> str | None:
+    """The interpreter that a ``#!`` line names (``head``: the file's first 256 bytes),
+    read as Linux reads it (fs/binfmt_script.c); None where Linux refuses the line with
+    ENOEXEC: no name on it, or a name cut short by the 256 bytes it reads.
+
+    The line ends at a newline (or, where a NUL comes first, at the buffer's end); the
+    name comes after spaces and tabs, up to the next space, tab or NUL. A ``\r`` is part
+    of it (a script saved with CRLF line ends names "/bin/sh\r", which is not found).
+    """
+    buf = head[:256].ljust(256, b"\0")  # (the kernel's buffer: zeros past the file's end)
+    nul = buf.find(b"\0")
+    end = buf.find(b"\n", 0, 256 if nul < 0 else nul)  # (its search stops at a NUL)
+    if end < 0:
+        first = _first_not_blank(buf, 2, 255)
+        if first is None or _first_terminator(buf, first, 255) is None:
+            return None  # all blanks, or a name that runs on past what was read
+        end = 255
+    while buf[end - 1] in b" \t":
+        end -= 1
+    first = _first_not_blank(buf, 2, end)
+    if first is None or first == end:
         return None
-    return OSError(errno.ENOEXEC, os.strerror(errno.ENOEXEC), name)  # (as Popen says it)
+    stop = _first_terminator(buf, first, end)
+    return os.fsdecode(buf[first : end if stop is None else stop])
 
 
-def _script_refusal(head: bytes, name: str, cwd: Any) -> OSError | None:
-    """`refusal` for a file that starts with ``#!`` (``head``: its first 256 bytes)."""
-    if b"\n" not in head:
-        return None  # (a #! line the kernel cuts short is its to refuse, with ENOEXEC)
-    # Read as the kernel reads it: up to the newline (or a NUL), the name after spaces
-    # and tabs, up to the next; a \r is part of it (a script saved with CRLF line ends
-    # names "/bin/sh\r", which the kernel does not find either).
-    line = head[2 : head.index(b"\n")].split(b"\0", 1)[0].lstrip(b" \t")
-    name_end = min((i for i in (line.find(b" "), line.find(b"\t")) if i >= 0), default=len(line))
-    if not line[:name_end]:
-        return None
-    return _missing(os.fsdecode(line[:name_end]), "the #! line", name, cwd)
+def _first_not_blank(buf: bytes, first: int, last: int) -> int | None:
+    return next((i for i in range(first, last + 1) if buf[i] not in b" \t"), None)
 
 
-def _missing(interpreter: str, named_by: str, name: str, cwd: Any) -> OSError | None:
-    """FileNotFoundError if ``interpreter`` (``named_by`` the program ``name``) is not
-    there, as the kernel looks for it."""
+def _first_terminator(buf: bytes, first: int, last: int) -> int | None:
+    return next((i for i in range(first, last + 1) if buf[i] in b" \t\0"), None)
+
+
+def _interpreter_refusal(
+    interpreter: str, *, named_by: str, path: str, name: str, cwd: Any, depth: int
+) -> OSError | None:
+    """What the kernel's start of ``interpreter`` (``named_by`` the file ``path``, the
+    program ``name`` or an interpreter of it) would fail with, as Popen raises it for
+    ``name``: missing, not executable, or refused in its turn."""
     if cwd is not None and not os.path.isabs(interpreter):
         interpreter = os.path.join(os.fsdecode(cwd), interpreter)  # (as the kernel opens it)
-    # (A binfmt_misc handler may take the file before the kernel's own formats do, and
-    # run it its own way: where one is registered, the exec decides.)
-    if os.path.exists(interpreter) or binfmt_misc_handlers():
-        return None
-    return FileNotFoundError(
-        errno.ENOENT, f"no such interpreter {interpreter!r} ({named_by} of {name})", name
-    )
+    whose = name if depth == 0 else f"{path}, an interpreter of {name}"
+    found = look_at(interpreter)
+    error: OSError
+    if found == MISSING:
+        message = f"no such interpreter {interpreter!r} ({named_by} of {whose})"
+        error = FileNotFoundError(errno.ENOENT, message, name)
+    elif isinstance(found, OSError):  # (a directory on the way we may not search, say)
+        message = f"interpreter {interpreter!r} ({named_by} of {whose}): {found.strerror}"
+        error = type(found)(found.errno, message, name)
+    elif found == NOT_EXECUTABLE:
+        message = f"interpreter {interpreter!r} ({named_by} of {whose}) is not executable"
+        error = PermissionError(errno.EACCES, message, name)
+    elif named_by != "the #! line":
+        return None  # (a dynamic loader: what it is made of is the kernel's to check)
+    elif depth + 1 >= _MAX_DEPTH:
+        error = OSError(errno.ELOOP, f"{os.strerror(errno.ELOOP)}: #! interpreters", name)
+    else:
+        return refusal(interpreter, name, cwd, _depth=depth + 1)
+    return _unless_handled(error)
 
 
 def _elf_interpreter(fd: int, head: bytes) -> str | None:

@@ -25,7 +25,7 @@ from typing import Any, Union, cast
 import attrs
 
 from . import _spawn_into_cgroup as direct
-from ._exec_check import refusal
+from ._exec_check import EXECUTABLE, MISSING, NOT_EXECUTABLE, look_at, refusal
 from ._leader import LOST
 from ._pidfd import open_pidfd
 from ._spawn_into_cgroup import IntoCgroup
@@ -102,6 +102,9 @@ class Resolved:
     #: What the exec would fail with, where no file on the search runs and only the exec
     #: itself would say it (ENOEXEC: a binfmt_misc handler we cannot see may run it).
     refused: OSError | None = None
+    #: Taken from what an earlier search found (checked to be there still, but not what
+    #: appeared before it on PATH since: ``passed_over`` may be out of date).
+    remembered: bool = False
 
 
 @attrs.frozen
@@ -193,7 +196,7 @@ def plan_spawn(command: Command, options: Mapping[str, Any]) -> SpawnPlan:
         program = options.get("executable") or "/bin/sh"
     else:
         program = options.get("executable") or argv[0]
-    resolved = _resolve_executable(program, env=options.get("env"), cwd=options.get("cwd"))
+    resolved = resolve_executable(program, env=options.get("env"), cwd=options.get("cwd"))
     return SpawnPlan(
         command=command if isinstance(command, (str, bytes)) else argv,
         options=options,
@@ -302,7 +305,17 @@ def _own_process_group(options: dict[str, Any]) -> None:
             f"preexec_fn=os.{recipe} is not needed: every tree's leader starts in a process "
             "group of its own (in a new session unless start_new_session=False)"
         )
-    if options.pop("start_new_session", True):
+    new_session = options.pop("start_new_session", None)
+    if process_group == 0:
+        # Popen's "a group of its own, in the caller's session" (with both, its child's
+        # setpgid would fail, a session leader's).
+        if new_session:
+            raise ValueError(
+                "start_new_session=True and process_group=0 ask for a new session and for "
+                "the caller's: pass one of them"
+            )
+        new_session = False
+    if new_session is None or new_session:
         options["start_new_session"] = True
     elif sys.version_info >= (3, 11):
         options["process_group"] = 0
@@ -330,7 +343,9 @@ def inherited_environment() -> dict[bytes, bytes]:
     return {os.fsencode(name): os.fsencode(value) for name, value in os.environ.copy().items()}
 
 
-def _resolve_executable(program: Any, *, env: Mapping[Any, Any] | None, cwd: Any) -> Resolved:
+def resolve_executable(
+    program: Any, *, env: Mapping[Any, Any] | None, cwd: Any, remembered: bool = True
+) -> Resolved:
     """Find ``program`` the way `subprocess.Popen`'s exec will, raising the error it would.
 
     As Popen's child does, each candidate in turn until one would exec, passing over
@@ -344,10 +359,12 @@ def _resolve_executable(program: Any, *, env: Mapping[Any, Any] | None, cwd: Any
         _check_working_directory(directory)
     if os.sep in name:
         path = name if directory is None else os.path.join(directory, name)
-        found = _look_at(path)
-        if found is _MISSING:
+        found = look_at(path)
+        if found == MISSING:
             raise FileNotFoundError(errno.ENOENT, "no such executable", name)
-        if found is _NOT_EXECUTABLE:
+        if isinstance(found, OSError):  # (EACCES: a directory on the way we may not search)
+            raise type(found)(found.errno, found.strerror, name)
+        if found == NOT_EXECUTABLE:
             raise PermissionError(errno.EACCES, "not an executable file", name)
         if (refused := refusal(path, name, cwd)) is None:
             return Resolved(path)
@@ -356,17 +373,17 @@ def _resolve_executable(program: Any, *, env: Mapping[Any, Any] | None, cwd: Any
         raise refused
     search = os.get_exec_path(env)
     key = (name, tuple(search), directory)
-    known = _found_before.get(key)
+    known = _found_before.get(key) if remembered else None
     if (
         known is not None
         and known.path is not None
-        and _look_at(known.path) is _EXECUTABLE
+        and look_at(known.path) == EXECUTABLE
         and refusal(known.path, name, cwd) is None
     ):
         # Still there: Popen's own search finds it (or one earlier on PATH). One stat and
         # one look at it, not one per PATH entry before it (~0.3 ms a spawn with a long
         # PATH, on this VM).
-        return known
+        return attrs.evolve(known, remembered=True)
     candidates: list[str] = []
     for entry in search:
         folder = os.fsdecode(entry) or "."
@@ -395,11 +412,14 @@ def _first_that_runs(candidates: list[str], name: str, cwd: Any) -> Resolved | N
     missing_interpreter: OSError | None = None
     passed_over = False  # a file there that the kernel refuses
     for candidate in candidates:
-        found = _look_at(candidate)
-        if found is _NOT_EXECUTABLE:
+        found = look_at(candidate)
+        if isinstance(found, OSError):  # (as Popen's exec reports it: EACCES, say)
+            failed = failed or found
+            continue
+        if found == NOT_EXECUTABLE:
             failed = failed or PermissionError(errno.EACCES, "not an executable file", candidate)
             continue
-        if found is _MISSING:
+        if found == MISSING:
             continue
         refused = refusal(candidate, name, cwd)
         if refused is None:
@@ -435,27 +455,9 @@ def _check_working_directory(directory: str) -> None:
         raise NotADirectoryError(errno.ENOTDIR, "working directory is not a directory", directory)
 
 
-_MISSING, _NOT_EXECUTABLE, _EXECUTABLE = "missing", "not executable", "executable"
-
 #: Where each command was found on its PATH, checked again (one stat) before it is
 #: trusted: a command that existed is looked for from scratch once it is gone.
 _found_before: dict[tuple[str, tuple[Any, ...], str | None], Resolved] = {}
-
-
-def _look_at(path: str) -> str:
-    """Whether ``path`` is missing, there but no executable file, or an executable file.
-
-    One stat for a PATH entry that does not have it (most of them, on every spawn), not
-    the two that ``isfile`` and then ``exists`` would make; as they do, any error in
-    looking counts as missing.
-    """
-    try:
-        mode = os.stat(path).st_mode
-    except (OSError, ValueError):
-        return _MISSING
-    if stat.S_ISREG(mode) and os.access(path, os.X_OK):
-        return _EXECUTABLE
-    return _NOT_EXECUTABLE
 
 
 _NS_PER_TICK = 1_000_000_000 // os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 1

@@ -1,0 +1,87 @@
+"""The /bin/sh wrapper that joins a tree's cgroup and then becomes the command, run so that
+the command gets what `subprocess.Popen` would give it: the same file, the same argv,
+the same environment.
+
+Where the C library cannot start a process in a cgroup (glibc before 2.41), the leader
+starts as ``/bin/sh``, writes its pid into the cgroup's ``cgroup.procs`` and execs the
+command. A shell's exec is not Popen's: it searches its own default PATH where the
+environment has none, stops at the first file on PATH it may execute (and runs one the
+kernel refuses as a script), and passes on its own variables, not the environment it got:
+names that are no shell identifier dropped, and IFS, OPTIND, PPID and PWD set by the shell
+itself. Each is dealt with here, at no cost to the common case.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from collections.abc import Mapping
+from typing import Any
+
+#: Joins the cgroup named by $0 (its cgroup.procs), then becomes the command. Exit status
+#: 125 (and a message) if the cgroup cannot be joined, as env(1) and timeout(1) use it.
+JOIN_AND_EXEC = (
+    'echo $$ > "$0" || { echo "trio_proctree: cannot join cgroup ${0%/*}" >&2; exit 125; }; '
+    'exec "$@"'
+)
+
+#: What passes on the environment exactly as given, where the shell cannot: env(1), told
+#: to start from nothing (``-i``) and given every variable as an argument.
+ENV = "/usr/bin/env"
+
+_SHELL_NAME = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*\Z")
+#: Variables a POSIX shell sets for itself at its start, whatever the environment says.
+#: (PWD too, which `keep_pwd` restores without env(1); bash would also set SHLVL and _.)
+_SET_BY_THE_SHELL = frozenset({b"IFS", b"OPTIND", b"PPID"})
+
+
+def wrapped(
+    procs: str,
+    argv: list[Any],
+    *,
+    env: Mapping[Any, Any] | None,
+    found: str | None,
+    passed_over: bool,
+) -> list[Any]:
+    """The command that joins the cgroup whose ``procs`` file is given, then runs ``argv``
+    as Popen would. ``found``: the absolute path where Popen's search of PATH settles, for
+    a bare program name (else None); ``passed_over``: that search went past a file the
+    kernel refuses, where sh's own would stop."""
+    if env is None:
+        from ._spawn import inherited_environment  # noqa: PLC0415 - (a cycle at import)
+
+        env = inherited_environment()
+    encoded = {os.fsencode(name): os.fsencode(value) for name, value in env.items()}
+    if not all(_passes_through_sh(name) for name in encoded):
+        # Only env(1) passes these on as given. It is given a path, so that no search of
+        # its own runs (argv[0] then shows the path: no exec here can set it apart).
+        program = found or os.fsdecode(argv[0])
+        if "=" in program:
+            raise ValueError(
+                f"{program!r}: its environment holds variables /bin/sh cannot pass on, and "
+                "env(1), which could, takes a path holding '=' for a variable; use another "
+                "containment, or another path"
+            )
+        assignments = [name + b"=" + value for name, value in encoded.items()]
+        argv = [ENV, "-i", "--", *assignments, program, *argv[1:]]
+    elif found is not None and (passed_over or b"PATH" not in encoded):
+        # sh's search would settle elsewhere: it stops at a file the kernel refuses (dash
+        # runs one of no format as a script), and with no PATH at all it searches a
+        # default of its own, where Popen searches os.defpath. (argv[0] shows the path.)
+        argv = [found, *argv[1:]]
+    return ["/bin/sh", "-c", keep_pwd(encoded) + JOIN_AND_EXEC, procs, *argv]
+
+
+def _passes_through_sh(name: bytes) -> bool:
+    return _SHELL_NAME.match(name) is not None and name not in _SET_BY_THE_SHELL
+
+
+def keep_pwd(env: Mapping[bytes, bytes]) -> str:
+    """What the /bin/sh wrapper must do so that the command gets PWD as given: sh sets
+    PWD for itself (to the real directory) and exports it, where Popen passes the
+    environment as it is."""
+    given = env.get(b"PWD")
+    if given is None:
+        return "unset PWD; "
+    return f"export PWD={shlex.quote(os.fsdecode(given))}; "
