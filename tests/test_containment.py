@@ -1092,6 +1092,126 @@ async def test_parent_killed_with_sigkill_takes_its_trees_along(
         sibling.wait()
 
 
+# Opens a tree, SIGKILLs its own watchdog (and waits for it to die), opens a second tree;
+# says each tree's pids (leader, member, escapee), then "ready". With "default-sigpipe",
+# SIGPIPE is set back to its default first, as many command-line tools do.
+WATCHDOG_LOST_PARENT = textwrap.dedent(
+    """
+    import os, select, signal, subprocess, sys, trio
+    from trio_proctree import _watchdog, open_process_tree
+
+    async def tree(containment, shape):
+        scope = open_process_tree(
+            ["sh", "-c", shape], containment=containment, stdout=subprocess.PIPE
+        )
+        tree = await scope.__aenter__()
+        data = b""
+        while data.count(b"\\n") < 2:
+            data += await tree.stdout.receive_some()
+        sys.stdout.write(f"{tree.pid}\\n{data.decode()}")
+        sys.stdout.flush()
+
+    async def main(containment, shape, sigpipe):
+        if sigpipe == "default-sigpipe":
+            signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        await tree(containment, shape)
+        (watchdog,) = _watchdog.running()
+        pidfd = os.pidfd_open(watchdog.pid)
+        os.kill(watchdog.pid, signal.SIGKILL)
+        select.select([pidfd], [], [])
+        await tree(containment, shape)
+        print("ready", flush=True)
+        await trio.sleep_forever()
+
+    trio.run(main, *sys.argv[1:])
+    """
+)
+
+
+@pytest.mark.parametrize("sigpipe", ["ignored-sigpipe", "default-sigpipe"])
+async def test_a_lost_watchdog_is_replaced_with_every_registration(
+    tracked: Tracked, strong: str, sigpipe: str
+) -> None:
+    # Red before (helper-21): the write that found the watchdog gone (EPIPE) dropped it
+    # with what it held; the next tree started a new one, told of nothing earlier, so the
+    # parent's SIGKILL left both trees running. With SIGPIPE at its default, that write
+    # killed the whole program.
+    parent = subprocess.Popen(  # noqa: ASYNC220 - it starts at once
+        [sys.executable, "-c", WATCHDOG_LOST_PARENT, strong, PARENT_TREE, sigpipe],
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+    )
+    with parent:
+        try:
+            assert parent.stdout is not None
+            lines = [parent.stdout.readline() for _ in range(7)]
+            assert lines[-1] == b"ready\n", (lines, parent.wait())
+            pids = [int(line) for line in lines[:6]]
+            for pid in pids:
+                procs.remember(pid)
+            assert all(procs.alive(pid) for pid in pids)
+            parent.send_signal(signal.SIGKILL)
+            parent.wait()
+            await until_gone(pids, within=1.0)
+            assert [pid for pid in pids if procs.alive(pid)] == []
+        finally:
+            parent.kill()
+    await until_none_survive(tracked, within=1.0)
+    assert tracked.survivors() == []
+
+
+# Holds N subreaper trees open, each a leader and a setsid escapee; says "ready".
+MANY_TREES_PARENT = textwrap.dedent(
+    """
+    import subprocess, sys, trio
+    from trio_proctree import open_process_tree
+
+    async def main(count):
+        ready = 0
+        async def one():
+            nonlocal ready
+            async with open_process_tree(
+                ["sh", "-c", "setsid sleep 60 & echo $!; exec sleep 60"],
+                containment="subreaper",
+                stdout=subprocess.PIPE,
+            ) as tree:
+                await tree.stdout.receive_some()  # (the escapee is out by then)
+                ready += 1
+                if ready == count:
+                    print("ready", flush=True)
+                await trio.sleep_forever()
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(count):
+                nursery.start_soon(one)
+
+    trio.run(main, int(sys.argv[1]))
+    """
+)
+
+
+async def test_parent_killed_with_sigkill_takes_200_subreaper_trees_along_within_1_s(
+    tracked: Tracked,
+) -> None:
+    # The watchdog finds the escapees of every tree in the same passes over /proc. Red
+    # before (helper-21): a pass per tree, and 200 trees took 2 s to die.
+    available("subreaper")
+    parent = subprocess.Popen(  # noqa: ASYNC220 - it starts at once
+        [sys.executable, "-c", MANY_TREES_PARENT, "200"], stdout=subprocess.PIPE, env=tracked.env
+    )
+    with parent:
+        try:
+            assert parent.stdout is not None
+            assert parent.stdout.readline() == b"ready\n"
+            assert len(tracked.survivors()) > 400  # (the parent, its trees, its watchdog)
+            parent.send_signal(signal.SIGKILL)
+            parent.wait()
+            await until_none_survive(tracked, within=1.0)
+            assert tracked.survivors() == []
+        finally:
+            parent.kill()
+
+
 # Holds a tree of HOPPER open, its stdout the descriptor given; says "ready".
 HOPPER_PARENT = textwrap.dedent(
     """
@@ -1972,6 +2092,79 @@ def test_stale_cgroup_of_a_dead_owner_is_swept_and_its_processes_killed(
         if os.path.exists(staging):  # pragma: no cover - only if the join failed
             remove_cgroup(staging)
     assert os.path.exists(home.path)  # ours, alive, untouched
+    assert tracked.survivors() == []
+
+
+# Says its pid; once a line comes on stdin, its main thread exits while another sleeps on.
+MAIN_THREAD_GOES_ON_A_LINE = textwrap.dedent(
+    """
+    import ctypes, os, sys, threading, time
+    threading.Thread(target=time.sleep, args=(60,)).start()
+    print(os.getpid(), flush=True)
+    sys.stdin.readline()
+    ctypes.CDLL(None).pthread_exit(None)
+    """
+)
+
+
+def test_a_stale_member_whose_main_thread_exited_is_swept_too(tracked: Tracked) -> None:
+    # Red before (helper-21): the sweep's bare cgroup.kill went to the exited main thread
+    # alone; the member ran on, the home stayed, and every new process waited 0.5 s for
+    # it at its first tree.
+    available("cgroup")
+    parent = os.path.dirname(_cgroup.cgroup_home().path)
+    stale = os.path.join(parent, f"trio_proctree-{_cgroup._pid_namespace()}-1-999999999")
+    tree = os.path.join(stale, "tree-0")
+    staging = os.path.join(parent, f"staging-{tracked.token}")  # (see the test above)
+    os.mkdir(staging)
+    member = subprocess.Popen(
+        [
+            "/bin/sh",
+            "-c",
+            _through_sh.JOIN_AND_EXEC,
+            f"{staging}/cgroup.procs",
+            sys.executable,
+            "-c",
+            MAIN_THREAD_GOES_ON_A_LINE,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+        start_new_session=True,
+    )
+    assert member.stdin is not None and member.stdout is not None
+    pidfd = os.pidfd_open(member.pid)
+    try:
+        assert int(member.stdout.readline()) == member.pid
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                os.makedirs(tree, exist_ok=True)
+                Path(tree, "cgroup.procs").write_text(str(member.pid))
+                break
+            except FileNotFoundError:  # swept before the process got in: again
+                assert time.monotonic() < deadline
+        os.rmdir(staging)
+        member.stdin.write(b"\n")
+        member.stdin.flush()
+        while procs.state(member.pid) != "Z":  # (its main thread gone: shown a zombie)
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        assert select.select([pidfd], [], [], 0.05)[0] == []  # alive all the same
+        _cgroup._sweep_stale_homes(parent)
+        assert select.select([pidfd], [], [], 1.0)[0] == [pidfd]
+        assert member.wait(timeout=5) == -signal.SIGKILL
+        assert not os.path.exists(stale)
+    finally:
+        if member.poll() is None:  # pragma: no cover - only if the sweep failed
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            member.wait()
+        os.close(pidfd)
+        member.stdin.close()
+        member.stdout.close()
+        for leftover in (tree, stale, staging):
+            if os.path.exists(leftover):  # pragma: no cover - only if the sweep failed
+                remove_cgroup(leftover)
     assert tracked.survivors() == []
 
 

@@ -117,6 +117,120 @@ def tree_in_a_pid_namespace(tracked: Tracked) -> Iterator[tuple[subprocess.Popen
         yield holder, tree
 
 
+# Another thread holds a lock of trio_proctree's (as one starting the watchdog, or
+# sweeping stale cgroups, does for a while) as the main thread forks; the child then runs
+# a tree, under an alarm, and prints its exit status.
+FORK_WHILE_A_LOCK_IS_HELD = textwrap.dedent(
+    """
+    import os, signal, sys, threading, trio
+    from trio_proctree import _cgroup, _orphans, _subreaper, _watchdog, run_process_tree
+    from trio_proctree import _spawn_into_cgroup
+
+    module = {"watchdog": _watchdog, "cgroup": _cgroup, "orphans": _orphans,
+              "subreaper": _subreaper, "direct": _spawn_into_cgroup}[sys.argv[1]]
+    name = {"watchdog": "_lock", "cgroup": "_home_lock", "orphans": "_lock",
+            "subreaper": "_no_environment_lock", "direct": "_proving"}[sys.argv[1]]
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with getattr(module, name):
+            held.set()
+            release.wait()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    held.wait()
+    child = os.fork()
+    if child == 0:
+        signal.alarm(5)  # a child stuck on the lock dies of it
+        trio.run(run_process_tree, ["true"])
+        os._exit(0)
+    release.set()
+    thread.join()
+    print(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))
+    """
+)
+
+
+@pytest.mark.parametrize("lock", ["watchdog", "cgroup", "orphans", "subreaper", "direct"])
+def test_a_child_forked_while_another_thread_holds_a_lock_still_runs_trees(
+    tracked: Tracked, lock: str
+) -> None:
+    # Red before for the watchdog's lock (helper-21: 7 of 30 forks hung when the fork
+    # came as trio's worker thread started the watchdog): only the forking thread goes on
+    # in the child, and the lock stayed held there for ever.
+    assert procs.run_python(FORK_WHILE_A_LOCK_IS_HELD, lock, env=tracked.env) == "0\n"
+    assert tracked.survivors() == []
+
+
+#: Holds a cgroup tree open in a time namespace of its own (boot time 1000 s ahead),
+#: prints the tree's cgroup, and waits for a line on stdin.
+OWNER_IN_A_TIME_NAMESPACE = textwrap.dedent(
+    """
+    import sys, trio
+    from trio_proctree import open_process_tree
+
+    async def main():
+        async with open_process_tree(["sleep", "60"], containment="cgroup") as tree:
+            print(tree._core.containment.path, flush=True)
+            await trio.to_thread.run_sync(sys.stdin.readline)
+
+    trio.run(main)
+    """
+)
+
+
+@pytest.mark.skipif(
+    not os.path.exists("/proc/self/timens_offsets") or shutil.which("unshare") is None,
+    reason="needs time namespaces and unshare(1)",
+)
+def test_a_home_whose_owner_runs_in_another_time_namespace_is_never_swept(
+    tracked: Tracked,
+) -> None:
+    # A process's start time, as /proc shows it, moves with the reader's time namespace.
+    # Red before (helper-21): the home's name, made with the owner's view, never matched
+    # the sweeper's, so a live owner's home was taken for a dead one's and its tree killed.
+    available("cgroup")
+    holder = subprocess.Popen(
+        [
+            "unshare",
+            "--time",
+            "--boottime",
+            "1000",
+            "--fork",
+            *procs.python(),
+            "-c",
+            OWNER_IN_A_TIME_NAMESPACE,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+    )
+    with holder:
+        assert holder.stdin is not None and holder.stdout is not None
+        try:
+            tree = holder.stdout.readline().decode().strip()
+            deadline = time.monotonic() + 5
+            while not (members := _cgroup._procs(tree)):  # its leader joins as it starts
+                assert time.monotonic() < deadline, tree
+                time.sleep(0.001)
+            assert len(members) == 1  # its sleep
+            pidfd = os.pidfd_open(members[0])
+            try:
+                _cgroup._sweep_stale_homes(os.path.dirname(os.path.dirname(tree)))
+                # A cgroup.kill would land in microseconds; its pidfd stays unreadable.
+                assert select.select([pidfd], [], [], 0.2)[0] == []
+            finally:
+                os.close(pidfd)
+            assert os.path.isdir(tree)
+            holder.stdin.write(b"\n")
+            holder.stdin.close()
+            assert holder.wait(timeout=30) == 0
+        finally:
+            holder.kill()
+    assert tracked.survivors() == []
+
+
 @makes_pid_namespaces
 def test_a_home_made_in_another_pid_namespace_is_never_swept(tracked: Tracked) -> None:
     # Red before: its owner's pid meant another process (or none) here, so its home was

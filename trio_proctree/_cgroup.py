@@ -34,6 +34,7 @@ import attrs
 
 from . import _spawn_into_cgroup as direct_spawn
 from . import _watchdog as watchdog
+from ._after_fork import renewed_in_forked_child
 from ._containment import (
     NEED_SCAN,
     RETRY_LATER,
@@ -44,7 +45,7 @@ from ._containment import (
 )
 from ._leader import Leader
 from ._pidfd import open_pidfd
-from ._procfs import ProcStat, proc_hides_processes, read_file, read_stat
+from ._procfs import ProcStat, boottime_offset, proc_hides_processes, read_file, read_stat
 from ._spawn import SpawnPlan, resolve_executable
 from ._spawn_into_cgroup import IntoCgroup
 from ._through_sh import wrapped
@@ -188,6 +189,29 @@ def _kill(cgroup: str) -> None:
         os.close(fd)
 
 
+def _kill_main_thread_gone(cgroup: str) -> None:
+    """SIGKILL, through pidfds, each process in ``cgroup`` whose main thread has exited
+    while others run on: ``cgroup.kill`` sends its SIGKILL to that exited thread alone,
+    where nothing takes it. (Each pidfd is opened first, then the process proven to be
+    in the cgroup, so that a pid recycled meanwhile is never hit.)"""
+    mount = find_cgroup2_mount(_read("/proc/self/mountinfo"))
+    if mount is None:
+        return
+    relative = "/" + os.path.relpath(cgroup, mount)
+    for pid in _main_thread_gone(cgroup):
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            continue  # gone meanwhile (or out of file descriptors: the wait tells)
+        try:
+            if in_cgroup(pid, relative):
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+        except OSError:
+            pass  # exited meanwhile
+        finally:
+            os.close(fd)
+
+
 @attrs.define
 class CgroupHome:
     """This process's directory of tree cgroups.
@@ -292,6 +316,7 @@ class CgroupUnavailable(Exception):
 
 
 _home_lock = threading.Lock()
+renewed_in_forked_child(globals(), "_home_lock")
 
 
 def cgroup_home() -> CgroupHome:
@@ -335,7 +360,7 @@ def _make_home(pid: int) -> CgroupHome:
     _sweep_stale_homes(parent)
     while True:
         image = os.urandom(4).hex()
-        name = f"{_HOME_PREFIX}{_pid_namespace()}-{pid}-{stat.starttime}-{image}"
+        name = f"{_HOME_PREFIX}{_pid_namespace()}-{pid}-{_started(stat)}-{image}"
         path = os.path.join(parent, name)
         try:
             os.mkdir(path)
@@ -361,6 +386,19 @@ INITIAL_PID_NAMESPACE = 0xEFFFFFFC
 def _pid_namespace() -> int:
     """Our pid namespace, by inode: a home's pid means something only inside it."""
     return os.stat("/proc/self/ns/pid").st_ino
+
+
+def _started(stat: ProcStat) -> int:
+    """A process's start time as a process outside any time namespace sees it: the one
+    that names a home. /proc shows each reader boot time moved by its own namespace's
+    offset; an owner and a sweeper in different ones would else never agree, and the
+    sweep would take a live owner's home for a dead one's and kill its trees."""
+    return stat.starttime - boottime_offset()[0]
+
+
+def _same_start(seen: int, named: int) -> bool:
+    # (Our offset not a whole number of ticks: either side may have been rounded apart.)
+    return seen == named or (not boottime_offset()[1] and abs(seen - named) <= 1)
 
 
 #: Seconds a sweep waits for a stale tree it killed to empty (~1.5 ms, measured).
@@ -421,7 +459,7 @@ def _sweep_stale_homes(parent: str) -> None:
             # Every process of it has died, its owner with them: its trees died with them
             # (a namespace's processes die with its init), and what may have been put in
             # their cgroups since is not its.
-        elif (stat := read_stat(owner)) is not None and stat.starttime == start:
+        elif (stat := read_stat(owner)) is not None and _same_start(_started(stat), start):
             current = _homes.get(owner)
             if owner != os.getpid() or (current is not None and current.path == home):
                 continue  # its owner still runs
@@ -434,6 +472,7 @@ def _sweep_stale_homes(parent: str) -> None:
                         continue  # (left, with the home: not its owner's)
                     logger.warning("killing what outlived its owner in %s", tree)
                     _kill(tree)
+                    _kill_main_thread_gone(tree)
                     # A cgroup goes only once empty, and its members die in a moment: not
                     # waited for, the home stayed until some later process swept again.
                     _until_emptied(tree, within=STALE_KILL_WAIT)

@@ -14,6 +14,7 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
 
+from ._after_fork import renewed_in_forked_child
 from ._leader import is_unreaped_leader
 from ._procfs import ProcStat, read_file, read_stat
 
@@ -23,6 +24,7 @@ PR_SET_CHILD_SUBREAPER = 36
 PR_GET_CHILD_SUBREAPER = 37
 
 _lock = threading.Lock()
+renewed_in_forked_child(globals(), "_lock")
 _subreaper_in: set[int] = set()  # the pid that set it: a forked child must set it again
 
 

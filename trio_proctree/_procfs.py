@@ -194,9 +194,41 @@ def proc_hides_processes() -> bool:
     return hides
 
 
+#: The offset our time namespace puts on boot time, in clock ticks, by pid (a forked
+#: child may be in another namespace: ``unshare --time`` moves the caller's children).
+_boottime_offsets: dict[int, tuple[int, bool]] = {}
+
+
+def boottime_offset() -> tuple[int, bool]:
+    """(ticks, exact): what our time namespace adds to boot time, which /proc adds to
+    every start time it shows us (0 outside time namespaces), and whether it is a whole
+    number of ticks (else a start time read here may be one tick off another view's).
+
+    Start times seen by two processes in different time namespaces are compared by
+    taking this off each (the sweep of stale cgroup homes names their owners so).
+    """
+    pid = os.getpid()
+    if (known := _boottime_offsets.get(pid)) is not None:
+        return known
+    nanoseconds = 0
+    try:
+        with open("/proc/self/timens_offsets") as offsets:
+            for line in offsets:
+                clock, seconds, nanos = line.split()
+                if clock in ("boottime", "7"):  # (CLOCK_BOOTTIME by name, or number)
+                    nanoseconds = int(seconds) * 1_000_000_000 + int(nanos)
+    except (OSError, ValueError):
+        pass  # a kernel without time namespaces: no offset
+    tick = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+    answer = _boottime_offsets[pid] = (nanoseconds // tick, nanoseconds % tick == 0)
+    return answer
+
+
 def _forget_whose_proc() -> None:
     global _proc_is_ours  # noqa: PLW0603 - one answer per process
     _proc_is_ours = False
+    # (The parent's scan is not the child's, and its lock may have been held as it forked.)
+    process_table.__init__()  # type: ignore[misc]
 
 
 if hasattr(os, "register_at_fork"):  # not on Windows, where nothing here runs

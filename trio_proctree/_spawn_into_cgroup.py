@@ -28,6 +28,7 @@ from typing import Any
 
 import attrs
 
+from ._after_fork import renewed_in_forked_child
 from ._procfs import read_file
 
 logger = logging.getLogger("trio_proctree")
@@ -119,6 +120,7 @@ _refused = False
 #: Whether `_first_child_lives` has answered yes in this process.
 _proven = False
 _proving = threading.Lock()
+renewed_in_forked_child(globals(), "_proving")
 
 
 def available() -> bool:

@@ -28,6 +28,7 @@ from typing import Any
 
 import attrs
 
+from ._after_fork import renewed_in_forked_child
 from ._containment import MemberTracking, exited
 from ._leader import is_unreaped_leader
 from ._orphans import adopted_children, become_subreaper, children_of, exited_child
@@ -62,6 +63,7 @@ def _environment_has(pid: int, entry: bytes) -> bool | None:
 #: the first time, not in every teardown after.
 _no_environment_seen: dict[tuple[int, int], int] = {}
 _no_environment_lock = threading.Lock()
+renewed_in_forked_child(globals(), "_no_environment_lock")
 
 
 def _still_undecided(stat: ProcStat, listings: int) -> bool:

@@ -4,8 +4,8 @@ atexit hooks do not run when a process is SIGKILLed, and ``PR_SET_PDEATHSIG`` co
 the direct child (and, set from trio's worker threads, fires when that thread retires,
 killing a healthy child). So each process that starts trees also starts, on first use,
 one watchdog (not one per tree): a ``python -I -S`` running `_WATCHDOG`, in a session of
-its own so terminal signals do not reach it, reading our registrations from a pipe. When
-that pipe reaches EOF — we exited, however — it SIGKILLs what is still registered:
+its own so terminal signals do not reach it, reading our registrations from a socket. When
+that socket reaches EOF — we exited, however — it SIGKILLs what is still registered:
 
 - ``cgroup PATH``: the whole cgroup, through ``cgroup.kill``, which it then removes (a
   leader still on its way in through ``/bin/sh`` then cannot join, and runs nothing);
@@ -38,10 +38,14 @@ import atexit
 import contextlib
 import logging
 import os
+import socket
 import subprocess
 import sys
 import threading
+from collections import Counter
 from collections.abc import Iterable
+
+from ._after_fork import renewed_in_forked_child
 
 logger = logging.getLogger("trio_proctree")
 
@@ -240,13 +244,13 @@ def environment(pid):
                     return other
     return env
 
-def marked(pid, entry):
+def marked(pid, entries):
     env = environment(pid)
-    return env is not None and entry in env.split(b"\0")
+    return env is not None and not entries.isdisjoint(env.split(b"\0"))
 
 MARKED, BLANK = "marked", "blank"
 
-def look(pid, entry):
+def look(pid, entries):
     # MARKED, BLANK or None, from one read of the environment: read twice, a member that
     # finishes its exec in between would show none, then the marker, and be missed.
     # BLANK: no environment at all, and neither a kernel thread nor dying (PF_KTHREAD,
@@ -256,13 +260,13 @@ def look(pid, entry):
     if env is None:
         return None
     if env:
-        return MARKED if entry in env.split(b"\0") else None
+        return MARKED if not entries.isdisjoint(env.split(b"\0")) else None
     fields = stat(pid)
     if fields is None or fields[0] in (b"Z", b"X") or int(fields[6]) & 0x00200004:
         return None
     return BLANK
 
-def kill_if_marked(pid, entry, killed):
+def kill_if_marked(pid, entries, killed):
     fields = stat(pid)
     if fields is None or (pid, fields[19]) in killed:
         return False
@@ -271,7 +275,7 @@ def kill_if_marked(pid, entry, killed):
     except OSError:
         return False
     try:
-        if marked(pid, entry):  # still the same process: the pidfd pins it
+        if marked(pid, entries):  # still the same process: the pidfd pins it
             signal.pidfd_send_signal(fd, signal.SIGKILL)
             killed.add((pid, fields[19]))
             return True
@@ -281,19 +285,22 @@ def kill_if_marked(pid, entry, killed):
         os.close(fd)
     return False
 
-def sift(pids, entry, killed):
+def sift(pids, entries, killed):
     # Kill those of pids that carry the marker: (whether any did, those showing no
     # environment).
     hit, blanks = False, []
     for pid in pids:
-        seen = look(pid, entry)
+        seen = look(pid, entries)
         if seen == MARKED:
-            hit = kill_if_marked(pid, entry, killed) or hit
+            hit = kill_if_marked(pid, entries, killed) or hit
         elif seen == BLANK:
             blanks.append(pid)
     return hit, blanks
 
-def kill_marked(entry, deadline):
+def kill_marked(entries, deadline):
+    # Every process that carries any of ``entries`` (markers), in the same passes over
+    # /proc: a pass per marker made the kill of N trees take N passes (200 subreaper
+    # trees took 2 s, against the 1 s promised).
     # Scan until a pass finds nobody new (a member may fork until its SIGKILL lands); a
     # process already sent SIGKILL is not counted again (it may sit in D state a while).
     # Processes that show no environment are looked at again, every ms until the
@@ -312,10 +319,10 @@ def kill_marked(entry, deadline):
     misses = 0
     while pids:
         listed.update(pids)
-        hit, blanks = sift(pids, entry, killed)
+        hit, blanks = sift(pids, entries, killed)
         while not hit and blanks and time.monotonic() < deadline:
             time.sleep(0.001)
-            hit, blanks = sift(blanks, entry, killed)
+            hit, blanks = sift(blanks, entries, killed)
         if hit:
             misses = 0
             listed = set()  # everything again: what a killed one forked meanwhile
@@ -340,7 +347,7 @@ def kill_now():
             kill_cgroup(path)
             remove_cgroups([path])
         elif kind == b"marker":
-            kill_marked(rest, deadline=time.monotonic() + 0.5)
+            kill_marked({rest}, deadline=time.monotonic() + 0.5)
 
 urgent = queue.SimpleQueue()
 killing_now = threading.Thread(target=kill_now)
@@ -361,10 +368,15 @@ pinned = set()
 GROUP_SIGNALS = group_signals_work()
 live = {}  # entry -> its leader's pidfd, or None
 for line in sys.stdin.buffer:
+    if not line.endswith(b"\n"):
+        break  # a line cut short as our parent died writing it: the end all the same
     op, entry = line[:1], line[1:].rstrip(b"\n")
     if op == b"+":
         if entry not in live:
-            live[entry] = pin_leader(entry)
+            try:
+                live[entry] = pin_leader(entry)
+            except ValueError:  # (no entry of ours: not one to let end the watch)
+                continue
         continue
     if (fd := live.pop(entry, None)) is not None:
         unpin(fd)
@@ -393,12 +405,12 @@ for entry in sorted(live):
 # Every marked process first, without waiting on any that show no environment; then the
 # killed cgroups go (a leader still joining one must not get in and run meanwhile); then
 # the wait, once for all markers, on those that showed none.
-for marker in markers:
-    kill_marked(marker, deadline=0)
+if markers:
+    kill_marked(set(markers), deadline=0)
 remove_cgroups(cgroups)
 deadline = time.monotonic() + 0.5
-for marker in markers:
-    kill_marked(marker, deadline)
+if markers:
+    kill_marked(set(markers), deadline)
 if killing_now.is_alive():
     killing_now.join()  # (the cgroups it removes are in a home)
 for home in homes:
@@ -407,18 +419,27 @@ for home in homes:
 
 
 class Watchdog:
-    """Our end of the watchdog: registrations go down its stdin pipe."""
+    """Our end of the watchdog: registrations go down its stdin, a socket (a write to a
+    watchdog that died fails with EPIPE, never with a SIGPIPE that may kill us: many
+    programs set SIGPIPE back to its default)."""
 
     def __init__(self) -> None:
-        self._process = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _WATCHDOG],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            start_new_session=True,
-            close_fds=True,
-        )
-        assert self._process.stdin is not None
-        self._pipe = self._process.stdin.fileno()
+        ours, its = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            its.shutdown(socket.SHUT_WR)  # (it only reads)
+            self._process = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", _WATCHDOG],
+                stdin=its.fileno(),
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            its.close()
+        self._socket = ours
         self.pid = self._process.pid
         #: Says whether ``pid`` is still the watchdog (see `is_watchdog`). Opened while it
         #: is our unreaped child, so it names the watchdog. (-1: none, out of descriptors.)
@@ -445,33 +466,46 @@ class Watchdog:
     def send(self, lines: list[str]) -> None:
         """Write ``lines`` (the caller holds the module lock: writers never interleave)."""
         data = "".join(line + "\n" for line in lines).encode()
-        while data:
-            data = data[os.write(self._pipe, data) :]
+        self._socket.sendall(data, socket.MSG_NOSIGNAL)
 
     def forget(self) -> None:
         """In a forked child: drop the parent's watchdog without telling it anything."""
-        assert self._process.stdin is not None
-        self._process.stdin.close()
+        self._socket.close()
         self._process.returncode = 0  # not ours to reap, nor to warn about
         self._close_pidfd()
 
+    def abandon(self) -> None:
+        """Let go of a watchdog that is gone (killed, say): its socket, its pidfd, and its
+        exit status, if it has one yet (else Popen reaps it later)."""
+        self._socket.close()
+        self._close_pidfd()
+        with contextlib.suppress(OSError):
+            self._process.poll()
+
     def stop(self) -> None:
-        """Close the pipe (the watchdog kills what is still registered) and reap it."""
-        assert self._process.stdin is not None
-        self._process.stdin.close()
+        """Close the socket (the watchdog kills what is still registered) and reap it."""
+        self._socket.close()
         self._process.wait()
         self._close_pidfd()
 
 
 _lock = threading.Lock()
+renewed_in_forked_child(globals(), "_lock")
 _current: list[Watchdog] = []
+#: What is registered now (entry: times), told to a watchdog that replaces a lost one.
+_registered: Counter[str] = Counter()
 
 
 def _watchdog() -> Watchdog:
     with _lock:
-        if not _current:
-            _current.append(Watchdog())
-        return _current[0]
+        return _started()
+
+
+def _started() -> Watchdog:
+    """The watchdog, started if need be (the caller holds `_lock`)."""
+    if not _current:
+        _current.append(Watchdog())
+    return _current[0]
 
 
 def running() -> list[Watchdog]:
@@ -505,25 +539,26 @@ def register(*entries: str) -> None:
     """Have ``entries`` (``cgroup PATH``, ``group PGID EARLIEST LATEST``, ``marker VAR=VALUE``,
     ``home PATH``) killed or removed should this process die before `unregister`;
     written at once."""
-    try:
-        watchdog = _watchdog()
-        with _lock:
-            _write(watchdog, ("+" + entry for entry in entries))
-    except OSError as exc:
-        # A lost watchdog must not stop trees from running: their cleanup still holds.
-        logger.warning("parent-death backstop unavailable: %s", exc)
-        _drop()
+    with _lock:
+        _registered.update(entries)
+        try:
+            _write(_started(), ("+" + entry for entry in entries))
+        except OSError as exc:
+            # A lost watchdog must not stop trees from running: their cleanup still holds.
+            logger.warning("parent-death backstop unavailable: %s", exc)
 
 
 def unregister(*entries: str) -> None:
     with _lock:
+        _registered.subtract(entries)
+        for entry in entries:
+            if _registered[entry] <= 0:
+                del _registered[entry]
         _deferred.extend("-" + entry for entry in entries)
         if len(_deferred) < _DEFER_AT_MOST or not _current:
             return
-        try:
+        with contextlib.suppress(OSError):  # (said at the next registration)
             _write(_current[0], ())
-        except OSError:
-            _current.clear()
 
 
 def kill_now(*entries: str) -> bool:
@@ -534,27 +569,36 @@ def kill_now(*entries: str) -> bool:
     with _lock:
         if not _current:
             return False
+        _registered.subtract(entries)
+        for entry in entries:
+            if _registered[entry] <= 0:
+                del _registered[entry]
         try:
             _write(_current[0], ("!" + entry for entry in entries))
         except OSError:
-            _current.clear()
             return False
     return True
 
 
 def _write(watchdog: Watchdog, lines: Iterable[str]) -> None:
-    """Write the unregistrations kept back, then ``lines`` (the caller holds `_lock`)."""
+    """Write the unregistrations kept back, then ``lines`` (the caller holds `_lock`).
+
+    A watchdog found gone (killed by someone, or by the OOM killer) is replaced at once,
+    and the new one told of everything registered: else the trees started before the
+    loss, and the entry of the write that found it, would have no backstop at all, and
+    the next tree's would start a watchdog told of nothing else.
+    """
     batch = [*_deferred, *lines]
     _deferred.clear()
-    watchdog.send(batch)
-
-
-def _drop() -> None:
-    with _lock:
-        for lost in _current:
-            lost._close_pidfd()
-        _current.clear()
-        _deferred.clear()
+    try:
+        watchdog.send(batch)
+        return
+    except OSError as exc:
+        logger.warning("the parent-death backstop was lost (%s); starting another", exc)
+        _current.remove(watchdog)
+        watchdog.abandon()
+    told = ["+" + entry for entry in _registered]
+    _started().send([*told, *(line for line in batch if line[0] == "!")])
 
 
 def _after_fork_in_child() -> None:
@@ -564,9 +608,11 @@ def _after_fork_in_child() -> None:
         watchdog.forget()
     _current.clear()
     _deferred.clear()
+    _registered.clear()
 
 
 def _at_exit() -> None:
+    _registered.clear()
     for watchdog in _current:
         with contextlib.suppress(OSError):
             watchdog.send(list(_deferred))  # what ended cleanly is not killed at EOF

@@ -139,14 +139,14 @@ MUTANTS = [
     (
         "cgroup: sh's exec given the name, where Popen's search passed over a file",
         "_through_sh.py",
-        "    elif found is not None and (passed_over or b\"PATH\" not in encoded):\n",
-        "    elif found is not None and b\"PATH\" not in encoded:\n",
+        '    elif found is not None and (passed_over or b"PATH" not in encoded):\n',
+        '    elif found is not None and b"PATH" not in encoded:\n',
         "passes_over_a_file_the_kernel_refuses and cgroup",
     ),
     (
         "cgroup: with no PATH, sh's own default searched (not os.defpath, as Popen)",
         "_through_sh.py",
-        "    elif found is not None and (passed_over or b\"PATH\" not in encoded):\n",
+        '    elif found is not None and (passed_over or b"PATH" not in encoded):\n',
         "    elif found is not None and passed_over:\n",
         "without_path_the_search_is_popens_default and cgroup",
     ),
@@ -205,6 +205,55 @@ MUTANTS = [
         "    except OSError as exc:\n        return type(exc)(exc.errno, exc.strerror, path)\n",
         "    except OSError:\n        return MISSING\n",
         "may_not_search",
+    ),
+    (
+        "watchdog: a lost one replaced, but told nothing of the trees open",
+        "_watchdog.py",
+        '    told = ["+" + entry for entry in _registered]\n',
+        "    told = []\n",
+        "lost_watchdog",
+    ),
+    (
+        "watchdog: written to with SIGPIPE possible",
+        "_watchdog.py",
+        "        self._socket.sendall(data, socket.MSG_NOSIGNAL)\n",
+        "        self._socket.sendall(data)\n",
+        "lost_watchdog and default",
+    ),
+    (
+        "watchdog: a pass over /proc per marker",
+        "_watchdog.py",
+        "if markers:\n    kill_marked(set(markers), deadline=0)\n",
+        "for marker in markers:\n    kill_marked({marker}, deadline=0)\n",
+        "200_subreaper",
+    ),
+    (
+        "fork: the watchdog's lock kept as the parent held it",
+        "_watchdog.py",
+        'renewed_in_forked_child(globals(), "_lock")\n',
+        "",
+        "forked_while and watchdog",
+    ),
+    (
+        "fork: the cgroup home's lock kept as the parent held it",
+        "_cgroup.py",
+        'renewed_in_forked_child(globals(), "_home_lock")\n',
+        "",
+        "forked_while and cgroup",
+    ),
+    (
+        "sweep: start times compared as each time namespace shows them",
+        "_cgroup.py",
+        "    return stat.starttime - boottime_offset()[0]\n",
+        "    return stat.starttime + 0 * boottime_offset()[0]\n",
+        "time_namespace",
+    ),
+    (
+        "sweep: a member whose main thread exited left to cgroup.kill alone",
+        "_cgroup.py",
+        "                    _kill_main_thread_gone(tree)\n",
+        "",
+        "stale_member_whose",
     ),
     (
         "spawn: process_group=0 given a new session",
@@ -650,7 +699,7 @@ MUTANTS = [
     (
         "watchdog: trees never registered",
         "_watchdog.py",
-        '            _write(watchdog, ("+" + entry for entry in entries))\n',
+        '            _write(_started(), ("+" + entry for entry in entries))\n',
         "            pass\n",
         "parent_killed",
     ),
@@ -666,12 +715,12 @@ MUTANTS = [
         "watchdog: a killed cgroup left in place for a late join",
         "_watchdog.py",
         "remove_cgroups(cgroups)\ndeadline = time.monotonic() + 0.5\n"
-        "for marker in markers:\n    kill_marked(marker, deadline)\n"
+        "if markers:\n    kill_marked(set(markers), deadline)\n"
         "if killing_now.is_alive():\n"
         "    killing_now.join()  # (the cgroups it removes are in a home)\n"
         'for home in homes:\n    removed(home)\n"""',
         "deadline = time.monotonic() + 0.5\n"
-        'for marker in markers:\n    kill_marked(marker, deadline)\n"""',
+        'if markers:\n    kill_marked(set(markers), deadline)\n"""',
         "before_its_leader_joined",
     ),
     (
@@ -888,14 +937,14 @@ MUTANTS = [
         "cgroup: a later image of the process reuses its former home",
         "_cgroup.py",
         "        image = os.urandom(4).hex()\n"
-        '        name = f"{_HOME_PREFIX}{_pid_namespace()}-{pid}-{stat.starttime}-{image}"\n'
+        '        name = f"{_HOME_PREFIX}{_pid_namespace()}-{pid}-{_started(stat)}-{image}"\n'
         "        path = os.path.join(parent, name)\n"
         "        try:\n"
         "            os.mkdir(path)\n"
         "        except FileExistsError:  # pragma: no cover - a token drawn twice\n"
         "            continue\n",
         '        image = "same"\n'
-        '        name = f"{_HOME_PREFIX}{_pid_namespace()}-{pid}-{stat.starttime}-{image}"\n'
+        '        name = f"{_HOME_PREFIX}{_pid_namespace()}-{pid}-{_started(stat)}-{image}"\n'
         "        path = os.path.join(parent, name)\n"
         "        try:\n"
         "            os.mkdir(path)\n"
