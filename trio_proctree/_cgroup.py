@@ -46,7 +46,7 @@ from ._containment import (
 from ._leader import Leader
 from ._pidfd import open_pidfd
 from ._procfs import ProcStat, boottime_offset, proc_hides_processes, read_file, read_stat
-from ._spawn import SpawnPlan, resolve_executable
+from ._spawn import SpawnPlan, nothing_came_before, resolve_executable
 from ._spawn_into_cgroup import IntoCgroup
 from ._through_sh import wrapped
 
@@ -626,9 +626,9 @@ class CgroupContainment(MemberTracking):
             argv[0] = executable  # (sh's exec cannot set a different argv[0])
         found, path = plan.resolved, None
         if found is not None and found.path is not None and os.sep not in os.fsdecode(argv[0]):
-            if found.remembered:
-                # What appeared on PATH since the last search is unknown, and sh searches
-                # on its own: looked for afresh (~15 us), as Popen's exec would.
+            if found.remembered and not nothing_came_before(found):
+                # Something appeared on PATH before it since the last search, and sh
+                # searches on its own: looked for afresh, as Popen's exec would.
                 found = resolve_executable(
                     plan.program, env=options.get("env"), cwd=options.get("cwd"), remembered=False
                 )

@@ -105,6 +105,9 @@ class Resolved:
     #: Taken from what an earlier search found (checked to be there still, but not what
     #: appeared before it on PATH since: ``passed_over`` may be out of date).
     remembered: bool = False
+    #: The places the search looked before ``path`` (where nothing ran), to look at
+    #: again when a remembered answer must also say what it passed over.
+    looked_before: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -404,6 +407,13 @@ def resolve_executable(
     return resolved
 
 
+def nothing_came_before(resolved: Resolved) -> bool:
+    """Whether a remembered answer still says all: nothing is there now where its search
+    found nothing before its file (one stat each; a file appeared there must be looked
+    at, and may be one the kernel refuses, which sh's search would stop at)."""
+    return all(look_at(place) == MISSING for place in resolved.looked_before)
+
+
 def _first_that_runs(candidates: list[str], name: str, cwd: Any) -> Resolved | None:
     """The first of ``candidates`` that the kernel would run; else, where the exec
     alone can tell, why none would (`Resolved.refused`). None if none is there to run;
@@ -423,7 +433,8 @@ def _first_that_runs(candidates: list[str], name: str, cwd: Any) -> Resolved | N
             continue
         refused = refusal(candidate, name, cwd)
         if refused is None:
-            return Resolved(candidate, passed_over=passed_over)
+            earlier = tuple(candidates[: candidates.index(candidate)])
+            return Resolved(candidate, passed_over=passed_over, looked_before=earlier)
         passed_over = True
         if refused.errno == errno.ENOENT:
             missing_interpreter = missing_interpreter or refused
