@@ -1160,6 +1160,58 @@ async def test_a_lost_watchdog_is_replaced_with_every_registration(
     assert tracked.survivors() == []
 
 
+# Starts a tree, and holds the moment between its spawn and its setup open for ever
+# (the driver's `attach`, blocked): says the leader's pid from there.
+HELD_BEFORE_SETUP = textwrap.dedent(
+    """
+    import sys, time, trio
+    from trio_proctree import _containment, open_process_tree
+
+    def held(self, leader, register=True):
+        print(leader.pid, flush=True)
+        time.sleep(60)
+
+    _containment.ProcessGroupContainment.attach = held
+
+    async def main(containment):
+        async with open_process_tree(["sleep", "60"], containment=containment):
+            pass
+
+    trio.run(main, sys.argv[1])
+    """
+)
+
+
+@pytest.mark.parametrize("containment", ["group", "subreaper"])
+async def test_parent_killed_between_spawn_and_setup_takes_the_group_along(
+    tracked: Tracked, containment: str
+) -> None:
+    # The group is registered with the watchdog in the spawn's thread, as the fork
+    # returns. Red before under group containment (helper-21): it was registered in the
+    # driver's setup, after the worker thread's return, and a parent SIGKILLed in between
+    # (~0.2 ms, up to ms under load) left the tree running.
+    available(containment)
+    parent = subprocess.Popen(  # noqa: ASYNC220 - it starts at once
+        [sys.executable, "-c", HELD_BEFORE_SETUP, containment],
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+    )
+    with parent:
+        try:
+            assert parent.stdout is not None
+            leader = int(parent.stdout.readline())
+            procs.remember(leader)
+            assert procs.alive(leader)
+            parent.send_signal(signal.SIGKILL)
+            parent.wait()
+            await until_gone([leader], within=1.0)
+            assert not procs.alive(leader)
+        finally:
+            parent.kill()
+    await until_none_survive(tracked, within=1.0)
+    assert tracked.survivors() == []
+
+
 # Holds N subreaper trees open, each a leader and a setsid escapee; says "ready".
 MANY_TREES_PARENT = textwrap.dedent(
     """

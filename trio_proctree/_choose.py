@@ -92,7 +92,7 @@ def start_tree(plan: SpawnPlan, choice: ContainmentChoice) -> tuple[Spawned, Con
     watchdog.ensure_started()
     containment = choice.make()
     try:
-        return spawn(containment.prepare(plan)), containment
+        spawned = spawn(containment.prepare(plan))
     except StartedUnwatched as started:
         # Its leader ran, and may have started others: not known to be empty, what of
         # the tree its containment can tell is killed now (else it would run on unseen).
@@ -101,3 +101,5 @@ def start_tree(plan: SpawnPlan, choice: ContainmentChoice) -> tuple[Spawned, Con
     except BaseException:
         containment.release()
         raise
+    containment.started(spawned)
+    return spawned, containment

@@ -22,7 +22,7 @@ from ._leader import Leader
 from ._orphans import is_subreaper, reap_orphans
 from ._pidfd import open_pidfd
 from ._procfs import ProcStat, process_table, read_stat
-from ._spawn import SpawnPlan
+from ._spawn import Spawned, SpawnPlan
 
 logger = logging.getLogger("trio_proctree")
 
@@ -64,6 +64,11 @@ class Containment(Protocol):
 
     def prepare(self, plan: SpawnPlan) -> SpawnPlan:
         """The spawn request adjusted so the leader starts inside the containment."""
+        ...
+
+    def started(self, spawned: Spawned) -> None:
+        """The leader has just been started: register what the parent-death backstop
+        needs (called at once, in the spawn's thread, before `attach`)."""
         ...
 
     def attach(self, leader: Leader) -> None:
@@ -260,24 +265,36 @@ class ProcessGroupContainment:
     def prepare(self, plan: SpawnPlan) -> SpawnPlan:
         return plan  # plan_spawn already gives the leader a group of its own
 
+    def started(self, spawned: Spawned) -> None:
+        # Registered here, in the spawn's thread the moment the fork returns, not in
+        # `attach` once the driver has the result: a parent SIGKILLed in between (a
+        # return from a worker thread, ~0.2 ms as a rule and ms on a busy machine) left
+        # the tree with no backstop (helper-21: 2 random SIGKILLs in 15, under load).
+        self._register(spawned.pid, spawned.started_within, lost=spawned.lost)
+
+    def _register(self, pid: int, started_within: tuple[int, int], *, lost: bool) -> None:
+        # A leader reaped before its pidfd opened left its pid to whoever took it next, in
+        # the clock tick of its start as often as not: the watchdog would take that one
+        # for the leader, and kill its group with us. Such a group is never registered.
+        if lost or self.backstop:
+            return
+        # Named with the leader's start time, that the watchdog must not kill a later
+        # group that got the same id: as the clock told it around the fork, not as /proc
+        # does (a read of the leader's stat while it starts cost 0.1-0.3 ms). A later
+        # group's leader can only start once ours is reaped, after the fork: in the
+        # window's last tick at the earliest, as good as an exact start time.
+        earliest, latest = started_within
+        self.backstop = [f"group {pid} {earliest} {latest}"]
+        watchdog.register(*self.backstop)
+
     def attach(self, leader: Leader, *, register: bool = True) -> None:
         """Take charge of the tree; ``register``: have the watchdog kill the group should
         we die first (not where the containment's own backstop does: a cgroup's is
         registered before the fork, and reaches even a leader still on its way in)."""
         self._leader = leader
         self._pgid = leader.pid
-        # A leader reaped before its pidfd opened left its pid to whoever took it next, in
-        # the clock tick of its start as often as not: the watchdog would take that one
-        # for the leader, and kill its group with us. Such a group is never registered.
-        if register and not leader.lost:
-            # Named with the leader's start time, that the watchdog must not kill a later
-            # group that got the same id: as the clock told it around the fork, not as
-            # /proc does (a read of the leader's stat while it starts cost 0.1-0.3 ms).
-            # A later group's leader can only start once ours is reaped, after the fork:
-            # in the window's last tick at the earliest, as good as an exact start time.
-            earliest, latest = leader.started_within
-            self.backstop = [f"group {self._pgid} {earliest} {latest}"]
-            watchdog.register(*self.backstop)
+        if register:  # (once: as it started, as a rule)
+            self._register(leader.pid, leader.started_within, lost=leader.lost)
 
     @property
     def lingering(self) -> int:
@@ -498,6 +515,10 @@ class MemberTracking:
     #: Whether the watchdog also needs the process group (not where the backstop alone
     #: reaches every member).
     backstop_needs_group = True
+
+    def started(self, spawned: Spawned) -> None:
+        if self.backstop_needs_group:
+            self._group.started(spawned)
 
     def attach(self, leader: Leader) -> None:
         self._leader = leader

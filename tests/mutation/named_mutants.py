@@ -256,6 +256,13 @@ MUTANTS = [
         "stale_member_whose",
     ),
     (
+        "watchdog: a group registered only once the driver has the spawn's result",
+        "_choose.py",
+        "    containment.started(spawned)\n",
+        "",
+        "between_spawn_and_setup and group",
+    ),
+    (
         "spawn: process_group=0 given a new session",
         "_spawn.py",
         "        new_session = False\n",
