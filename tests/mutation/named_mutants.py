@@ -1364,8 +1364,8 @@ MUTANTS = [
     (
         "watchdog: the group of a leader reaped before its pidfd opened registered",
         "_containment.py",
-        "        if register and not leader.lost:",
-        "        if register:",
+        "        if lost or self.backstop:\n            return\n",
+        "        if self.backstop:\n            return\n",
         "test_a_leader_reaped_before_its_pidfd_opened_is_no_group_for_the_watchdog",
     ),
     (
