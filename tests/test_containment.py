@@ -2202,7 +2202,7 @@ def test_a_stale_member_whose_main_thread_exited_is_swept_too(tracked: Tracked) 
         while procs.state(member.pid) != "Z":  # (its main thread gone: shown a zombie)
             assert time.monotonic() < deadline
             time.sleep(0.001)
-        assert select.select([pidfd], [], [], 0.05)[0] == []  # alive all the same
+        # (Any process's first tree sweeps too: another test worker's may come first.)
         _cgroup._sweep_stale_homes(parent)
         assert select.select([pidfd], [], [], 1.0)[0] == [pidfd]
         assert member.wait(timeout=5) == -signal.SIGKILL
