@@ -1097,7 +1097,7 @@ async def test_parent_killed_with_sigkill_takes_its_trees_along(
 # SIGPIPE is set back to its default first, as many command-line tools do.
 WATCHDOG_LOST_PARENT = textwrap.dedent(
     """
-    import os, select, signal, subprocess, sys, trio
+    import errno, os, select, signal, subprocess, sys, trio
     from trio_proctree import _watchdog, open_process_tree
 
     async def tree(containment, shape):
@@ -1111,14 +1111,22 @@ WATCHDOG_LOST_PARENT = textwrap.dedent(
         sys.stdout.write(f"{tree.pid}\\n{data.decode()}")
         sys.stdout.flush()
 
-    async def main(containment, shape, sigpipe):
-        if sigpipe == "default-sigpipe":
+    async def main(containment, shape, how):
+        if how == "default-sigpipe":
             signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         await tree(containment, shape)
         (watchdog,) = _watchdog.running()
         pidfd = os.pidfd_open(watchdog.pid)
         os.kill(watchdog.pid, signal.SIGKILL)
         select.select([pidfd], [], [])
+        if how == "first-replacement-fails":
+            # As a fork fails under the memory pressure that OOM-killed the watchdog.
+            start = _watchdog.Watchdog.__init__
+            def fails_once(self):
+                _watchdog.Watchdog.__init__ = start
+                raise OSError(errno.ENOMEM, "Cannot allocate memory")
+            _watchdog.Watchdog.__init__ = fails_once
+            await tree(containment, shape)
         await tree(containment, shape)
         print("ready", flush=True)
         await trio.sleep_forever()
@@ -1128,25 +1136,26 @@ WATCHDOG_LOST_PARENT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("sigpipe", ["ignored-sigpipe", "default-sigpipe"])
+@pytest.mark.parametrize("how", ["ignored-sigpipe", "default-sigpipe", "first-replacement-fails"])
 async def test_a_lost_watchdog_is_replaced_with_every_registration(
-    tracked: Tracked, strong: str, sigpipe: str
+    tracked: Tracked, strong: str, how: str
 ) -> None:
     # Red before (helper-21): the write that found the watchdog gone (EPIPE) dropped it
     # with what it held; the next tree started a new one, told of nothing earlier, so the
     # parent's SIGKILL left both trees running. With SIGPIPE at its default, that write
-    # killed the whole program.
+    # killed the whole program. And (helper-23) a replacement whose start failed once left
+    # the next one told only of the trees after it.
     parent = subprocess.Popen(  # noqa: ASYNC220 - it starts at once
-        [sys.executable, "-c", WATCHDOG_LOST_PARENT, strong, PARENT_TREE, sigpipe],
+        [sys.executable, "-c", WATCHDOG_LOST_PARENT, strong, PARENT_TREE, how],
         stdout=subprocess.PIPE,
         env=tracked.env,
     )
     with parent:
         try:
             assert parent.stdout is not None
-            lines = [parent.stdout.readline() for _ in range(7)]
+            lines = [parent.stdout.readline() for _ in range(10 if how[0] == "f" else 7)]
             assert lines[-1] == b"ready\n", (lines, parent.wait())
-            pids = [int(line) for line in lines[:6]]
+            pids = [int(line) for line in lines[:-1]]
             for pid in pids:
                 procs.remember(pid)
             assert all(procs.alive(pid) for pid in pids)

@@ -61,6 +61,22 @@ async def test_the_inherited_environment_reaches_the_command_unchanged(
     assert tracked.survivors() == []
 
 
+async def test_a_large_environment_that_sh_cannot_pass_on_runs_as_under_popen(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # ~1.2 MB of variables and one name that is no shell identifier: Popen runs it. Red
+    # before under cgroup through /bin/sh (helper-23): the environment went to the wrapper
+    # twice, as its environment and as env(1)'s arguments, and the exec failed (E2BIG).
+    env = {**contained["env"], "A-B": "1"}
+    env.update({f"V{index}": "x" * 1000 for index in range(1200)})
+    await trio.run_process(["/bin/true"], env=env)  # the oracle
+    result = await run_process_tree(
+        ["/usr/bin/env", "-0"], capture_stdout=True, env=env, containment=contained["containment"]
+    )
+    assert received_environment(result.stdout) == env
+    assert tracked.survivors() == []
+
+
 @kernel_refuses
 async def test_a_refused_file_that_appears_earlier_on_path_is_passed_over_as_popen_does(
     tracked: Tracked, tmp_path: Path, contained: dict[str, Any]

@@ -163,9 +163,8 @@ def test_a_child_forked_while_another_thread_holds_a_lock_still_runs_trees(
     assert tracked.survivors() == []
 
 
-#: Holds a cgroup tree open in a time namespace of its own (boot time 1000 s ahead),
-#: prints the tree's cgroup, and waits for a line on stdin.
-OWNER_IN_A_TIME_NAMESPACE = textwrap.dedent(
+#: Holds a cgroup tree open, prints the tree's cgroup, and waits for a line on stdin.
+OWNER = textwrap.dedent(
     """
     import sys, trio
     from trio_proctree import open_process_tree
@@ -179,55 +178,80 @@ OWNER_IN_A_TIME_NAMESPACE = textwrap.dedent(
     """
 )
 
-
-@pytest.mark.skipif(
-    not os.path.exists("/proc/self/timens_offsets") or shutil.which("unshare") is None,
-    reason="needs time namespaces and unshare(1)",
+#: Makes a time namespace with the boot-time offset given (seconds, nanoseconds) for its
+#: children, then runs OWNER: in a child, inside it ("inside"), or itself, still outside
+#: it ("outside": /proc/self/timens_offsets then tells of the children's namespace).
+IN_A_TIME_NAMESPACE = textwrap.dedent(
+    """
+    import ctypes, os, sys
+    seconds, nanoseconds, where, owner = sys.argv[1:]
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(0x80) != 0:  # CLONE_NEWTIME
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWTIME)")
+    with open("/proc/self/timens_offsets", "w") as offsets:
+        offsets.write(f"boottime {seconds} {nanoseconds}")
+    if where == "outside":
+        exec(owner)
+    else:
+        child = os.fork()
+        if child == 0:
+            os.execv(sys.executable, [sys.executable, "-c", owner])
+        sys.exit(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))
+    """
 )
+
+#: (seconds, nanoseconds, where, owners): the owner runs with that boot-time offset, or
+#: runs outside the namespace it made; owners: how many in turn (a half-tick offset rounds
+#: an owner's start time a tick apart from ours only half the time).
+TIME_NAMESPACES = {
+    "1000-s-ahead": ("1000", "0", "inside", 1),
+    "half-a-tick-ahead": ("0", "5000000", "inside", 4),
+    "made-but-not-entered": ("1000", "0", "outside", 1),
+}
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/timens_offsets"), reason="needs time namespaces")
+@pytest.mark.parametrize("case", list(TIME_NAMESPACES))
 def test_a_home_whose_owner_runs_in_another_time_namespace_is_never_swept(
-    tracked: Tracked,
+    tracked: Tracked, case: str
 ) -> None:
     # A process's start time, as /proc shows it, moves with the reader's time namespace.
     # Red before (helper-21): the home's name, made with the owner's view, never matched
     # the sweeper's, so a live owner's home was taken for a dead one's and its tree killed.
+    # Red after that first fix (helper-23): an owner whose offset is no whole number of
+    # ticks named its home a tick apart from our view; one that made a namespace for its
+    # children took that namespace's offset for its own.
     available("cgroup")
-    holder = subprocess.Popen(
-        [
-            "unshare",
-            "--time",
-            "--boottime",
-            "1000",
-            "--fork",
-            *procs.python(),
-            "-c",
-            OWNER_IN_A_TIME_NAMESPACE,
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        env=tracked.env,
-    )
-    with holder:
-        assert holder.stdin is not None and holder.stdout is not None
-        try:
-            tree = holder.stdout.readline().decode().strip()
-            deadline = time.monotonic() + 5
-            while not (members := _cgroup._procs(tree)):  # its leader joins as it starts
-                assert time.monotonic() < deadline, tree
-                time.sleep(0.001)
-            assert len(members) == 1  # its sleep
-            pidfd = os.pidfd_open(members[0])
+    seconds, nanoseconds, where, owners = TIME_NAMESPACES[case]
+    for _ in range(owners):
+        holder = subprocess.Popen(
+            [*procs.python(), "-c", IN_A_TIME_NAMESPACE, seconds, nanoseconds, where, OWNER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=tracked.env,
+        )
+        with holder:
+            assert holder.stdin is not None and holder.stdout is not None
             try:
-                _cgroup._sweep_stale_homes(os.path.dirname(os.path.dirname(tree)))
-                # A cgroup.kill would land in microseconds; its pidfd stays unreadable.
-                assert select.select([pidfd], [], [], 0.2)[0] == []
+                tree = holder.stdout.readline().decode().strip()
+                deadline = time.monotonic() + 5
+                while not (members := _cgroup._procs(tree)):  # its leader joins as it starts
+                    assert time.monotonic() < deadline, tree
+                    time.sleep(0.001)
+                assert len(members) == 1  # its sleep
+                pidfd = os.pidfd_open(members[0])
+                try:
+                    _cgroup._sweep_stale_homes(os.path.dirname(os.path.dirname(tree)))
+                    # A cgroup.kill would land in microseconds; its pidfd stays unreadable.
+                    assert select.select([pidfd], [], [], 0.2)[0] == []
+                finally:
+                    os.close(pidfd)
+                assert os.path.isdir(tree)
+                holder.stdin.write(b"\n")
+                holder.stdin.close()
+                assert holder.wait(timeout=30) == 0
             finally:
-                os.close(pidfd)
-            assert os.path.isdir(tree)
-            holder.stdin.write(b"\n")
-            holder.stdin.close()
-            assert holder.wait(timeout=30) == 0
-        finally:
-            holder.kill()
+                holder.kill()
     assert tracked.survivors() == []
 
 

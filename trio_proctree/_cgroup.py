@@ -393,12 +393,17 @@ def _started(stat: ProcStat) -> int:
     that names a home. /proc shows each reader boot time moved by its own namespace's
     offset; an owner and a sweeper in different ones would else never agree, and the
     sweep would take a live owner's home for a dead one's and kill its trees."""
-    return stat.starttime - boottime_offset()[0]
+    return stat.starttime - (boottime_offset() or 0)
 
 
-def _same_start(seen: int, named: int) -> bool:
-    # (Our offset not a whole number of ticks: either side may have been rounded apart.)
-    return seen == named or (not boottime_offset()[1] and abs(seen - named) <= 1)
+def _may_be_owner(stat: ProcStat, named: int) -> bool:
+    """Whether the live process ``stat`` may be the owner whose start time names a home:
+    within a tick (an offset that is no whole number of ticks rounds the two views
+    apart), or at all, where our own offset cannot be told. (A dead owner's pid taken by
+    another process within a tick of its start leaves a stale home unswept: never the
+    other way round.)"""
+    offset = boottime_offset()
+    return offset is None or abs(stat.starttime - offset - named) <= 1
 
 
 #: Seconds a sweep waits for a stale tree it killed to empty (~1.5 ms, measured).
@@ -459,7 +464,7 @@ def _sweep_stale_homes(parent: str) -> None:
             # Every process of it has died, its owner with them: its trees died with them
             # (a namespace's processes die with its init), and what may have been put in
             # their cgroups since is not its.
-        elif (stat := read_stat(owner)) is not None and _same_start(_started(stat), start):
+        elif (stat := read_stat(owner)) is not None and _may_be_owner(stat, start):
             current = _homes.get(owner)
             if owner != os.getpid() or (current is not None and current.path == home):
                 continue  # its owner still runs
@@ -635,7 +640,7 @@ class CgroupContainment(MemberTracking):
             if found.path is not None:
                 path = os.path.abspath(found.path)  # (sh runs in the tree's cwd)
         procs = os.path.join(self.path, "cgroup.procs")
-        command = wrapped(
+        command, wrapper_env = wrapped(
             procs,
             argv,
             env=options.get("env"),
@@ -644,7 +649,12 @@ class CgroupContainment(MemberTracking):
         )
         plan = super().prepare(plan)
         return attrs.evolve(
-            plan, command=command, options=options, into_cgroup=direct, through_sh=True
+            plan,
+            command=command,
+            options=options,
+            into_cgroup=direct,
+            through_sh=True,
+            command_env=wrapper_env,
         )
 
     @property

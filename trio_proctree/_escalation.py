@@ -71,7 +71,8 @@ def parse_duration(value: float, *, what: str) -> float:
         seconds = math.inf
     if math.isnan(seconds) or math.isinf(seconds) or seconds < 0:
         huge = isinstance(value, int) and seconds == math.inf
-        shown = f"an integer of {int(value).bit_length()} bits" if huge else repr(value)
+        sign = "a negative " if huge and value < 0 else "an "
+        shown = f"{sign}integer of {int(value).bit_length()} bits" if huge else repr(value)
         raise ValueError(f"{what} must be a finite number of seconds >= 0, not {shown}")
     return seconds
 

@@ -28,8 +28,9 @@ _PATH_MAX = 4096
 
 MISSING, NOT_EXECUTABLE, EXECUTABLE = "missing", "not executable", "executable"
 
-#: How many interpreters deep Linux follows a program (a #! script whose interpreter is
-#: itself a #! script, ...) before it gives up with ELOOP.
+#: How deep Linux follows a program's interpreters (a #! script whose interpreter is
+#: itself a #! script, ...): the program at depth 0, its interpreters down to this depth;
+#: one beyond it, and the exec fails with ELOOP.
 _MAX_DEPTH = 5
 
 
@@ -132,6 +133,8 @@ def _interpreter_refusal(
     """What the kernel's start of ``interpreter`` (``named_by`` the file ``path``, the
     program ``name`` or an interpreter of it) would fail with, as Popen raises it for
     ``name``: missing, not executable, or refused in its turn."""
+    if not interpreter:
+        interpreter = "."  # (the kernel opens "" as the working directory: EACCES)
     if cwd is not None and not os.path.isabs(interpreter):
         interpreter = os.path.join(os.fsdecode(cwd), interpreter)  # (as the kernel opens it)
     whose = name if depth == 0 else f"{path}, an interpreter of {name}"
@@ -148,7 +151,7 @@ def _interpreter_refusal(
         error = PermissionError(errno.EACCES, message, name)
     elif named_by != "the #! line":
         return None  # (a dynamic loader: what it is made of is the kernel's to check)
-    elif depth + 1 >= _MAX_DEPTH:
+    elif depth + 1 > _MAX_DEPTH:
         error = OSError(errno.ELOOP, f"{os.strerror(errno.ELOOP)}: #! interpreters", name)
     else:
         return refusal(interpreter, name, cwd, _depth=depth + 1)

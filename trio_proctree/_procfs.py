@@ -194,22 +194,29 @@ def proc_hides_processes() -> bool:
     return hides
 
 
-#: The offset our time namespace puts on boot time, in clock ticks, by pid (a forked
-#: child may be in another namespace: ``unshare --time`` moves the caller's children).
-_boottime_offsets: dict[int, tuple[int, bool]] = {}
+#: The initial time namespace's inode (``PROC_TIME_INIT_INO``): the same on every boot.
+INITIAL_TIME_NAMESPACE = 0xEFFFFFFA
 
 
-def boottime_offset() -> tuple[int, bool]:
-    """(ticks, exact): what our time namespace adds to boot time, which /proc adds to
-    every start time it shows us (0 outside time namespaces), and whether it is a whole
-    number of ticks (else a start time read here may be one tick off another view's).
+def boottime_offset() -> int | None:
+    """Clock ticks that our time namespace adds to boot time, which /proc adds to every
+    start time it shows us (0 outside time namespaces); None where that cannot be told.
 
-    Start times seen by two processes in different time namespaces are compared by
-    taking this off each (the sweep of stale cgroup homes names their owners so).
+    Start times seen by processes in different time namespaces are compared by taking
+    this off each (the sweep of stale cgroup homes names their owners so), within a tick:
+    an offset that is no whole number of ticks rounds the views apart. The offsets file
+    tells of the namespace our *children* get, which is ours unless we unshared a new one
+    and stay outside it: then only the initial namespace's offset (none) is known.
     """
-    pid = os.getpid()
-    if (known := _boottime_offsets.get(pid)) is not None:
-        return known
+    try:
+        own = os.stat("/proc/self/ns/time").st_ino
+        childrens = os.stat("/proc/self/ns/time_for_children").st_ino
+    except OSError:
+        return 0  # a kernel without time namespaces: no offset
+    if own == INITIAL_TIME_NAMESPACE:
+        return 0
+    if own != childrens:
+        return None
     nanoseconds = 0
     try:
         with open("/proc/self/timens_offsets") as offsets:
@@ -218,10 +225,8 @@ def boottime_offset() -> tuple[int, bool]:
                 if clock in ("boottime", "7"):  # (CLOCK_BOOTTIME by name, or number)
                     nanoseconds = int(seconds) * 1_000_000_000 + int(nanos)
     except (OSError, ValueError):
-        pass  # a kernel without time namespaces: no offset
-    tick = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
-    answer = _boottime_offsets[pid] = (nanoseconds // tick, nanoseconds % tick == 0)
-    return answer
+        return None
+    return nanoseconds // (1_000_000_000 // os.sysconf("SC_CLK_TCK"))
 
 
 def _forget_whose_proc() -> None:

@@ -139,6 +139,9 @@ class SpawnPlan:
     #: Whether ``command`` runs the program through /bin/sh's exec (`CgroupContainment`),
     #: whose own search would not settle where Popen's does when the kernel refuses a file.
     through_sh: bool = False
+    #: The environment ``command`` starts with, where not ``options``' own (the wrapper
+    #: that passes the environment on in its arguments starts with none).
+    command_env: Mapping[str, str] | None = None
 
 
 @attrs.define
@@ -293,6 +296,10 @@ def _check_user_and_group(options: dict[str, Any]) -> bool:
 def _own_process_group(options: dict[str, Any]) -> None:
     """Make the leader head its own process group: a new session, or a new group in ours."""
     process_group = options.pop("process_group", None)
+    if process_group is not None and (
+        isinstance(process_group, bool) or not isinstance(process_group, int)
+    ):
+        raise TypeError(f"process_group must be an int, not {process_group!r}")
     if process_group not in (None, 0):
         raise ValueError(
             f"process_group={process_group!r} would put the tree into another group; "
@@ -499,8 +506,11 @@ def spawn(plan: SpawnPlan) -> Spawned:
         popen = None
         if pid is None:
             _refuse_what_sh_would_run_as_a_script(plan)
+            options = dict(plan.options)
+            if plan.command_env is not None:
+                options["env"] = plan.command_env
             popen = cast(
-                "subprocess.Popen[bytes]", subprocess.Popen(plan.command, **stdio, **plan.options)
+                "subprocess.Popen[bytes]", subprocess.Popen(plan.command, **stdio, **options)
             )
             pid = popen.pid
         started_within = (before, boot_ticks())

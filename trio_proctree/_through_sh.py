@@ -1,6 +1,6 @@
 """The /bin/sh wrapper that joins a tree's cgroup and then becomes the command, run so that
-the command gets what `subprocess.Popen` would give it: the same file, the same argv,
-the same environment.
+the command gets what `subprocess.Popen` would give it: the same file, the same
+arguments, the same environment (argv[0] may show the path instead of the name given).
 
 Where the C library cannot start a process in a cgroup (glibc before 2.41), the leader
 starts as ``/bin/sh``, writes its pid into the cgroup's ``cgroup.procs`` and execs the
@@ -43,11 +43,12 @@ def wrapped(
     env: Mapping[Any, Any] | None,
     found: str | None,
     passed_over: bool,
-) -> list[Any]:
+) -> tuple[list[Any], dict[str, str] | None]:
     """The command that joins the cgroup whose ``procs`` file is given, then runs ``argv``
-    as Popen would. ``found``: the absolute path where Popen's search of PATH settles, for
-    a bare program name (else None); ``passed_over``: that search went past a file the
-    kernel refuses, where sh's own would stop."""
+    as Popen would, and the environment to start it with where not ``env`` itself.
+    ``found``: the absolute path where Popen's search of PATH settles, for a bare program
+    name (else None); ``passed_over``: that search went past a file the kernel refuses,
+    where sh's own would stop."""
     if env is None:
         from ._spawn import inherited_environment  # noqa: PLC0415 - (a cycle at import)
 
@@ -67,14 +68,18 @@ def wrapped(
                 "containment, or another path"
             )
         assignments = [name + b"=" + value for name, value in encoded.items()]
-        argv = [ENV, "-i", "--", *assignments, program, *argv[1:]]
+        command = [ENV, "-i", "--", *assignments, program, *argv[1:]]
+        # The wrapper itself starts with no environment: env(1) drops what it would pass
+        # on anyway, and the environment, carried once in its arguments already, would
+        # else count twice against the kernel's bound on both (E2BIG at half Popen's).
+        return ["/bin/sh", "-c", JOIN_AND_EXEC, procs, *command], {}
     elif found is not None and (passed_over or b"PATH" not in names):
         # sh's search would settle elsewhere: it stops at a file the kernel refuses (dash
         # runs one of no format as a script), and with no PATH at all it searches a
         # default of its own, where Popen searches os.defpath. (argv[0] shows the path.)
         argv = [found, *argv[1:]]
     pwd = next((env[name] for name in ("PWD", b"PWD") if name in env), None)
-    return ["/bin/sh", "-c", keep_pwd(pwd) + JOIN_AND_EXEC, procs, *argv]
+    return ["/bin/sh", "-c", keep_pwd(pwd) + JOIN_AND_EXEC, procs, *argv], None
 
 
 def _pass_through_sh(names: list[bytes]) -> bool:

@@ -502,9 +502,15 @@ def _watchdog() -> Watchdog:
 
 
 def _started() -> Watchdog:
-    """The watchdog, started if need be (the caller holds `_lock`)."""
+    """The watchdog, started if need be, and then told of everything registered: a
+    watchdog that replaces a lost one, or one whose first start failed (out of memory,
+    as when the last was OOM-killed), must kill the trees open before it too. (The
+    caller holds `_lock`.)"""
     if not _current:
-        _current.append(Watchdog())
+        watchdog = Watchdog()
+        _current.append(watchdog)
+        if _registered:
+            watchdog.send(["+" + entry for entry in _registered])
     return _current[0]
 
 
@@ -597,8 +603,7 @@ def _write(watchdog: Watchdog, lines: Iterable[str]) -> None:
         logger.warning("the parent-death backstop was lost (%s); starting another", exc)
         _current.remove(watchdog)
         watchdog.abandon()
-    told = ["+" + entry for entry in _registered]
-    _started().send([*told, *(line for line in batch if line[0] == "!")])
+    _started().send([line for line in batch if line[0] == "!"])
 
 
 def _after_fork_in_child() -> None:

@@ -209,8 +209,9 @@ MUTANTS = [
     (
         "watchdog: a lost one replaced, but told nothing of the trees open",
         "_watchdog.py",
-        '    told = ["+" + entry for entry in _registered]\n',
-        "    told = []\n",
+        "        if _registered:\n"
+        '            watchdog.send(["+" + entry for entry in _registered])\n',
+        "",
         "lost_watchdog",
     ),
     (
@@ -244,9 +245,24 @@ MUTANTS = [
     (
         "sweep: start times compared as each time namespace shows them",
         "_cgroup.py",
-        "    return stat.starttime - boottime_offset()[0]\n",
-        "    return stat.starttime + 0 * boottime_offset()[0]\n",
-        "time_namespace",
+        "    return stat.starttime - (boottime_offset() or 0)\n",
+        "    return stat.starttime\n",
+        "time_namespace and 1000",
+    ),
+    (
+        "sweep: an owner's start time rounded a tick apart taken for another's",
+        "_cgroup.py",
+        "    return offset is None or abs(stat.starttime - offset - named) <= 1\n",
+        "    return offset is None or abs(stat.starttime - offset - named) <= 0\n",
+        "time_namespace and half",
+    ),
+    (
+        "sweep: the offset of the children's time namespace taken for our own",
+        "_procfs.py",
+        "    if own == INITIAL_TIME_NAMESPACE:\n        return 0\n    if own != childrens:\n"
+        "        return None\n",
+        "",
+        "time_namespace and entered",
     ),
     (
         "sweep: a member whose main thread exited left to cgroup.kill alone",
@@ -261,6 +277,27 @@ MUTANTS = [
         "    containment.started(spawned)\n",
         "",
         "between_spawn_and_setup and group",
+    ),
+    (
+        "exec check: a chain of five #! scripts refused as too deep",
+        "_exec_check.py",
+        "    elif depth + 1 > _MAX_DEPTH:\n",
+        "    elif depth + 1 >= _MAX_DEPTH:\n",
+        "chain_of_scripts",
+    ),
+    (
+        "exec check: an empty #! name taken for a missing file (the kernel opens the cwd)",
+        "_exec_check.py",
+        '        interpreter = "."  # (the kernel opens "" as the working directory: EACCES)\n',
+        "        pass\n",
+        "empty-name",
+    ),
+    (
+        "cgroup: the wrapper given the environment env(1) also carries in its arguments",
+        "_cgroup.py",
+        "            command_env=wrapper_env,\n",
+        "            command_env=None,\n",
+        "large_environment and cgroup",
     ),
     (
         "spawn: process_group=0 given a new session",
