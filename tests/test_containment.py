@@ -2099,6 +2099,19 @@ def test_own_cgroup_is_read_from_the_unified_line() -> None:
     assert own_cgroup("4:memory:/x\n") is None
 
 
+def moved_into(tree: str, pid: int, deadline: float) -> None:
+    """Move ``pid`` into the cgroup ``tree`` (made if need be) of a stale home, which any
+    process's new home sweeps (another test worker's, say): swept before the process got
+    in, both are made again."""
+    while True:
+        try:
+            os.makedirs(tree, exist_ok=True)
+            Path(tree, "cgroup.procs").write_text(str(pid))
+            return
+        except FileNotFoundError:
+            assert time.monotonic() < deadline
+
+
 @pytest.mark.parametrize(
     ("owner", "image"),
     [("dead", ""), ("dead", "-0a1b2c3d"), ("former image", "-0a1b2c3d")],
@@ -2132,13 +2145,7 @@ def test_stale_cgroup_of_a_dead_owner_is_swept_and_its_processes_killed(
         while not _cgroup._procs(staging):  # the wrapper joins the cgroup as it starts
             assert time.monotonic() < deadline
             time.sleep(0.001)
-        while True:
-            try:
-                os.makedirs(tree, exist_ok=True)
-                Path(tree, "cgroup.procs").write_text(str(leftover.pid))
-                break
-            except FileNotFoundError:  # swept before the process got in: again
-                assert time.monotonic() < deadline
+        moved_into(tree, leftover.pid, deadline)
         os.rmdir(staging)
         _cgroup._sweep_stale_homes(parent)
         # Gone after one sweep, as a process that starts once after a crash sweeps once.
@@ -2198,13 +2205,7 @@ def test_a_stale_member_whose_main_thread_exited_is_swept_too(tracked: Tracked) 
     try:
         assert int(member.stdout.readline()) == member.pid
         deadline = time.monotonic() + 5
-        while True:
-            try:
-                os.makedirs(tree, exist_ok=True)
-                Path(tree, "cgroup.procs").write_text(str(member.pid))
-                break
-            except FileNotFoundError:  # swept before the process got in: again
-                assert time.monotonic() < deadline
+        moved_into(tree, member.pid, deadline)
         os.rmdir(staging)
         member.stdin.write(b"\n")
         member.stdin.flush()

@@ -232,8 +232,7 @@ def boottime_offset() -> int | None:
 def _forget_whose_proc() -> None:
     global _proc_is_ours  # noqa: PLW0603 - one answer per process
     _proc_is_ours = False
-    # (The parent's scan is not the child's, and its lock may have been held as it forked.)
-    process_table.__init__()  # type: ignore[misc]
+    process_table.forget()
 
 
 if hasattr(os, "register_at_fork"):  # not on Windows, where nothing here runs
@@ -360,6 +359,12 @@ class ProcessTable:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._latest: Snapshot | None = None
+
+    def forget(self) -> None:
+        """In a forked child: the parent's scan is not the child's, and its lock may have
+        been held, by another thread, as the parent forked."""
+        self._lock = threading.Lock()
+        self._latest = None
 
     def snapshot(self, not_before: int) -> Snapshot:
         with self._lock:

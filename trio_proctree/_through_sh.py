@@ -57,7 +57,6 @@ def wrapped(
     else:
         names = [os.fsencode(name) for name in env]
     if not _pass_through_sh(names):
-        encoded = {os.fsencode(name): os.fsencode(value) for name, value in env.items()}
         # Only env(1) passes these on as given. It is given a path, so that no search of
         # its own runs (argv[0] then shows the path: no exec here can set it apart).
         program = found or os.fsdecode(argv[0])
@@ -67,13 +66,13 @@ def wrapped(
                 "env(1), which could, takes a path holding '=' for a variable; use another "
                 "containment, or another path"
             )
-        assignments = [name + b"=" + value for name, value in encoded.items()]
+        assignments = [os.fsencode(name) + b"=" + os.fsencode(value) for name, value in env.items()]
         command = [ENV, "-i", "--", *assignments, program, *argv[1:]]
         # The wrapper itself starts with no environment: env(1) drops what it would pass
         # on anyway, and the environment, carried once in its arguments already, would
         # else count twice against the kernel's bound on both (E2BIG at half Popen's).
         return ["/bin/sh", "-c", JOIN_AND_EXEC, procs, *command], {}
-    elif found is not None and (passed_over or b"PATH" not in names):
+    if found is not None and (passed_over or b"PATH" not in names):
         # sh's search would settle elsewhere: it stops at a file the kernel refuses (dash
         # runs one of no format as a script), and with no PATH at all it searches a
         # default of its own, where Popen searches os.defpath. (argv[0] shows the path.)

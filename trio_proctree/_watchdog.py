@@ -373,10 +373,7 @@ for line in sys.stdin.buffer:
     op, entry = line[:1], line[1:].rstrip(b"\n")
     if op == b"+":
         if entry not in live:
-            try:
-                live[entry] = pin_leader(entry)
-            except ValueError:  # (no entry of ours: not one to let end the watch)
-                continue
+            live[entry] = pin_leader(entry)
         continue
     if (fd := live.pop(entry, None)) is not None:
         unpin(fd)
@@ -426,7 +423,6 @@ class Watchdog:
     def __init__(self) -> None:
         ours, its = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            its.shutdown(socket.SHUT_WR)  # (it only reads)
             self._process = subprocess.Popen(
                 [sys.executable, "-I", "-S", "-c", _WATCHDOG],
                 stdin=its.fileno(),

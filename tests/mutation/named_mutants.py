@@ -139,15 +139,15 @@ MUTANTS = [
     (
         "cgroup: sh's exec given the name, where Popen's search passed over a file",
         "_through_sh.py",
-        '    elif found is not None and (passed_over or b"PATH" not in names):\n',
-        '    elif found is not None and b"PATH" not in names:\n',
+        '    if found is not None and (passed_over or b"PATH" not in names):\n',
+        '    if found is not None and b"PATH" not in names:\n',
         "passes_over_a_file_the_kernel_refuses and cgroup",
     ),
     (
         "cgroup: with no PATH, sh's own default searched (not os.defpath, as Popen)",
         "_through_sh.py",
-        '    elif found is not None and (passed_over or b"PATH" not in names):\n',
-        "    elif found is not None and passed_over:\n",
+        '    if found is not None and (passed_over or b"PATH" not in names):\n',
+        "    if found is not None and passed_over:\n",
         "without_path_the_search_is_popens_default and cgroup",
     ),
     (
