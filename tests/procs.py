@@ -7,6 +7,7 @@ Every test tree runs with a unique token in its environment; descendants inherit
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import itertools
 import os
@@ -490,3 +491,18 @@ def group_signals_through_pidfds() -> bool:
         probe.kill()
         probe.wait()
     return True
+
+
+def set_behind_os_environs_back() -> dict[str, str]:
+    """Variables in the C library's environment (what a child started with env=None
+    gets) that `os.environ` does not show: set by C code since Python started."""
+    libc = ctypes.CDLL(None)
+    environ = ctypes.POINTER(ctypes.c_char_p).in_dll(libc, "environ")
+    found: dict[str, str] = {}
+    index = 0
+    while (entry := environ[index]) is not None:
+        name, _, value = os.fsdecode(entry).partition("=")
+        if os.environ.get(name) != value:
+            found[name] = value
+        index += 1
+    return found

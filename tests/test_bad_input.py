@@ -157,6 +157,40 @@ async def test_a_script_whose_interpreter_is_missing_raises_file_not_found(
     assert raised.value.filename == str(script)
 
 
+#: Requests `subprocess.Popen` refuses with a ValueError before it starts anything.
+POPEN_VALUE_ERRORS = {
+    "a-name-holding-=": {"env": {"GREETING": "hello", "GREETING=bye": "x"}},
+    "a-name-that-is-=": {"env": {"=": "1"}},
+    "a-nul-in-a-name": {"env": {"A\0B": "1"}},
+    "a-nul-in-a-value": {"env": {"A": "x\0y"}},
+    "a-nul-in-the-executable": {"executable": "/bin/tr\0ue"},
+}
+
+
+@pytest.mark.parametrize("case", list(POPEN_VALUE_ERRORS))
+async def test_what_popen_refuses_as_a_bad_value_is_refused_alike(
+    nothing_leaks: None, contained: dict[str, Any], case: str
+) -> None:
+    # Red before (helper-25): under cgroup containment through /bin/sh, env(1) took the
+    # name "GREETING=bye" for GREETING and the command ran with GREETING=bye=x; a NUL in
+    # the executable raised FileNotFoundError.
+    request = {**POPEN_VALUE_ERRORS[case]}
+    if "env" in request:
+        request["env"] = {**contained["env"], **request["env"]}
+    expected = popen_refuses(["true"], request)
+    with pytest.raises(ValueError) as raised:
+        await _run(["true"], containment=contained["containment"], **request)()
+    assert str(raised.value) == str(expected)
+
+
+def popen_refuses(command: list[str], request: dict[str, Any]) -> ValueError:
+    """The ValueError `subprocess.Popen` raises for ``request``: the oracle (it starts
+    nothing)."""
+    with pytest.raises(ValueError) as raised:
+        subprocess.Popen(command, **request)
+    return raised.value
+
+
 def popen_raises(command: list[str]) -> OSError:
     """What `subprocess.Popen` raises for ``command``: the oracle (it starts nothing)."""
     with pytest.raises(OSError) as raised:

@@ -96,6 +96,17 @@ def test_run_durations_take_timeouts_suffixes(tracked: Tracked) -> None:
     assert tracked.survivors() == []
 
 
+@pytest.mark.parametrize("no_limit", ["0", "0s", "0m"])
+def test_run_timeout_of_zero_means_no_timeout(tracked: Tracked, no_limit: str) -> None:
+    # As timeout(1): "a duration of 0 disables the timeout", so that a script's
+    # `--timeout "${LIMIT:-0}"` works (red before, helper-27: a usage error, exit 2).
+    result = run_tool(
+        "run", "--timeout", no_limit, "--", "sh", "-c", "sleep 0.2; exit 7", env=tracked.env
+    )  # fmt: skip
+    assert result.returncode == 7, result.stderr
+    assert tracked.survivors() == []
+
+
 def test_run_missing_command_exits_127_with_a_message(tracked: Tracked) -> None:
     result = run_tool("run", "--", "no-such-command-xyz", env=tracked.env)
     assert result.returncode == 127
@@ -184,7 +195,7 @@ def test_run_failing_itself_exits_125(tracked: Tracked) -> None:
         ["run", "--grace", "nan", "--", "true"],
         ["run", "--signal", "BOGUS", "--", "true"],
         ["run", "--signal", "STOP", "--", "true"],
-        ["run", "--timeout", "0", "--", "true"],
+        ["run", "--timeout", "-1", "--", "true"],
         ["run", "--timeout", "5x", "--", "true"],
         ["run", "--timeout", "s", "--", "true"],
         ["run", "--containment", "jail", "--", "true"],

@@ -44,12 +44,6 @@ def test_worst_case_adds_every_wait() -> None:
     assert Escalation.graceful(3.0).worst_case == pytest.approx(3.0 + policy.kill_wait)
 
 
-def test_a_sigkill_step_ends_the_graceful_part() -> None:
-    policy = Escalation(steps=[(signal.SIGTERM, 1.0), (signal.SIGKILL, 9.0), (signal.SIGINT, 9.0)])
-    assert policy.graceful_steps == (Step(signal.SIGTERM, 1.0),)
-    assert policy.worst_case == pytest.approx(1.0 + policy.kill_wait)
-
-
 def test_signal_names_are_accepted() -> None:
     assert Step("TERM", 1).signal == signal.SIGTERM
     assert Step("sigint", 1).signal == signal.SIGINT
@@ -344,10 +338,15 @@ async def test_a_stopped_tree_is_woken_to_act_on_a_leader_only_step(
 
 
 async def test_a_leader_only_step_goes_to_the_whole_tree_once_the_leader_exited(
-    tracked: Tracked, contained: dict[str, Any], tmp_path: Path
+    tracked: Tracked,
+    contained: dict[str, Any],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # Nobody is left to pass it on: what outlived the leader gets the stop signal itself,
-    # as with a step for every process (not only SIGKILL at the end of the grace).
+    # as with a step for every process (not only SIGKILL at the end of the grace). The log
+    # says so (red before, helper-27: it said the signal went "to the leader" alone).
+    caplog.set_level(logging.DEBUG, logger="trio_proctree")
     member = tmp_path / "member"
     member.write_text(_MEMBER)
     async with open_process_tree(
@@ -363,6 +362,12 @@ async def test_a_leader_only_step_goes_to_the_whole_tree_once_the_leader_exited(
     assert outcome is not None
     assert outcome.signals == (signal.SIGTERM, signal.SIGCONT)
     assert not outcome.grace_expired
+    said_of_the_step = [m for m in caplog.messages if "SIGTERM" in m]
+    assert [m.partition(": ")[2] for m in said_of_the_step] == [
+        "sending SIGTERM to the leader, waiting up to 5s",
+        "the leader had exited: SIGTERM to every process instead",
+    ]
+    assert said_of_the_step[1].startswith(f"pid {tree.pid} (")
     assert tracked.survivors() == []
 
 

@@ -379,7 +379,7 @@ def test_steps_run_in_order_each_with_its_own_wait() -> None:
 
 
 def test_a_sigkill_step_is_the_hard_stop_itself() -> None:
-    policy = Escalation(steps=[(signal.SIGKILL, 9.0)], kill_wait=0.25)
+    policy = Escalation(steps=[(signal.SIGKILL, 0.25)])
     teardown = Teardown(policy, label=LABEL, stdin_open=False)
     assert drive(teardown, [True]) == [
         KillAll(),
@@ -442,14 +442,75 @@ def test_steps_accept_tuples_and_steps() -> None:
     assert all(isinstance(step.wait, float) for step in policy.steps)
 
 
-def test_worst_case_counts_waits_up_to_the_first_sigkill_step() -> None:
+def test_worst_case_counts_waits_up_to_the_sigkill_step_and_its_own() -> None:
     policy = Escalation(
-        steps=[(signal.SIGINT, 1.0), (signal.SIGTERM, 2.0), (signal.SIGKILL, 50.0)],
+        steps=[(signal.SIGINT, 1.0), (signal.SIGTERM, 2.0), (signal.SIGKILL, 0.25)],
         close_stdin=0.5,
-        kill_wait=0.25,
     )
     assert policy.graceful_steps == (Step(signal.SIGINT, 1.0), Step(signal.SIGTERM, 2.0))
     assert policy.worst_case == 0.5 + 1.0 + 2.0 + 0.25
+
+
+@pytest.mark.parametrize("grace", [0, 0.0005, 5.0])
+def test_sigkill_as_stop_signal_has_no_grace_and_the_usual_kill_wait(grace: float) -> None:
+    # No grace follows SIGKILL: ``grace`` is not the wait after it (red before, helper-25,
+    # with a SIGKILL step's wait made the kill_wait: grace=0 was refused as a kill_wait of
+    # 0, and a tiny grace let cleanup give up on processes still dying of SIGKILL).
+    policy = Escalation.graceful(grace, signal.SIGKILL)
+    assert policy.graceful_steps == ()
+    assert policy.kill_wait == Escalation().kill_wait == 2.0
+    assert policy.worst_case == 2.0
+
+
+def test_a_last_sigkill_step_is_the_hard_stop_and_its_wait_the_kill_wait() -> None:
+    # Red before (helper-27): its wait was dropped for the default kill_wait, unsaid.
+    policy = Escalation(steps=[(signal.SIGTERM, 1.0), (signal.SIGKILL, 3.0)])
+    assert policy.graceful_steps == (Step(signal.SIGTERM, 1.0),)
+    assert policy.kill_wait == 3.0
+    assert policy.worst_case == pytest.approx(1.0 + 3.0)
+    assert policy == Escalation(steps=[(signal.SIGTERM, 1.0), (signal.SIGKILL, 3.0)], kill_wait=3)
+
+
+def test_steps_after_a_sigkill_step_are_refused() -> None:
+    # They could never run (red before, helper-27: dropped, unsaid).
+    with pytest.raises(ValueError, match=r"SIGKILL step .* must be the last step"):
+        Escalation(steps=[(signal.SIGTERM, 1.0), (signal.SIGKILL, 9.0), (signal.SIGINT, 9.0)])
+
+
+def test_a_sigkill_step_and_another_kill_wait_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"SIGKILL step's wait \(9s\) is the kill_wait.*\(2s\)"):
+        Escalation(steps=[(signal.SIGTERM, 1.0), (signal.SIGKILL, 9.0)], kill_wait=2.0)
+    with pytest.raises(ValueError, match="SIGKILL takes a moment to land"):
+        Escalation(steps=[(signal.SIGTERM, 1.0), (signal.SIGKILL, 0)])
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        (10**400, "grace must be a finite number of seconds >= 0, not an integer of 1329 bits"),
+        (
+            -(10**400),
+            "grace must be a finite number of seconds >= 0, not a negative integer of 1329 bits",
+        ),
+        (-1, "grace must be a finite number of seconds >= 0, not -1"),
+        (-1.5, "grace must be a finite number of seconds >= 0, not -1.5"),
+        (True, "grace must be a number of seconds, not True"),
+    ],
+)
+def test_a_refused_duration_says_what_was_given(value: object, said: str) -> None:
+    # (An int too large for a float is shown by its size: its digits would fill a screen.)
+    with pytest.raises(ValueError) as refused:
+        parse_duration(value, what="grace")  # type: ignore[arg-type]
+    assert str(refused.value) == said
+
+
+def test_steps_after_a_sigkill_step_are_refused_saying_why() -> None:
+    with pytest.raises(ValueError) as refused:
+        Escalation(steps=[(signal.SIGKILL, 1.0), (signal.SIGTERM, 1.0)])
+    assert str(refused.value) == (
+        "a SIGKILL step ends the escalation: it must be the last step (the steps after it "
+        "would never run)"
+    )
 
 
 def test_policies_are_frozen_values() -> None:

@@ -32,11 +32,10 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
 
 
-def _positive_seconds(text: str) -> float:
-    seconds = _seconds(text)
-    if seconds == 0:
-        raise argparse.ArgumentTypeError("the timeout must be more than 0 seconds")
-    return seconds
+def _timeout(text: str) -> float | None:
+    """``--timeout``: a duration, where 0 means none, as timeout(1) reads it (so that a
+    script's ``--timeout "${LIMIT:-0}"`` works)."""
+    return _seconds(text) or None
 
 
 def _pid(text: str) -> int:
@@ -134,11 +133,11 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--timeout",
-        type=_positive_seconds,
+        type=_timeout,
         default=None,
         metavar="S",
         help="stop the tree after S seconds (suffixes s, m, h, d, as timeout(1) takes) "
-        "and exit with 124 (default: none)",
+        "and exit with 124 (default, or 0: none)",
     )
     run.add_argument(
         "--containment",

@@ -20,7 +20,7 @@ import attrs
 
 from ._cgroup import remove_home
 from ._containment import NEED_SCAN, RETRY_LATER, RETRY_PAUSE, Containment, ContainmentLost
-from ._escalation import Escalation, SignalLike, parse_signal
+from ._escalation import Escalation, SignalLike, parse_signal, signal_name
 from ._leader import Leader
 from ._outcome import CleanupError, CleanupOutcome
 from ._procfs import catches
@@ -273,6 +273,12 @@ class TreeCore:
                 caught = catches(self.leader.pid, sig)  # (its unreaped zombie pins the pid)
                 if self.containment.signal(sig, escalation=True, leader_only=True):
                     return LeaderStep(sig, caught)
+                # The machine said "to the leader"; the log must not leave it at that.
+                logger.debug(
+                    "%s: the leader had exited: %s to every process instead",
+                    self.label,
+                    signal_name(sig),
+                )
             else:
                 self.containment.signal(sig, escalation=True)
         except Exception as exc:  # noqa: BLE001 - even a bug here must not stop the escalation
@@ -392,7 +398,7 @@ class TreeView:
 
     @property
     def containment(self) -> str:
-        """How the tree is held together: ``"cgroup"``, ``"subreaper"`` or ``"group"``."""
+        """How the tree is held together, ``"cgroup"``, ``"subreaper"`` or ``"group"``."""
         return self._core.containment.name
 
     @property
@@ -402,7 +408,7 @@ class TreeView:
 
     @property
     def outcome(self) -> CleanupOutcome | None:
-        """What cleanup did (a `CleanupOutcome`); None until cleanup has run."""
+        """What cleanup did (a `~trio_proctree.CleanupOutcome`); None until cleanup has run."""
         return self._core.outcome
 
     def send_signal(self, sig: SignalLike) -> None:

@@ -165,7 +165,21 @@ def _as_steps(
     converted = tuple(_as_step(step) for step in steps)
     if not converted:
         raise ValueError("an Escalation needs at least one (signal, wait) step")
+    if any(step.signal == signal.SIGKILL for step in converted[:-1]):
+        raise ValueError(
+            "a SIGKILL step ends the escalation: it must be the last step (the steps after "
+            "it would never run)"
+        )
     return converted
+
+
+#: ``kill_wait``'s default: not given (then 2 s, or the wait of a last SIGKILL step). An
+#: object of its own, never one a caller can pass.
+_NOT_GIVEN = float("nan")
+
+
+def _kill_wait_if_given(value: float) -> float:
+    return value if value is _NOT_GIVEN else _kill_wait(value)
 
 
 @attrs.frozen
@@ -180,8 +194,10 @@ class Escalation:
     2. for each `Step`: send its signal to every process in the tree (or, with
        ``leader_only``, to the leader alone), then SIGCONT to every process (so that
        stopped members can act on it), and wait up to its ``wait``;
-    3. SIGKILL every process in the tree and wait up to ``kill_wait`` (more than 0) for it
-       to be gone.
+    3. SIGKILL every process in the tree and wait up to ``kill_wait`` (more than 0; 2 s
+       unless given) for it to be gone. A last step with SIGKILL is this hard stop, its
+       wait the ``kill_wait``: ``[(SIGTERM, 5.0), (SIGKILL, 3.0)]`` is SIGTERM, 5 s,
+       SIGKILL, 3 s.
 
     Cleanup stops at the first wait in which the tree empties. Cleanup runs shielded from
     cancellation, so a caller's timeout does not cut it short: `worst_case` is its bound.
@@ -194,24 +210,40 @@ class Escalation:
         converter=_as_steps,
     )
     close_stdin: float | None = attrs.field(default=None, converter=_optional_stdin_wait)
-    kill_wait: float = attrs.field(default=2.0, converter=_kill_wait)
+    kill_wait: float = attrs.field(default=_NOT_GIVEN, converter=_kill_wait_if_given)
+
+    def __attrs_post_init__(self) -> None:
+        last, given = self.steps[-1], None if self.kill_wait is _NOT_GIVEN else self.kill_wait
+        if last.signal != signal.SIGKILL:
+            wait = DEFAULT_KILL_WAIT if given is None else given
+        elif given is None or given == last.wait:
+            wait = _kill_wait(last.wait)
+        else:
+            raise ValueError(
+                f"the SIGKILL step's wait ({last.wait:g}s) is the kill_wait, which was also "
+                f"given ({given:g}s): give one of them"
+            )
+        object.__setattr__(self, "kill_wait", wait)  # (frozen: set once, here)
 
     @classmethod
     def graceful(cls, grace: float = 5.0, stop_signal: SignalLike = signal.SIGTERM) -> Escalation:
-        """The common policy: ``stop_signal``, up to ``grace`` seconds, then SIGKILL."""
-        return cls(steps=(Step(stop_signal, parse_duration(grace, what="grace")),))
+        """The common policy: ``stop_signal``, up to ``grace`` seconds, then SIGKILL.
+        With SIGKILL as the stop signal there is no grace: the hard stop at once."""
+        step = Step(stop_signal, parse_duration(grace, what="grace"))
+        if step.signal == signal.SIGKILL:
+            # Not a SIGKILL step of this wait: ``grace`` is no wait after SIGKILL (a grace of
+            # 0 would be refused as one, and a tiny one give up on the dying).
+            return cls(steps=(Step(signal.SIGKILL, DEFAULT_KILL_WAIT),))
+        return cls(steps=(step,))
 
     @property
     def graceful_steps(self) -> tuple[Step, ...]:
-        """The steps before the hard stop: a SIGKILL step ends the escalation there and then."""
-        for index, step in enumerate(self.steps):
-            if step.signal == signal.SIGKILL:
-                return self.steps[:index]
-        return self.steps
+        """The steps before the hard stop (a last step with SIGKILL is that hard stop)."""
+        return self.steps[:-1] if self.steps[-1].signal == signal.SIGKILL else self.steps
 
     @property
     def worst_case(self) -> float:
-        """The longest cleanup can take, in seconds: every wait running out in full."""
+        """The longest cleanup can take, in seconds, every wait running out in full."""
         return time_before_the_hard_stop(self, stdin_piped=True) + self.kill_wait
 
 
@@ -224,6 +256,8 @@ def time_before_the_hard_stop(policy: Escalation, *, stdin_piped: bool) -> float
 
 
 DEFAULT_GRACE = 5.0
+#: The wait after SIGKILL when the policy gives none.
+DEFAULT_KILL_WAIT = 2.0
 DEFAULT_STOP_SIGNAL = signal.SIGTERM
 
 

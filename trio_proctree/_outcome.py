@@ -15,7 +15,7 @@ logger = logging.getLogger("trio_proctree")
 class CleanupOutcome:
     """A record of one tree's cleanup, available as ``tree.outcome`` once cleanup ran."""
 
-    #: How the tree was held together: ``"cgroup"``, ``"subreaper"`` or ``"group"``.
+    #: How the tree was held together, ``"cgroup"``, ``"subreaper"`` or ``"group"``.
     containment: str
     #: Signals cleanup sent to the whole tree, in order (each stop signal is followed by
     #: SIGCONT), a `Step` with ``leader_only`` to the leader alone, while it ran (its
@@ -29,15 +29,15 @@ class CleanupOutcome:
     #: Whether the graceful steps ran out of time, so SIGKILL was needed. False when a
     #: Ctrl-C during cleanup cut them short (SIGKILL then came at once: see ``signals``).
     grace_expired: bool
-    #: Processes other than the leader that outlived it and were stopped by cleanup: still
-    #: running when cleanup began after the leader had exited (``sh -c "sleep 60 & exit 0"``
-    #: leaves one), or at a later step (a member that ignored the stop signal that ended
-    #: the leader, say, or one a leader-only step was handed on to once the leader had
-    #: left it running). Members that stop with the leader on the same signal from cleanup
-    #: do not count; after a signal the program sent itself (``send_signal``), those still
-    #: exiting when cleanup begins may. After the program's ``kill()``, only those still
-    #: running at cleanup's hard stop count (the rest were dying of it, or were found later
-    #: and given its SIGKILL then).
+    #: Processes other than the leader that outlived it and were stopped by cleanup. They
+    #: were still running when cleanup began after the leader had exited (``sh -c "sleep
+    #: 60 & exit 0"`` leaves one), or at a later step (a member that ignored the stop
+    #: signal that ended the leader, say, or one a leader-only step was handed on to once
+    #: the leader had left it running). Members that stop with the leader on the same
+    #: signal from cleanup do not count; after a signal the program sent itself
+    #: (``send_signal``), those still exiting when cleanup begins may. After the program's
+    #: ``kill()``, only those still running at cleanup's hard stop count (the rest were
+    #: dying of it, or were found later and given its SIGKILL then).
     lingering_killed: int
     #: Members outside the tree's process group (``setsid`` daemons, double forks) that
     #: were found and stopped, by cleanup or by a signal the program sent through the tree
@@ -46,8 +46,9 @@ class CleanupOutcome:
     escapees_killed: int
     #: Seconds from the start of cleanup until the leader was reaped.
     duration: float
-    #: The leader's exit status (minus the signal number if a signal ended it); None only
-    #: if the leader outlived SIGKILL and could not be reaped.
+    #: The leader's exit status (minus the signal number if a signal ended it); None if
+    #: cleanup could not reap it: other code reaped it first (its status is then lost to
+    #: the tree: see the FAQ), or it outlived SIGKILL.
     returncode: int | None
 
 

@@ -202,6 +202,7 @@ def plan_spawn(command: Command, options: Mapping[str, Any]) -> SpawnPlan:
         program = options.get("executable") or "/bin/sh"
     else:
         program = options.get("executable") or argv[0]
+    _check_as_popen(program, options.get("env"))
     resolved = resolve_executable(program, env=options.get("env"), cwd=options.get("cwd"))
     return SpawnPlan(
         command=command if isinstance(command, (str, bytes)) else argv,
@@ -251,6 +252,20 @@ def _check_command(command: Command, shell: bool) -> list[Any]:
     if not os.fsdecode(argv[0]):
         raise ValueError("command is empty: its program name is ''")
     return argv
+
+
+def _check_as_popen(program: Any, env: Mapping[Any, Any] | None) -> None:
+    """Refuse what Popen refuses before it starts anything, as it does: a name env(1) and
+    the C library would read otherwise (the /bin/sh wrapper hands variables to env(1) as
+    ``NAME=VALUE`` arguments: ``A=B`` would set A), and NUL bytes."""
+    if "\0" in os.fsdecode(program):
+        raise ValueError("embedded null byte")
+    for name, value in (env or {}).items():
+        encoded = os.fsencode(name)
+        if b"=" in encoded:
+            raise ValueError("illegal environment variable name")
+        if b"\0" in encoded or b"\0" in os.fsencode(value):
+            raise ValueError("embedded null byte")
 
 
 def _check_user_and_group(options: dict[str, Any]) -> bool:

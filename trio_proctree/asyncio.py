@@ -682,7 +682,7 @@ async def run_process_tree(
     it left running is stopped, so this returns once the whole tree is gone; cancellation
     stops the tree the same way, and is raised once it is gone (bounded by
     ``escalation.worst_case``, ``grace`` + 2 s by default). Output still held open by a
-    process outside the tree is read for at most `PIPE_DRAIN_TIMEOUT` seconds.
+    process outside the tree is read for at most `~trio_proctree.PIPE_DRAIN_TIMEOUT` seconds.
     """
     request = plan_run(
         stdin,

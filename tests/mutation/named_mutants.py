@@ -1705,6 +1705,34 @@ MUTANTS = [
         "        pass",
         "still_dying_when_its_test_ends",
     ),
+    (
+        "spawn: an environment name holding '=' handed to env(1) as an assignment",
+        "_spawn.py",
+        '        if b"=" in encoded:\n            raise ValueError("illegal environment variable name")',
+        '        if False:\n            raise ValueError("illegal environment variable name")',
+        "refused_alike",
+    ),
+    (
+        "spawn: a NUL in the executable taken for a missing file",
+        "_spawn.py",
+        '    if "\\0" in os.fsdecode(program):\n        raise ValueError("embedded null byte")',
+        '    if False:\n        raise ValueError("embedded null byte")',
+        "refused_alike",
+    ),
+    (
+        "cleanup log: a step a gone leader could not take said to go to the leader alone",
+        "_core.py",
+        '                logger.debug(\n                    "%s: the leader had exited: %s to every process instead",',
+        '                (lambda *_: None)(\n                    "%s: the leader had exited: %s to every process instead",',
+        "goes_to_the_whole_tree_once_the_leader_exited",
+    ),
+    (
+        "run: --timeout 0 taken for a timeout at once, not for none",
+        "_cli.py",
+        "    return _seconds(text) or None",
+        "    return _seconds(text)",
+        "timeout_of_zero_means_no_timeout",
+    ),
 ]
 
 
