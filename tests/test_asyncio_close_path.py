@@ -624,3 +624,74 @@ def test_an_aclose_never_awaited_still_cleans_up_and_is_a_true_coroutine(
     assert tree.outcome is not None
     assert tree.outcome.signals == (signal.SIGTERM, signal.SIGCONT)
     assert tracked.survivors() == []
+
+
+def test_a_tree_outliving_its_event_loop_is_waited_for_in_the_next(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # A tree entered under one asyncio.run and used under the next (a fixture of a wider
+    # scope than the test's loop, say). Red before (helper-24): the first loop's future
+    # for the leader's exit was reused, never to be set, and wait() hung.
+    scope = open_process_tree(["sleep", "0.2"], grace=0.5, **contained)
+
+    async def first() -> ProcessTree:
+        tree = await scope.__aenter__()
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(tree.wait(), 0.01)  # watched from this loop
+        return tree
+
+    tree = asyncio.run(first())
+
+    async def second() -> int:
+        try:
+            return await asyncio.wait_for(tree.wait(), 10)
+        finally:
+            await scope.__aexit__(None, None, None)
+
+    assert asyncio.run(second()) == 0
+    assert tree.outcome is not None
+    assert tracked.survivors() == []
+
+
+def test_a_cleanup_cut_off_by_its_loops_close_is_refused_in_another_loop_at_once(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # Its task can never run again. Red before (helper-24): aclose() in the next loop
+    # waited for it through every cancellation, for ever. The net at interpreter exit
+    # stops the tree (in a child process: this one's exit is the test's).
+    report = procs.run_python(
+        CLEANUP_CUT_OFF_BY_ITS_LOOP, contained["containment"], env=tracked.env
+    )
+    assert report.splitlines() == ["RuntimeError: began in an event loop that has closed since"]
+    assert tracked.survivors() == []  # stopped at that process's exit
+
+
+CLEANUP_CUT_OFF_BY_ITS_LOOP = textwrap.dedent(
+    """
+    import asyncio, sys
+    from trio_proctree.asyncio import open_process_tree
+
+    loop = asyncio.new_event_loop()
+
+    async def begin():
+        command = ["sh", "-c", "trap '' TERM; echo ready; sleep 60"]
+        scope = open_process_tree(command, grace=5, stdout=-1, containment=sys.argv[1])
+        tree = await scope.__aenter__()
+        await tree.stdout.readline()
+        tree.aclose().close()  # the cleanup begins, in a task of this loop
+        await asyncio.sleep(0.05)
+        return tree
+
+    tree = loop.run_until_complete(begin())
+    loop.close()  # its tasks left pending
+
+    async def later():
+        await asyncio.wait_for(tree.aclose(), 10)
+
+    try:
+        asyncio.run(later())
+    except RuntimeError as exc:
+        said = "began in an event loop that has closed since"
+        print("RuntimeError:", said if said in str(exc) else exc)
+    """
+)

@@ -158,7 +158,7 @@ async def test_a_script_whose_interpreter_is_missing_raises_file_not_found(
 
 
 #: Requests `subprocess.Popen` refuses with a ValueError before it starts anything.
-POPEN_VALUE_ERRORS = {
+POPEN_VALUE_ERRORS: dict[str, dict[str, Any]] = {
     "a-name-holding-=": {"env": {"GREETING": "hello", "GREETING=bye": "x"}},
     "a-name-that-is-=": {"env": {"=": "1"}},
     "a-nul-in-a-name": {"env": {"A\0B": "1"}},
@@ -174,7 +174,7 @@ async def test_what_popen_refuses_as_a_bad_value_is_refused_alike(
     # Red before (helper-25): under cgroup containment through /bin/sh, env(1) took the
     # name "GREETING=bye" for GREETING and the command ran with GREETING=bye=x; a NUL in
     # the executable raised FileNotFoundError.
-    request = {**POPEN_VALUE_ERRORS[case]}
+    request: dict[str, Any] = {**POPEN_VALUE_ERRORS[case]}
     if "env" in request:
         request["env"] = {**contained["env"], **request["env"]}
     expected = popen_refuses(["true"], request)

@@ -17,6 +17,10 @@ _NOT_STOP_SIGNALS = frozenset(
     getattr(signal, name) for name in ("SIGSTOP", "SIGCONT") if hasattr(signal, name)
 )  # (neither exists on Windows, where importing the package must still work)
 
+#: None on Windows, where importing the package (and being told it is not supported) must
+#: still work.
+_SIGKILL = getattr(signal, "SIGKILL", None)
+
 #: Every signal number this platform accepts, as plain ints. Asked once: each call of
 #: `signal.valid_signals` turns every number into an enum member (~60 us per tree spawned).
 _VALID_SIGNALS = frozenset(int(sig) for sig in signal.valid_signals())
@@ -142,7 +146,7 @@ class Step:
     leader_only: bool = attrs.field(default=False, converter=_leader_only)
 
     def __attrs_post_init__(self) -> None:
-        if self.leader_only and self.signal == signal.SIGKILL:
+        if self.leader_only and self.signal == _SIGKILL:
             raise ValueError(
                 "a SIGKILL step ends the graceful steps and reaches every process: it "
                 "cannot be for the leader alone"
@@ -165,7 +169,7 @@ def _as_steps(
     converted = tuple(_as_step(step) for step in steps)
     if not converted:
         raise ValueError("an Escalation needs at least one (signal, wait) step")
-    if any(step.signal == signal.SIGKILL for step in converted[:-1]):
+    if any(step.signal == _SIGKILL for step in converted[:-1]):
         raise ValueError(
             "a SIGKILL step ends the escalation: it must be the last step (the steps after "
             "it would never run)"
@@ -214,7 +218,7 @@ class Escalation:
 
     def __attrs_post_init__(self) -> None:
         last, given = self.steps[-1], None if self.kill_wait is _NOT_GIVEN else self.kill_wait
-        if last.signal != signal.SIGKILL:
+        if last.signal != _SIGKILL:
             wait = DEFAULT_KILL_WAIT if given is None else given
         elif given is None or given == last.wait:
             wait = _kill_wait(last.wait)
@@ -230,16 +234,16 @@ class Escalation:
         """The common policy: ``stop_signal``, up to ``grace`` seconds, then SIGKILL.
         With SIGKILL as the stop signal there is no grace: the hard stop at once."""
         step = Step(stop_signal, parse_duration(grace, what="grace"))
-        if step.signal == signal.SIGKILL:
+        if step.signal == _SIGKILL:
             # Not a SIGKILL step of this wait: ``grace`` is no wait after SIGKILL (a grace of
             # 0 would be refused as one, and a tiny one give up on the dying).
-            return cls(steps=(Step(signal.SIGKILL, DEFAULT_KILL_WAIT),))
+            return cls(steps=(Step(step.signal, DEFAULT_KILL_WAIT),))
         return cls(steps=(step,))
 
     @property
     def graceful_steps(self) -> tuple[Step, ...]:
         """The steps before the hard stop (a last step with SIGKILL is that hard stop)."""
-        return self.steps[:-1] if self.steps[-1].signal == signal.SIGKILL else self.steps
+        return self.steps[:-1] if self.steps[-1].signal == _SIGKILL else self.steps
 
     @property
     def worst_case(self) -> float:

@@ -13,7 +13,10 @@ under cancellation, where each of these once shipped broken in a real SDK:
 - a pending cancellation wins over a cleanup error (which rides along as its
   ``__cause__``), so ``asyncio.timeout`` can still turn it into ``TimeoutError``;
 - the wait is ``asyncio.wait({task})``, never ``asyncio.shield``, which on Python 3.14
-  reports "exception in shielded future" to the loop for an error the caller already holds.
+  reports "exception in shielded future" to the loop for an error the caller already holds;
+- a cancellation that arrives while the block's exception leaves it does not replace that
+  exception, and is not lost either: it comes again at the task's next wait, if still
+  requested then (asyncio delivers each once, where trio's are scoped).
 
 Cleanup cannot be cut short by the caller's timeout: it is bounded by the policy's
 ``worst_case`` (grace + 2 s by default) instead.
@@ -132,6 +135,56 @@ async def _through_cancellation(
         except asyncio.CancelledError as exc:
             cancelled = exc
     return cancelled
+
+
+def _still_open(other: asyncio.AbstractEventLoop, tree: ProcessTree) -> None:
+    """A tree belongs to one event loop at a time: refuse to use it from another while
+    the loop it was used in is still open (its futures and readers are that loop's)."""
+    if other is not asyncio.get_running_loop() and not other.is_closed():
+        raise RuntimeError(f"{tree} is in use in another event loop, still open")
+
+
+def _deliver_again_unless_withdrawn(cancelled: asyncio.CancelledError) -> None:
+    """Cancel the current task again at its next wait, if the cancellation that was
+    absorbed is still requested then.
+
+    Not at once: it may belong to a scope (``asyncio.timeout``) that the exception in
+    flight passes on its way out, and that scope's exit takes its cancellation back
+    (``uncancel()``); met there again, it was taken for the scope's own (delivering it at
+    once was tried). By the task's next wait, every such exit has run, and the count of
+    cancellations requested (``cancelling()``, 3.11+) says whether one still stands: a
+    task group's, ``asyncio.run``'s for a Ctrl-C, a plain ``task.cancel()``. It comes as
+    the same request, not a new one (the count unchanged), so that those who asked still
+    recognise it as theirs. An anyio cancel scope's is left to anyio, which delivers it
+    again itself while the scope is cancelled (and never inside a shielded scope, where
+    ours would land); on Python 3.10, which does not count them, only a plain one is
+    delivered again, as long as anyio is not in use.
+    """
+    task = asyncio.current_task()
+    message = cancelled.args[0] if cancelled.args else None
+    if task is None or (isinstance(message, str) and message.startswith(_ANYIO_SCOPE)):
+        return
+    if sys.version_info >= (3, 11):
+
+        def again() -> None:
+            if not task.done() and task.cancelling() > 0:
+                task.cancel(message)
+                task.uncancel()  # (the same request again: not counted twice)
+
+    elif _anyio_in_use() is None:
+
+        def again() -> None:
+            if not task.done():
+                task.cancel(message)
+
+    else:
+        return
+    task.get_loop().call_soon(again)
+
+
+#: How anyio's asyncio backend words the cancellations of its cancel scopes (it tells its
+#: own from others by it too).
+_ANYIO_SCOPE = "Cancelled via cancel scope "
 
 
 def _settle(
@@ -299,8 +352,14 @@ class ProcessTree(TreeView):
 
     def _leader_exited(self) -> asyncio.Future[None]:
         """A future set when the leader exits (the one reader on its pidfd)."""
+        loop = asyncio.get_running_loop()
+        if self._exited is not None and self._exited.get_loop() is not loop:
+            # Watched from a loop that has closed since (the tree outlived an asyncio.run):
+            # its reader went with its selector, and its future would never be set, so a
+            # wait on it hung (helper-24). Watched anew from this one.
+            _still_open(self._exited.get_loop(), self)
+            self._exited = None
         if self._exited is None:
-            loop = asyncio.get_running_loop()
             self._exited = loop.create_future()
             loop.add_reader(self._core.leader.pidfd, self._stop_watching_leader)
         return self._exited
@@ -328,11 +387,15 @@ class ProcessTree(TreeView):
         work (and type-check). Idempotent: later
         calls wait for the same cleanup. The caller's cancellation does not stop it: it is
         re-raised once the cleanup is over, bounded by ``escalation.worst_case`` (grace +
-        2 s by default).
+        2 s by default). (Cancelled before its first step, as ``asyncio.wait_for`` with no
+        time left does, what this returns cannot wait: the cleanup runs on in its own task,
+        and its error, if any, is logged.)
 
         Raises:
             asyncio.CancelledError: the caller was cancelled meanwhile (a cleanup error, if
                 any, is its ``__cause__``).
+            RuntimeError: the cleanup began in an event loop that has closed since, before
+                it could finish; or the tree is in use in another loop, still open.
             CleanupError: processes of the tree outlived SIGKILL.
             OSError: signalling the tree failed.
         """
@@ -340,6 +403,18 @@ class ProcessTree(TreeView):
 
     def _start_cleanup(self) -> asyncio.Future[None]:
         loop = asyncio.get_running_loop()
+        if self._cleanup is not None and not self._cleanup.done():
+            began_in = self._cleanup.get_loop()
+            _still_open(began_in, self)
+            if began_in.is_closed():
+                # Its task can never run again, and a wait for it hung through every
+                # cancellation (helper-24): said at once. The net at interpreter exit, and
+                # the watchdog, still stop the tree.
+                raise RuntimeError(
+                    f"the cleanup of {self} began in an event loop that has closed since, "
+                    "before it could finish: it cannot go on in another (the tree is "
+                    "stopped at interpreter exit)"
+                )
         if self._cleaned is None:
             self._cleaned = loop.create_future()
         if self._cleanup is None:
@@ -389,13 +464,12 @@ class ProcessTree(TreeView):
             self._error_reported = True
             chain_cleanup_error(exc, error, self._core.label)
         # A cancellation that arrived meanwhile does not replace ``exc``: ``exc`` is what the
-        # caller must see. Unlike trio, asyncio delivers a cancellation once, so this one is
-        # absorbed (an asyncio.timeout around the block then lets ``exc`` through as is).
-        # Delivering it again later was tried, and is wrong whenever it belonged to a scope
-        # (asyncio.timeout, an anyio cancel scope) that ``exc`` passes on its way out: the
-        # scope's own exit then met it and took it for its own (an anyio task group then
-        # swallowed every exception in it).
-        del cancelled
+        # caller must see. But asyncio delivers a cancellation once: absorbed for good, it
+        # was lost (a Ctrl-C let the program run on and exit 0; a TaskGroup whose child
+        # retried in a loop never ended). So it comes again, as trio's would, at the task's
+        # next wait, unless a scope that ``exc`` left on its way out took it back first.
+        if cancelled is not None and isinstance(exc, Exception):
+            _deliver_again_unless_withdrawn(cancelled)
 
     async def _connect(self, spawned: Spawned) -> None:
         loop = asyncio.get_running_loop()

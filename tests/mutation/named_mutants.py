@@ -1733,6 +1733,41 @@ MUTANTS = [
         "    return _seconds(text)",
         "timeout_of_zero_means_no_timeout",
     ),
+    (
+        "close: a cancellation absorbed while the block's exception leaves it, never again",
+        "asyncio.py",
+        "        if cancelled is not None and isinstance(exc, Exception):",
+        "        if False:",
+        "ends_a_child_cancelled_while or cancelled_at_its_next_wait or exception_leaves_it_is_not",
+    ),
+    (
+        "close: an absorbed cancellation delivered again at once, not at the next wait",
+        "asyncio.py",
+        "    task.get_loop().call_soon(again)",
+        "    again()",
+        "passes_on_its_way_out_leaves_no_stray",
+    ),
+    (
+        "close: an anyio scope's cancellation delivered again by us, into a shielded scope",
+        "asyncio.py",
+        "    if task is None or (isinstance(message, str) and message.startswith(_ANYIO_SCOPE)):",
+        "    if task is None:",
+        "never_lands_in_a_shielded_scope",
+    ),
+    (
+        "loops: the leader watched through a closed loop's future, never to be set",
+        "asyncio.py",
+        "            _still_open(self._exited.get_loop(), self)\n            self._exited = None",
+        "            _still_open(self._exited.get_loop(), self)",
+        "outliving_its_event_loop",
+    ),
+    (
+        "loops: a cleanup stranded in a closed loop waited for through every cancellation",
+        "asyncio.py",
+        "            if began_in.is_closed():\n                # Its task",
+        "            if False:\n                # Its task",
+        "cut_off_by_its_loops_close_is_refused",
+    ),
 ]
 
 
