@@ -1221,6 +1221,77 @@ async def test_parent_killed_between_spawn_and_setup_takes_the_group_along(
     assert tracked.survivors() == []
 
 
+# Starts a tree whose preexec_fn says the leader's pid and then takes its time: the
+# parent is SIGKILLed while the leader is between its fork and its exec.
+IN_A_SLOW_PREEXEC_FN = textwrap.dedent(
+    """
+    import os, sys, time, trio
+    from trio_proctree import open_process_tree
+
+    def slow():
+        os.write(1, b"%d\\n" % os.getpid())
+        time.sleep(5)
+
+    async def main(containment):
+        async with open_process_tree(["sleep", "60"], containment=containment, preexec_fn=slow):
+            pass
+
+    trio.run(main, sys.argv[1])
+    """
+)
+
+
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper", "group"])
+async def test_parent_killed_while_the_leader_runs_its_preexec_fn_takes_it_along(
+    tracked: Tracked, containment: str
+) -> None:
+    # Until its exec the leader shows our environment (no marker) and heads no group the
+    # watchdog knows. Red before under subreaper and group containment (helper-26): it
+    # finished its preexec_fn, exec'd and ran on for good.
+    available(containment)
+    parent = subprocess.Popen(  # noqa: ASYNC220 - it starts at once
+        [sys.executable, "-c", IN_A_SLOW_PREEXEC_FN, containment],
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+    )
+    with parent:
+        try:
+            assert parent.stdout is not None
+            leader = int(parent.stdout.readline())
+            procs.remember(leader)
+            assert procs.alive(leader)
+            parent.send_signal(signal.SIGKILL)
+            parent.wait()
+            await until_gone([leader], within=1.0)
+            assert not procs.alive(leader)
+        finally:
+            parent.kill()
+    await until_none_survive(tracked, within=1.0)
+    assert tracked.survivors() == []
+
+
+ASKS_ITS_PARENT_DEATH_SIGNAL = (
+    "import ctypes; signal = ctypes.c_int(-1); "
+    "ctypes.CDLL(None).prctl(2, ctypes.byref(signal), 0, 0, 0); print(signal.value)"
+)
+
+
+async def test_a_leader_with_a_preexec_fn_runs_with_no_parent_death_signal(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # Set while the preexec_fn runs, cleared before the exec: it fires when the thread that
+    # forked the leader exits, and trio's worker threads retire ~10 s after their last job,
+    # which killed healthy programs (the trap the field notes name).
+    result = await run_process_tree(
+        [sys.executable, "-c", ASKS_ITS_PARENT_DEATH_SIGNAL],
+        preexec_fn=lambda: None,
+        capture_stdout=True,
+        **contained,
+    )
+    assert result.stdout == b"0\n"
+    assert tracked.survivors() == []
+
+
 # Holds N subreaper trees open, each a leader and a setsid escapee; says "ready".
 MANY_TREES_PARENT = textwrap.dedent(
     """

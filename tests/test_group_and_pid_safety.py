@@ -26,6 +26,7 @@ import trio
 from trio_proctree import (
     CleanupError,
     ContainmentLost,
+    _cgroup,
     _containment,
     _orphans,
     _spawn,
@@ -1417,4 +1418,31 @@ async def test_a_reaped_leaders_pid_reused_by_another_tree_is_left_alone(
         break
     else:  # pragma: no cover
         pytest.skip("could not make the kernel reuse the pid")
+    assert tracked.survivors() == []
+
+
+async def test_a_kept_cgroup_someone_put_a_process_in_serves_no_tree(tracked: Tracked) -> None:
+    # Emptied tree cgroups are kept for the next tree. One a process was put in since (by
+    # root, or a member of another tree moving itself there) is not empty: its process is
+    # no tree's. Red before (helper-26): the next tree got that cgroup, and its cleanup
+    # sent the stranger SIGTERM and counted it as an escapee.
+    available("cgroup")
+    home = _cgroup.cgroup_home()
+    stranger = start_stranger(tracked.env)
+    try:
+        async with open_process_tree(["sleep", "60"], containment="cgroup", env=tracked.env):
+            pass  # its cgroup, emptied, is kept: the last one given back is taken first
+        kept = home._free[-1]
+        with open(os.path.join(kept, "cgroup.procs"), "w") as procs_file:
+            procs_file.write(str(stranger.pid))
+        async with open_process_tree(
+            ["sh", "-c", "exit 0"], containment="cgroup", env=tracked.env
+        ) as tree:
+            assert procs.wait_exited(tree.pid)
+        assert tree.outcome is not None
+        assert tree.outcome.signals == ()  # nothing of its own was left to stop
+        assert tree.outcome.escapees_killed == 0
+        assert procs.untouched_child(stranger.pid)
+    finally:
+        stop_stranger(stranger)
     assert tracked.survivors() == []

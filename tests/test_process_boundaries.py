@@ -21,7 +21,7 @@ from typing import IO
 
 import pytest
 
-from trio_proctree import _cgroup, _watchdog
+from trio_proctree import _cgroup, _watchdog, open_process_tree
 from trio_proctree._procfs import read_file
 
 from . import procs
@@ -381,6 +381,57 @@ def test_a_process_that_execs_itself_starts_trees_again(tracked: Tracked) -> Non
     # And it left no home behind: its own at exit, its former image's through that
     # image's watchdog (which heard of the exec, and may still be at work).
     assert until_no_home_of(int(pid), within=2.0) == []
+    assert tracked.survivors() == []
+
+
+# A subreaper (a subreaper tree made it one) that exec's itself, then runs trees whose
+# leaders leave a member behind, ended soon after; prints how many of those members are
+# zombie children of its own once they are done.
+SUBREAPER_EXECS_ITSELF = textwrap.dedent(
+    """
+    import os, sys, trio
+    from trio_proctree import open_process_tree
+
+    async def first():
+        async with open_process_tree(["true"], containment="subreaper") as tree:
+            await tree.wait()
+
+    async def second(containment):
+        for _ in range(5):
+            command = ["sh", "-c", "sleep 0.01 & echo $!; exit 0"]
+            async with open_process_tree(command, stdout=-1, containment=containment) as tree:
+                member = int(await tree.stdout.receive_some())
+                await tree.wait()
+                while open(f"/proc/{member}/stat").read().rsplit(") ", 1)[1][0] != "Z":
+                    await trio.sleep(0.005)  # (no event tells of an orphan's death)
+        me = os.getpid()
+        zombies = 0
+        for thread in os.listdir(f"/proc/{me}/task"):
+            for child in open(f"/proc/{me}/task/{thread}/children").read().split():
+                stat = open(f"/proc/{child}/stat").read()
+                zombies += "(sleep) Z" in stat
+        print(zombies)
+
+    if sys.argv[-1] == "first":
+        trio.run(first)
+        os.execv(sys.executable, [sys.executable, "-c", sys.argv[1], sys.argv[1], sys.argv[2]])
+    trio.run(second, sys.argv[2])
+    """
+)
+
+
+@pytest.mark.parametrize("containment", ["cgroup", "group"])
+def test_a_subreaper_that_execs_itself_still_reaps_its_trees_orphans(
+    tracked: Tracked, containment: str
+) -> None:
+    # PR_SET_CHILD_SUBREAPER outlives execve: the members a leader leaves re-parent to us.
+    # Red before (helper-26): the new image took itself for no subreaper, and reaped none
+    # of them: zombies piled up, one a tree.
+    available(containment)
+    said = procs.run_python(
+        SUBREAPER_EXECS_ITSELF, SUBREAPER_EXECS_ITSELF, containment, "first", env=tracked.env
+    )
+    assert said.split() == ["0"]
     assert tracked.survivors() == []
 
 
@@ -1458,4 +1509,96 @@ def test_under_a_proc_of_a_child_pid_namespace_no_tree_starts(tracked: Tracked) 
     assert output.startswith(
         "refused: no containment can be trusted here: /proc does not show this process"
     )
+    assert tracked.survivors() == []
+
+
+async def test_a_tree_cgroup_removed_by_someone_else_is_taken_for_empty(
+    tracked: Tracked,
+) -> None:
+    # Only an empty cgroup can be removed, and nothing can join one removed. Red before
+    # (helper-26): its cgroup.events read failed (ENODEV), and cleanup asked again and
+    # again until the grace and kill_wait ran out, then raised CleanupError.
+    available("cgroup")
+    async with open_process_tree(
+        ["true"], containment="cgroup", grace=5.0, env=tracked.env
+    ) as tree:
+        assert await tree.wait() == 0
+        # (A process leaves its cgroup before its exit shows: the cgroup is empty now.)
+        os.rmdir(tree._core.containment.path)  # type: ignore[attr-defined]
+    assert tree.outcome is not None
+    assert tree.outcome.signals == ()
+    assert not tree.outcome.grace_expired
+    assert tree.outcome.returncode == 0
+    assert tracked.survivors() == []
+
+
+# Stops its watchdog (SIGSTOP), then registers far more than the watchdog's socket holds:
+# says whether the registrations went through, to a new watchdog, and the old one's pid.
+WATCHDOG_STOPPED_READING = textwrap.dedent(
+    """
+    import os, signal, sys
+    from trio_proctree import _watchdog
+
+    _watchdog.SEND_WITHIN = 0.2
+    _watchdog.ensure_started()
+    stopped = _watchdog.running()[0]
+    os.kill(stopped.pid, signal.SIGSTOP)
+    entries = [f"marker TRIO_PROCTREE_TEST_{index}=" + "x" * 1000 for index in range(1000)]
+    _watchdog.register(*entries[:500])
+    _watchdog.register(*entries[500:])
+    now = _watchdog.running()[0]
+    print(now is not stopped, now.is_at(now.pid), stopped.pid)
+    _watchdog.unregister(*entries)
+    """
+)
+
+
+def test_a_watchdog_that_stopped_reading_is_replaced_not_waited_for(tracked: Tracked) -> None:
+    # Red before (helper-26): the write blocked for as long as the watchdog was stopped
+    # (the spawn of every later tree with it, holding the lock), and so did the exit. The
+    # stopped one is killed (woken, it would take the socket's end for our death).
+    said = procs.run_python(WATCHDOG_STOPPED_READING, env=tracked.env).split()
+    assert said[:2] == ["True", "True"]
+    assert procs.wait_exited(int(said[2]))  # killed, though stopped
+    assert tracked.survivors() == []
+
+
+# Stops its watchdog (SIGSTOP) and exits: says the watchdog's pid first.
+WATCHDOG_STOPPED_AT_EXIT = textwrap.dedent(
+    """
+    import os, signal
+    from trio_proctree import _watchdog
+
+    _watchdog.STOP_WITHIN = 0.2
+    _watchdog.ensure_started()
+    pid = _watchdog.running()[0].pid
+    print(pid, flush=True)
+    os.kill(pid, signal.SIGSTOP)
+    """
+)
+
+
+def test_the_exit_waits_for_a_stopped_watchdog_only_so_long(tracked: Tracked) -> None:
+    # Red before (helper-26): the interpreter's exit waited for it for as long as it was
+    # stopped. It is left to finish once continued.
+    with subprocess.Popen(
+        [*procs.python(), "-c", WATCHDOG_STOPPED_AT_EXIT],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=tracked.env,
+    ) as program:
+        assert program.stdout is not None
+        watchdog = int(program.stdout.readline())
+        pidfd = os.pidfd_open(watchdog)
+        try:
+            try:
+                program.wait(timeout=30)
+            finally:
+                os.kill(watchdog, signal.SIGCONT)  # ours (our child's): let it end
+            assert select.select([pidfd], [], [], 10)[0] == [pidfd]  # it ends, continued
+        finally:
+            os.close(pidfd)
+        assert program.returncode == 0
+        assert program.stderr is not None
+        assert b"has not ended 0.2s after our exit began" in program.stderr.read()
     assert tracked.survivors() == []

@@ -20,6 +20,7 @@ outside.
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import logging
 import os
@@ -258,6 +259,13 @@ class CgroupHome:
             # serves again (they are empty, as that tree was).
             if not _remove_inner(kept):
                 logger.warning("cgroup %s still has cgroups inside; leaving it", kept)
+                continue
+            # Or someone put a process in it since (root, or a member of another tree
+            # moving itself): no tree's, it would be the next tree's member, and stopped.
+            if _populated(os.path.join(kept, "cgroup.events")):
+                logger.warning("cgroup %s has a process in it no tree started; leaving it", kept)
+                with self._lock:
+                    self._retired.append(kept)  # (removed once that process has gone)
                 continue
             # Or changed its settings: frozen, it would freeze the next leader for good;
             # with a depth or descendant limit, refuse the next program's own cgroups.
@@ -592,6 +600,8 @@ class CgroupContainment(MemberTracking):
         #: Whether cgroup.kill was written (by us), or a direct start in it was refused.
         self._killed = False
         self._direct = False
+        #: The cgroup was removed under us (by someone else: only an empty cgroup can go).
+        self._removed = False
         #: The escalation's listing is still to come (`signal`); the driver has been told
         #: to come back for it once `ask_again_within` is set.
         self._survey_due = False
@@ -683,7 +693,12 @@ class CgroupContainment(MemberTracking):
         # cgroup.kill reaches every member, escapees included, and no fork can race it...
         self._killed = True
         self._survey_due, self.ask_again_within = False, None  # (no listing needed for it)
-        _kill(self.path)
+        try:
+            _kill(self.path)
+        except FileNotFoundError:
+            if os.path.isdir(self.path):
+                raise
+            self._removed = True  # (what left it is tracked, and killed as such)
         # ...but a process whose main thread has exited while others run on: Linux sends
         # cgroup.kill's SIGKILL to that exited thread alone, where nothing takes it, and
         # the tree would outlive its hard stop. A signal to the process reaches it: each
@@ -998,10 +1013,20 @@ class CgroupContainment(MemberTracking):
         self._catch_up(new, self._sent, pins=pins)
 
     def _populated(self) -> bool:
-        if self._events_fd < 0:
-            return _populated(self._events)
-        # (kernfs writes the file anew for every read from its start.)
-        return os.pread(self._events_fd, 64, 0).startswith(b"populated 1")
+        try:
+            if self._events_fd < 0:
+                return _populated(self._events)
+            # (kernfs writes the file anew for every read from its start.)
+            return os.pread(self._events_fd, 64, 0).startswith(b"populated 1")
+        except OSError as exc:
+            # Removed by someone else (ENODEV through the file held open, ENOENT by its
+            # path): only an empty cgroup can be removed, and none can join it now. Taken
+            # for an error, it kept cleanup asking until the grace and kill_wait ran out,
+            # then raised CleanupError for a tree that had ended (helper-26).
+            if exc.errno not in (errno.ENODEV, errno.ENOENT) or os.path.isdir(self.path):
+                raise
+            self._removed = True
+            return False
 
     def _now_empty(self) -> list[int]:
         self._emptied = True
@@ -1041,6 +1066,8 @@ class CgroupContainment(MemberTracking):
             return
         # Emptied is known from pending(); nothing re-enters an empty cgroup by itself. One
         # not known to be empty stays, for the watchdog.
+        if self._removed:
+            return
         if not (emptied and self._emptied):
             logger.warning("cgroup %s may not be empty; leaving it for the sweep", self.path)
             return

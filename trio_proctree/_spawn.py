@@ -197,6 +197,8 @@ def plan_spawn(command: Command, options: Mapping[str, Any]) -> SpawnPlan:
     argv = _check_command(command, shell)
     stdin, stdout, stderr = (options.pop(name, None) for name in ("stdin", "stdout", "stderr"))
     _own_process_group(options)
+    if options.get("preexec_fn") is not None:
+        options["preexec_fn"] = _dying_with_us(options["preexec_fn"])
     changes_user = _check_user_and_group(options)
     if shell:
         program = options.get("executable") or "/bin/sh"
@@ -355,6 +357,35 @@ def _own_process_group(options: dict[str, Any]) -> None:
                 user_preexec()
 
         options["preexec_fn"] = join_new_group
+
+
+#: prctl's "send me this signal when the thread that forked me exits".
+PR_SET_PDEATHSIG = 1
+
+
+def _dying_with_us(user_preexec: Callable[[], object]) -> Callable[[], None]:
+    """``preexec_fn``, run by a leader that dies with us while it runs.
+
+    A preexec_fn can take any time, and until the exec the leader shows our environment,
+    not its tree's marker, and heads no registered group: a parent SIGKILLed meanwhile
+    left it to exec and run on for good (helper-26, subreaper and group containment). So
+    it has PR_SET_PDEATHSIG for that time only: SIGKILL when the thread that forked it
+    exits, which it cannot do before this returns (it waits for the exec), unless the
+    whole process dies. Cleared again before the exec: a worker thread that retires later
+    must never take a healthy leader with it (the trap the issue names).
+    """
+    from ._orphans import libc  # noqa: PLC0415 - (a cycle at import)
+
+    parent, prctl = os.getpid(), libc().prctl  # (looked up here, not in the child)
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # we died before it was set: nobody will send it
+            os._exit(255)
+        user_preexec()
+        prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0)
+
+    return preexec
 
 
 def inherited_environment() -> dict[bytes, bytes]:

@@ -38,6 +38,7 @@ import atexit
 import contextlib
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -435,6 +436,10 @@ class Watchdog:
             raise
         finally:
             its.close()
+        # Bounded writes: a watchdog that stopped reading (SIGSTOPped, say) filled the
+        # socket, and the write of the next tree's registration blocked its spawn, and
+        # every later one, holding the lock (helper-26). It is given up on instead.
+        ours.settimeout(SEND_WITHIN)
         self._socket = ours
         self.pid = self._process.pid
         #: Says whether ``pid`` is still the watchdog (see `is_watchdog`). Opened while it
@@ -471,19 +476,43 @@ class Watchdog:
         self._close_pidfd()
 
     def abandon(self) -> None:
-        """Let go of a watchdog that is gone (killed, say): its socket, its pidfd, and its
-        exit status, if it has one yet (else Popen reaps it later)."""
+        """Let go of a watchdog that is gone (killed, say) or stopped reading: killed
+        first, through its pidfd (a watchdog that stopped reading, woken later, would read
+        the end of its socket as our death, and kill the live trees); then its socket, its
+        pidfd, and its exit status, if it has one yet (else Popen reaps it later)."""
+        if self._pidfd >= 0:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
         self._socket.close()
         self._close_pidfd()
         with contextlib.suppress(OSError):
             self._process.poll()
 
     def stop(self) -> None:
-        """Close the socket (the watchdog kills what is still registered) and reap it."""
+        """Close the socket (the watchdog kills what is still registered) and reap it,
+        waiting no longer than its work can take: a watchdog stopped (SIGSTOP) held the
+        interpreter's exit for as long as it was (helper-26). It is then left to do that
+        work once continued."""
         self._socket.close()
-        self._process.wait()
+        try:
+            self._process.wait(timeout=STOP_WITHIN)
+        except subprocess.TimeoutExpired:
+            logger.warning(
+                "the parent-death backstop (pid %d) has not ended %gs after our exit began "
+                "(stopped?); leaving it to finish",
+                self.pid,
+                STOP_WITHIN,
+            )
+            self._process.returncode = 0  # (not ours to reap now, nor to warn about)
         self._close_pidfd()
 
+
+#: How long a write to the watchdog may wait for it to read (seconds): it reads at once,
+#: as a rule; one that has not in this long is taken for lost (and replaced).
+SEND_WITHIN = 2.0
+#: How long the interpreter's exit waits for the watchdog: its own work at the end is
+#: bounded (~2.5 s: cgroups removed within 2 s, 0.5 s for marked processes in an exec).
+STOP_WITHIN = 5.0
 
 _lock = threading.Lock()
 renewed_in_forked_child(globals(), "_lock")

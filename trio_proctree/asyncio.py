@@ -16,7 +16,7 @@ under cancellation, where each of these once shipped broken in a real SDK:
   reports "exception in shielded future" to the loop for an error the caller already holds;
 - a cancellation that arrives while the block's exception leaves it does not replace that
   exception, and is not lost either: it comes again at the task's next wait, if still
-  requested then (asyncio delivers each once, where trio's are scoped).
+  requested then (asyncio delivers each once, where trio's are scoped; Python 3.11+).
 
 Cleanup cannot be cut short by the caller's timeout: it is bounded by the policy's
 ``worst_case`` (grace + 2 s by default) instead.
@@ -144,47 +144,53 @@ def _still_open(other: asyncio.AbstractEventLoop, tree: ProcessTree) -> None:
         raise RuntimeError(f"{tree} is in use in another event loop, still open")
 
 
-def _deliver_again_unless_withdrawn(cancelled: asyncio.CancelledError) -> None:
-    """Cancel the current task again at its next wait, if the cancellation that was
-    absorbed is still requested then.
+def _cancellations_requested() -> int:
+    """How many cancellations of the current task are requested and not taken back
+    (``cancelling()``; 0 where asyncio does not count them, before 3.11)."""
+    if sys.version_info >= (3, 11) and (task := asyncio.current_task()) is not None:
+        return task.cancelling()
+    return 0
+
+
+def _deliver_again_unless_withdrawn(cancelled: asyncio.CancelledError, before: int) -> None:
+    """Cancel the current task again at its next wait, if more cancellations of it are
+    requested then than ``before`` the cleanup (3.11+).
 
     Not at once: it may belong to a scope (``asyncio.timeout``) that the exception in
     flight passes on its way out, and that scope's exit takes its cancellation back
     (``uncancel()``); met there again, it was taken for the scope's own (delivering it at
-    once was tried). By the task's next wait, every such exit has run, and the count of
-    cancellations requested (``cancelling()``, 3.11+) says whether one still stands: a
-    task group's, ``asyncio.run``'s for a Ctrl-C, a plain ``task.cancel()``. It comes as
-    the same request, not a new one (the count unchanged), so that those who asked still
-    recognise it as theirs. An anyio cancel scope's is left to anyio, which delivers it
-    again itself while the scope is cancelled (and never inside a shielded scope, where
-    ours would land); on Python 3.10, which does not count them, only a plain one is
-    delivered again, as long as anyio is not in use.
+    once was tried). By the task's next wait, such exits have run, and the count of
+    cancellations requested (``cancelling()``) says whether one that came during the
+    cleanup still stands: a task group's, ``asyncio.run``'s for a Ctrl-C, a plain
+    ``task.cancel()``. Counted against the count before the cleanup: one requested earlier
+    and being handled (shutdown code in ``except CancelledError:``), or swallowed and never
+    taken back (Python 3.11's and 3.12's TaskGroup leave one so), is none of this
+    cleanup's. It comes as the same request, not a new one (the count unchanged), so that
+    those who asked still recognise it as theirs. An anyio cancel scope's is left to
+    anyio, which delivers it again itself while the scope is cancelled (and never inside a
+    shielded scope, where ours would land). Python 3.10 does not count them, and cannot
+    tell a scope's (``async_timeout``'s) from one that stands: there it stays absorbed.
     """
     task = asyncio.current_task()
     message = cancelled.args[0] if cancelled.args else None
-    if task is None or (isinstance(message, str) and message.startswith(_ANYIO_SCOPE)):
+    if (
+        sys.version_info < (3, 11)
+        or task is None
+        or (isinstance(message, str) and message.startswith(_ANYIO_SCOPES))
+    ):
         return
-    if sys.version_info >= (3, 11):
 
-        def again() -> None:
-            if not task.done() and task.cancelling() > 0:
-                task.cancel(message)
-                task.uncancel()  # (the same request again: not counted twice)
+    def again() -> None:
+        if not task.done() and task.cancelling() > before:
+            task.cancel(message)
+            task.uncancel()  # (the same request again: not counted twice)
 
-    elif _anyio_in_use() is None:
-
-        def again() -> None:
-            if not task.done():
-                task.cancel(message)
-
-    else:
-        return
     task.get_loop().call_soon(again)
 
 
 #: How anyio's asyncio backend words the cancellations of its cancel scopes (it tells its
-#: own from others by it too).
-_ANYIO_SCOPE = "Cancelled via cancel scope "
+#: own from others by it too): "by" before anyio 4.11, "via" since.
+_ANYIO_SCOPES = ("Cancelled via cancel scope ", "Cancelled by cancel scope ")
 
 
 def _settle(
@@ -454,6 +460,7 @@ class ProcessTree(TreeView):
     async def _close_under(self, exc: BaseException) -> None:
         """Clean up while ``exc`` propagates: a cleanup error rides along, never replaces it."""
         task = self._start_cleanup()
+        requested = _cancellations_requested()
         self._waiters += 1
         try:
             cancelled = await _through_cancellation(task, self._rounds)
@@ -469,7 +476,7 @@ class ProcessTree(TreeView):
         # retried in a loop never ended). So it comes again, as trio's would, at the task's
         # next wait, unless a scope that ``exc`` left on its way out took it back first.
         if cancelled is not None and isinstance(exc, Exception):
-            _deliver_again_unless_withdrawn(cancelled)
+            _deliver_again_unless_withdrawn(cancelled, requested)
 
     async def _connect(self, spawned: Spawned) -> None:
         loop = asyncio.get_running_loop()
@@ -523,14 +530,14 @@ class ProcessTree(TreeView):
             # Closed now; what is still buffered is written as the tree reads it. Waiting
             # for that here would hang on a tree that no longer reads its stdin.
             self._stdin_transport = writer.transport
-            writer.close()
+            _close(writer.transport)
         return None
 
     def _abort_stdin(self) -> None:
         """Drop what is still buffered for stdin: by now the tree is gone."""
         transport, self._stdin_transport = self._stdin_transport, None
         if transport is not None and transport.get_write_buffer_size():
-            transport.abort()
+            _close(transport, abort=True)
 
     def _close_readers(self) -> list[Exception]:
         """Close the readers' pipes, each once what is still in it is in its reader: what
@@ -548,8 +555,28 @@ class ProcessTree(TreeView):
             except Exception as exc:  # noqa: BLE001 - kept and raised after cleanup
                 errors.append(exc)
             finally:
-                transport.close()  # (whatever happened above)
+                _close(transport)  # (whatever happened above)
         return errors
+
+
+def _close(transport: asyncio.BaseTransport, *, abort: bool = False) -> None:
+    """Close (or abort) a pipe's transport; one of an event loop that has closed since (a
+    tree used in the next loop) cannot close itself (its loop schedules the close:
+    "Event loop is closed", seen: helper-28), and its pipe is closed here instead."""
+    try:
+        if abort and isinstance(transport, asyncio.WriteTransport):
+            transport.abort()
+        else:
+            transport.close()
+    except RuntimeError:
+        pipe = transport.get_extra_info("pipe")
+        if pipe is None:
+            raise
+        pipe.close()
+        if getattr(transport, "_pipe", None) is pipe:
+            # (asyncio's own pipe transports: else, collected, each warns of an unclosed
+            # transport, as a ResourceWarning in whatever code runs then.)
+            transport._pipe = None  # type: ignore[attr-defined]
 
 
 def _protocol_for(reader: asyncio.StreamReader) -> Callable[[], asyncio.StreamReaderProtocol]:
