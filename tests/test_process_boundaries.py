@@ -545,13 +545,16 @@ def test_a_parent_killed_between_fork_and_setup_takes_the_tree_along(
 # death only at that exec.)
 DIES_BEFORE_THE_JOIN = textwrap.dedent(
     """
-    import os, signal, sys, time, trio
+    import ctypes, os, signal, sys, time, trio
     from trio_proctree import _watchdog, open_process_tree
 
     _watchdog.ensure_started()
     WATCHDOG = _watchdog.running()[0].pid
 
     def die_before_the_join():
+        # A leader dies with its parent while its preexec_fn runs (PR_SET_PDEATHSIG): the
+        # window here is a later one, after the exec, so that is undone first.
+        ctypes.CDLL(None).prctl(1, 0, 0, 0, 0)
         # The parent first: closing every descriptor closes Popen's pipe for exec errors
         # too, and Popen, back at once, let the block end and stop this leader first.
         os.kill(os.getppid(), signal.SIGKILL)
