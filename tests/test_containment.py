@@ -1292,6 +1292,25 @@ async def test_a_leader_with_a_preexec_fn_runs_with_no_parent_death_signal(
     assert tracked.survivors() == []
 
 
+def _asks_for_sigterm_at_its_parents_death() -> None:
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+async def test_a_parent_death_signal_the_programs_preexec_fn_set_is_kept(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # Popen keeps it (a trap under trio's worker threads, but the program's to set). Red
+    # before (helper-29): ours, cleared before the exec, cleared it too.
+    result = await run_process_tree(
+        [sys.executable, "-c", ASKS_ITS_PARENT_DEATH_SIGNAL],
+        preexec_fn=_asks_for_sigterm_at_its_parents_death,
+        capture_stdout=True,
+        **contained,
+    )
+    assert result.stdout == b"%d\n" % signal.SIGTERM
+    assert tracked.survivors() == []
+
+
 # Holds N subreaper trees open, each a leader and a setsid escapee; says "ready".
 MANY_TREES_PARENT = textwrap.dedent(
     """

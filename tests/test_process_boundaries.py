@@ -1605,3 +1605,47 @@ def test_the_exit_waits_for_a_stopped_watchdog_only_so_long(tracked: Tracked) ->
         assert program.stderr is not None
         assert b"has not ended 0.2s after our exit began" in program.stderr.read()
     assert tracked.survivors() == []
+
+
+async def test_a_kept_cgroup_someone_else_removed_is_passed_over(tracked: Tracked) -> None:
+    # Red before (helper-29): the check that a kept cgroup is empty read its
+    # cgroup.events, missing once removed, and the next tree's spawn failed with that
+    # FileNotFoundError.
+    available("cgroup")
+    home = _cgroup.cgroup_home()
+    async with open_process_tree(["true"], containment="cgroup", env=tracked.env):
+        pass
+    os.rmdir(home._free[-1])  # an empty kept cgroup, removed by a cleaner of cgroups
+    async with open_process_tree(["true"], containment="cgroup", env=tracked.env) as tree:
+        assert await tree.wait() == 0
+    assert tracked.survivors() == []
+
+
+# Registers more than a socket holds, then loses its watchdog; the replacement, too slow
+# to take all of it (SEND_WITHIN made tiny), must not stay in use with a line cut short.
+A_REPLACEMENT_TOO_SLOW = textwrap.dedent(
+    """
+    import os, signal
+    from trio_proctree import _watchdog
+
+    entries = [f"marker TRIO_PROCTREE_TEST_{index}=" + "x" * 1000 for index in range(1000)]
+    _watchdog.register(*entries)
+    lost = _watchdog.running()[0]
+    os.kill(lost.pid, signal.SIGKILL)
+    lost._process.wait()
+    _watchdog.SEND_WITHIN = 0.0001
+    _watchdog.register("marker TRIO_PROCTREE_TEST_LAST=1")  # finds it lost: replaced
+    print(len(_watchdog.running()))
+    _watchdog.SEND_WITHIN = 2.0
+    _watchdog.unregister(*entries, "marker TRIO_PROCTREE_TEST_LAST=1")
+    """
+)
+
+
+def test_a_replacement_watchdog_that_cannot_take_every_registration_is_not_kept(
+    tracked: Tracked,
+) -> None:
+    # Red before (helper-29): kept with its first write cut short, the next write ran on
+    # from the middle of a line, and that entry was lost to it.
+    assert procs.run_python(A_REPLACEMENT_TOO_SLOW, env=tracked.env).split() == ["0"]
+    assert tracked.survivors() == []

@@ -262,7 +262,12 @@ class CgroupHome:
                 continue
             # Or someone put a process in it since (root, or a member of another tree
             # moving itself): no tree's, it would be the next tree's member, and stopped.
-            if _populated(os.path.join(kept, "cgroup.events")):
+            try:
+                populated = _populated(os.path.join(kept, "cgroup.events"))
+            except OSError as exc:  # (removed by someone else: ENOENT)
+                logger.warning("cgroup %s cannot be read (%s); leaving it", kept, exc)
+                continue
+            if populated:
                 logger.warning("cgroup %s has a process in it no tree started; leaving it", kept)
                 with self._lock:
                     self._retired.append(kept)  # (removed once that process has gone)

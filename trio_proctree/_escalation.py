@@ -220,7 +220,10 @@ class Escalation:
         last, given = self.steps[-1], None if self.kill_wait is _NOT_GIVEN else self.kill_wait
         if last.signal != _SIGKILL:
             wait = DEFAULT_KILL_WAIT if given is None else given
-        elif given is None or given == last.wait:
+        elif given in (None, last.wait, DEFAULT_KILL_WAIT):
+            # (The default given is taken for none: `attrs.evolve` passes every field on,
+            # and a policy evolved to end in a SIGKILL step was refused for a clash that
+            # nobody asked for. The same as ``grace=5.0`` beside ``escalation=``.)
             wait = _kill_wait(last.wait)
         else:
             raise ValueError(

@@ -8,6 +8,7 @@ a worker thread. Both drivers use the same two functions.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import functools
 import inspect
@@ -359,8 +360,8 @@ def _own_process_group(options: dict[str, Any]) -> None:
         options["preexec_fn"] = join_new_group
 
 
-#: prctl's "send me this signal when the thread that forked me exits".
-PR_SET_PDEATHSIG = 1
+#: prctl's "send me this signal when the thread that forked me exits", and its reading.
+PR_SET_PDEATHSIG, PR_GET_PDEATHSIG = 1, 2
 
 
 def _dying_with_us(user_preexec: Callable[[], object]) -> Callable[[], None]:
@@ -377,13 +378,18 @@ def _dying_with_us(user_preexec: Callable[[], object]) -> Callable[[], None]:
     from ._orphans import libc  # noqa: PLC0415 - (a cycle at import)
 
     parent, prctl = os.getpid(), libc().prctl  # (looked up here, not in the child)
+    set_now = ctypes.c_int()
 
     def preexec() -> None:
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:  # we died before it was set: nobody will send it
             os._exit(255)
         user_preexec()
-        prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0)
+        # Cleared, unless the program's preexec_fn set one of its own (its choice, trap
+        # and all: Popen would keep it).
+        prctl(PR_GET_PDEATHSIG, ctypes.byref(set_now), 0, 0, 0)
+        if set_now.value == signal.SIGKILL:
+            prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0)
 
     return preexec
 

@@ -480,9 +480,11 @@ class Watchdog:
         first, through its pidfd (a watchdog that stopped reading, woken later, would read
         the end of its socket as our death, and kill the live trees); then its socket, its
         pidfd, and its exit status, if it has one yet (else Popen reaps it later)."""
-        if self._pidfd >= 0:
-            with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):
+            if self._pidfd >= 0:
                 signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            else:  # (no pidfd: Popen's kill, which asks first whether it is still ours)
+                self._process.kill()
         self._socket.close()
         self._close_pidfd()
         with contextlib.suppress(OSError):
@@ -533,9 +535,15 @@ def _started() -> Watchdog:
     caller holds `_lock`.)"""
     if not _current:
         watchdog = Watchdog()
-        _current.append(watchdog)
         if _registered:
-            watchdog.send(["+" + entry for entry in _registered])
+            try:
+                watchdog.send(["+" + entry for entry in _registered])
+            except OSError:
+                # Not kept with a line cut short in it (the next write would run on from
+                # there, and that entry be lost): the next registration starts another.
+                watchdog.abandon()
+                raise
+        _current.append(watchdog)
     return _current[0]
 
 

@@ -209,9 +209,8 @@ MUTANTS = [
     (
         "watchdog: a lost one replaced, but told nothing of the trees open",
         "_watchdog.py",
-        "        if _registered:\n"
-        '            watchdog.send(["+" + entry for entry in _registered])\n',
-        "",
+        '                watchdog.send(["+" + entry for entry in _registered])\n',
+        "                pass\n",
         "lost_watchdog",
     ),
     (
@@ -1771,7 +1770,7 @@ MUTANTS = [
     (
         "cgroup: a kept cgroup someone put a process in given to the next tree",
         "_cgroup.py",
-        '            if _populated(os.path.join(kept, "cgroup.events")):\n                logger.warning("cgroup %s has a process',
+        '            if populated:\n                logger.warning("cgroup %s has a process',
         '            if False:\n                logger.warning("cgroup %s has a process',
         "kept_cgroup_someone_put_a_process_in",
     ),
@@ -1820,8 +1819,8 @@ MUTANTS = [
     (
         "spawn: the parent-death signal of a preexec_fn kept past the exec (trio's trap)",
         "_spawn.py",
-        "        user_preexec()\n        prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0)",
-        "        user_preexec()",
+        "        if set_now.value == signal.SIGKILL:\n            prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0)",
+        "        if False:\n            prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0)",
         "runs_with_no_parent_death_signal",
     ),
     (
@@ -1851,6 +1850,27 @@ MUTANTS = [
         "            transport._pipe = None  # type: ignore[attr-defined]",
         "            pass",
         "outliving_its_event_loop",
+    ),
+    (
+        "cgroup: a kept cgroup someone else removed failing the next tree's spawn",
+        "_cgroup.py",
+        "            except OSError as exc:  # (removed by someone else: ENOENT)",
+        "            except ZeroDivisionError as exc:  # (removed by someone else: ENOENT)",
+        "someone_else_removed_is_passed_over",
+    ),
+    (
+        "spawn: a parent-death signal the program's preexec_fn set cleared with ours",
+        "_spawn.py",
+        "        if set_now.value == signal.SIGKILL:",
+        "        if True:",
+        "programs_preexec_fn_set_is_kept",
+    ),
+    (
+        "watchdog: a replacement kept with its first write cut short",
+        "_watchdog.py",
+        "                watchdog.abandon()\n                raise\n",
+        "                pass\n",
+        "cannot_take_every_registration",
     ),
 ]
 
