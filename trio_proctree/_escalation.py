@@ -201,7 +201,8 @@ class Escalation:
     3. SIGKILL every process in the tree and wait up to ``kill_wait`` (more than 0; 2 s
        unless given) for it to be gone. A last step with SIGKILL is this hard stop, its
        wait the ``kill_wait``: ``[(SIGTERM, 5.0), (SIGKILL, 3.0)]`` is SIGTERM, 5 s,
-       SIGKILL, 3 s.
+       SIGKILL, 3 s (a ``kill_wait`` given beside it must be the same, but for the
+       default, 2 s, which counts as none: ``attrs.evolve`` passes it on).
 
     Cleanup stops at the first wait in which the tree empties. Cleanup runs shielded from
     cancellation, so a caller's timeout does not cut it short: `worst_case` is its bound.
