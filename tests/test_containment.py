@@ -1199,9 +1199,16 @@ async def test_parent_killed_between_spawn_and_setup_takes_the_group_along(
     # returns. Red before under group containment (helper-21): it was registered in the
     # driver's setup, after the worker thread's return, and a parent SIGKILLed in between
     # (~0.2 ms, up to ms under load) left the tree running.
+    await parent_killed_once_its_leader_ran(HELD_BEFORE_SETUP, containment, tracked)
+
+
+async def parent_killed_once_its_leader_ran(code: str, containment: str, tracked: Tracked) -> None:
+    """Run ``code`` (given ``containment``) in a parent that says its leader's pid and
+    holds it there; SIGKILL the parent: within 1 s the leader, and everything of the
+    tree, must be gone."""
     available(containment)
     parent = subprocess.Popen(  # noqa: ASYNC220 - it starts at once
-        [sys.executable, "-c", HELD_BEFORE_SETUP, containment],
+        [sys.executable, "-c", code, containment],
         stdout=subprocess.PIPE,
         env=tracked.env,
     )
@@ -1248,26 +1255,7 @@ async def test_parent_killed_while_the_leader_runs_its_preexec_fn_takes_it_along
     # Until its exec the leader shows our environment (no marker) and heads no group the
     # watchdog knows. Red before under subreaper and group containment (helper-26): it
     # finished its preexec_fn, exec'd and ran on for good.
-    available(containment)
-    parent = subprocess.Popen(  # noqa: ASYNC220 - it starts at once
-        [sys.executable, "-c", IN_A_SLOW_PREEXEC_FN, containment],
-        stdout=subprocess.PIPE,
-        env=tracked.env,
-    )
-    with parent:
-        try:
-            assert parent.stdout is not None
-            leader = int(parent.stdout.readline())
-            procs.remember(leader)
-            assert procs.alive(leader)
-            parent.send_signal(signal.SIGKILL)
-            parent.wait()
-            await until_gone([leader], within=1.0)
-            assert not procs.alive(leader)
-        finally:
-            parent.kill()
-    await until_none_survive(tracked, within=1.0)
-    assert tracked.survivors() == []
+    await parent_killed_once_its_leader_ran(IN_A_SLOW_PREEXEC_FN, containment, tracked)
 
 
 ASKS_ITS_PARENT_DEATH_SIGNAL = (

@@ -12,6 +12,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -32,6 +33,19 @@ IGNORES_TERM = ["sh", "-c", "trap '' TERM; echo ready; sleep 60"]
 
 class Flaky(Exception):
     pass
+
+
+@contextlib.asynccontextmanager
+async def failing_once_ready(contained: dict[str, Any]) -> AsyncIterator[None]:
+    """A block whose tree ignores SIGTERM (its cleanup takes the whole 0.3 s grace): the
+    body runs once the tree is ready, then the block fails (`Flaky`)."""
+    async with open_process_tree(
+        IGNORES_TERM, grace=0.3, stdout=subprocess.PIPE, **contained
+    ) as tree:
+        assert tree.stdout is not None
+        assert await tree.stdout.readline() == b"ready\n"
+        yield
+        raise Flaky
 
 
 def cancel_every_other_task() -> None:
@@ -106,14 +120,8 @@ def test_a_timeout_that_an_exception_passes_on_its_way_out_leaves_no_stray_cance
     async def main() -> str:
         loop = asyncio.get_running_loop()
         try:
-            async with asyncio.timeout(None) as deadline:
-                async with open_process_tree(
-                    IGNORES_TERM, grace=0.3, stdout=subprocess.PIPE, **contained
-                ) as tree:
-                    assert tree.stdout is not None
-                    assert await tree.stdout.readline() == b"ready\n"
-                    deadline.reschedule(loop.time() + 0.05)  # expires during the cleanup
-                    raise Flaky  # noqa: TRY301 - the block fails
+            async with asyncio.timeout(None) as deadline, failing_once_ready(contained):
+                deadline.reschedule(loop.time() + 0.05)  # expires during the cleanup
         except Flaky:
             await asyncio.sleep(0.05)  # the timeout's cancellation stayed inside it
             current = asyncio.current_task()
@@ -141,13 +149,8 @@ def test_a_task_group_ends_a_child_cancelled_while_its_failing_block_cleans_up(
         while len(attempts) < 3:
             attempts.append(len(attempts) + 1)
             try:
-                async with open_process_tree(
-                    IGNORES_TERM, grace=0.3, stdout=subprocess.PIPE, **contained
-                ) as tree:
-                    assert tree.stdout is not None
-                    assert await tree.stdout.readline() == b"ready\n"
+                async with failing_once_ready(contained):
                     stopping.set()  # the cleanup begins now, and takes the whole grace
-                    raise Flaky  # noqa: TRY301 - the block fails
             except Flaky:
                 await asyncio.sleep(0)  # and tries again
 
@@ -585,12 +588,8 @@ def test_an_anyio_task_group_around_a_failing_block_keeps_every_exception(
     async def main() -> None:
         async with anyio.create_task_group() as group:
             group.start_soon(fail_soon)
-            async with open_process_tree(
-                IGNORES_TERM, grace=0.3, stdout=subprocess.PIPE, **contained
-            ) as tree:
-                assert tree.stdout is not None
-                assert await tree.stdout.readline() == b"ready\n"
-                raise Flaky
+            async with failing_once_ready(contained):
+                pass
 
     with pytest.raises(BaseExceptionGroup) as raised:
         anyio.run(main, backend="asyncio")
@@ -651,13 +650,8 @@ def test_an_anyio_scopes_cancellation_never_lands_in_a_shielded_scope_after_the_
     async def main() -> str:
         with anyio.CancelScope() as scope:
             try:
-                async with open_process_tree(
-                    IGNORES_TERM, grace=0.3, stdout=subprocess.PIPE, **contained
-                ) as tree:
-                    assert tree.stdout is not None
-                    assert await tree.stdout.readline() == b"ready\n"
+                async with failing_once_ready(contained):
                     asyncio.get_running_loop().call_later(0.05, scope.cancel)
-                    raise Flaky  # noqa: TRY301 - the block fails
             except Flaky:
                 with anyio.CancelScope(shield=True):
                     await anyio.sleep(0.05)
@@ -674,15 +668,10 @@ async def _fails_while_cancelled_by(
     """A block that fails while its task is cancelled (with ``message``) during its
     cleanup; the error handled, then a wait."""
     try:
-        async with open_process_tree(
-            IGNORES_TERM, grace=0.3, stdout=subprocess.PIPE, **contained
-        ) as tree:
-            assert tree.stdout is not None
-            assert await tree.stdout.readline() == b"ready\n"
+        async with failing_once_ready(contained):
             task = asyncio.current_task()
             assert task is not None
             asyncio.get_running_loop().call_later(0.05, task.cancel, message)
-            raise Flaky  # noqa: TRY301 - the block fails
     except Flaky:
         handled.append("Flaky")
     await asyncio.sleep(0.05)
@@ -720,13 +709,8 @@ def test_a_cancellation_requested_before_the_block_failed_is_not_delivered_again
             await asyncio.sleep(60)
         except asyncio.CancelledError:
             try:
-                async with asyncio.timeout(0.05):
-                    async with open_process_tree(
-                        IGNORES_TERM, grace=0.3, stdout=subprocess.PIPE, **contained
-                    ) as tree:
-                        assert tree.stdout is not None
-                        assert await tree.stdout.readline() == b"ready\n"
-                        raise Flaky  # noqa: TRY301 - the block fails
+                async with asyncio.timeout(0.05), failing_once_ready(contained):
+                    pass
             except Flaky:
                 steps.append("Flaky")
             await asyncio.sleep(0.05)  # the next step of the shutdown

@@ -66,6 +66,10 @@ def wrapped(
                 "env(1), which could, takes a path holding '=' for a variable; use another "
                 "containment, or another path"
             )
+        if any(b"=" in name for name in names):
+            # As Popen refuses it: env(1) would read NAME=X=Y as the variable NAME (a
+            # name holding "=" set another variable, seen: helper-25).
+            raise ValueError("illegal environment variable name")
         assignments = [os.fsencode(name) + b"=" + os.fsencode(value) for name, value in env.items()]
         command = [ENV, "-i", "--", *assignments, program, *argv[1:]]
         # The wrapper itself starts with no environment: env(1) drops what it would pass
