@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import os
 import shlex
+import signal
 import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -85,6 +87,34 @@ makes_pid_namespaces = pytest.mark.usefixtures("pid_namespaces_alone")
 kernel_refuses = pytest.mark.skipif(
     bool(binfmt_misc_handlers()), reason="binfmt_misc handlers may run any file: exec decides"
 )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Give the tests the Ctrl-C and SIGQUIT a shell gives a command it runs in the
+    foreground, whatever this run inherited: a command a script starts in the background
+    (``cmd &``) has both ignored, which its children inherit, and the tests of what a
+    Ctrl-C or SIGQUIT does to the tool then failed (10), some by hanging."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGQUIT) == signal.SIG_IGN:
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    """After each test, reap the zombies that became our children while it ran.
+
+    The worker is a child subreaper once a subreaper test ran in it (the setting is
+    process-wide), so other processes' orphans re-parent to it: the watchdog of each tool
+    a test ran, the escapees of a child killed with its trees. No code of ours reaps them
+    (that is the documented limit of a subreaper), and they piled up: 1,400 in one worker,
+    which each later scan of /proc met, and the suite took 60% longer. A test that pins
+    reaping asserts it while it runs."""
+    before = procs.zombie_children_of_self()
+    yield
+    for pid in procs.zombie_children_of_self() - before:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # our own child, a zombie: reaping it signals no one
 
 
 @pytest.fixture(params=CONTAINMENTS)

@@ -18,7 +18,8 @@ import sys
 import textwrap
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import AnyStr
 
 TOKEN_VAR = "TRIO_PROCTREE_TEST_TOKEN"
 
@@ -370,6 +371,10 @@ def children_of_self() -> set[int]:
     return children_of(os.getpid())
 
 
+def zombie_children_of_self() -> set[int]:
+    return {pid for pid in children_of_self() if state(pid) == "Z"}
+
+
 def children_of(pid: int) -> set[int]:
     found: set[int] = set()
     for tid in os.listdir(f"/proc/{pid}/task"):
@@ -506,3 +511,16 @@ def set_behind_os_environs_back() -> dict[str, str]:
             found[name] = value
         index += 1
     return found
+
+
+@contextlib.contextmanager
+def killed_on_failure(process: subprocess.Popen[AnyStr]) -> Iterator[subprocess.Popen[AnyStr]]:
+    """``process`` as its own context, except that a test failing inside it SIGKILLs it
+    (our own child, by pid) before the wait on it: Popen's own would wait for ever for a
+    tool the test had just failed to stop (seen: a run hung for good)."""
+    with process:
+        try:
+            yield process
+        except BaseException:
+            process.kill()
+            raise

@@ -67,7 +67,7 @@ def test_the_demo_counts_a_daemon_tree_running_only_once_its_daemon_left_the_gro
         return members if len(members) == _demo.TREE_SIZE and len(sleeps) == 2 else []
 
     three_in_the_group = ["sh", "-c", "sleep 60 & sleep 61 & wait"]
-    with subprocess.Popen(three_in_the_group, env=run.env) as tree:
+    with procs.killed_on_failure(subprocess.Popen(three_in_the_group, env=run.env)) as tree:
         try:
             deadline = time.monotonic() + 5
             # (Nothing tells of an exec: looked at until both show.)
@@ -90,10 +90,10 @@ def test_an_interrupted_demo_leaves_nothing_running(tracked: Tracked, sig: int) 
     # Its first strategies leave trees running on purpose, until it kills them. Red
     # before: SIGTERM or SIGHUP ended the demo at once, and those trees ran on (their
     # sleeps for a minute); a Ctrl-C could land in its clean-up and cut it short.
-    with subprocess.Popen(
+    with procs.killed_on_failure(subprocess.Popen(
         [sys.executable, "-m", "trio_proctree", "demo"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=tracked.env,
-    ) as demo:  # fmt: skip
+    )) as demo:  # fmt: skip
         deadline = time.monotonic() + 10
         # Until a strategy's tree runs (the demo says nothing before its table).
         while time.monotonic() < deadline and not any(

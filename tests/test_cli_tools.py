@@ -218,11 +218,11 @@ def test_usage_errors_exit_2(tracked: Tracked, args: list[str]) -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_signal_to_the_tool_stops_the_whole_tree(tracked: Tracked, sig: signal.Signals) -> None:
-    with subprocess.Popen(
+    with procs.killed_on_failure(subprocess.Popen(
         [*tool(), "run", "--grace", "2", "--",
          "sh", "-c", "sleep 60 & echo $!; setsid -f sh -c 'echo $$; exec sleep 61'; wait"],
         stdout=subprocess.PIPE, env=tracked.env,
-    ) as runner:  # fmt: skip
+    )) as runner:  # fmt: skip
         assert runner.stdout is not None
         pids = [int(runner.stdout.readline()) for _ in range(2)]
         assert all(procs.alive(pid) for pid in pids)
@@ -241,10 +241,10 @@ def test_a_signal_the_tool_inherited_ignored_stays_ignored(tracked: Tracked) -> 
     # stopping it when the SIGTERM comes, and the tool then ends by the SIGINT.)
     stops_slowly = 'trap "sleep 1; exit 0" TERM; echo ready; sleep 60 & wait'
     run = shlex.join([*tool(), "run", "--", "sh", "-c", stops_slowly])
-    with subprocess.Popen(
+    with procs.killed_on_failure(subprocess.Popen(
         ["sh", "-c", f"trap '' INT; exec {run}"],
         stdout=subprocess.PIPE, env=tracked.env, text=True,
-    ) as runner:  # fmt: skip
+    )) as runner:  # fmt: skip
         assert runner.stdout is not None
         assert runner.stdout.readline() == "ready\n"
         runner.send_signal(signal.SIGINT)  # our own child, by pid
@@ -258,10 +258,10 @@ def test_sigquit_to_the_tool_is_passed_to_its_command(tracked: Tracked) -> None:
     # as timeout(1) does, the command gets it (a JVM prints its threads and runs on).
     # Red before: the tool died of it at once, and the watchdog SIGKILLed the tree.
     quits = 'ulimit -c 0; trap "echo got QUIT; exit 5" QUIT; echo ready; sleep 60 & wait'
-    with subprocess.Popen(
+    with procs.killed_on_failure(subprocess.Popen(
         [*tool(), "run", "--", "sh", "-c", quits],
         stdout=subprocess.PIPE, env=tracked.env, text=True,
-    ) as runner:  # fmt: skip
+    )) as runner:  # fmt: skip
         assert runner.stdout is not None
         assert runner.stdout.readline() == "ready\n"
         runner.send_signal(signal.SIGQUIT)  # our own child, by pid
@@ -279,10 +279,10 @@ def test_a_signal_for_the_command_to_act_on_is_passed_to_it(
     # action), and the watchdog SIGKILLed the tree with no grace.
     name = sig.name[3:]
     acts = f'trap "echo got {name}" {name}; echo ready; while :; do sleep 0.05; done'
-    with subprocess.Popen(
+    with procs.killed_on_failure(subprocess.Popen(
         [*tool(), "run", "--grace", "0.5", "--", "sh", "-c", acts],
         stdout=subprocess.PIPE, env=tracked.env, text=True,
-    ) as runner:  # fmt: skip
+    )) as runner:  # fmt: skip
         assert runner.stdout is not None
         assert runner.stdout.readline() == "ready\n"
         runner.send_signal(sig)  # our own child, by pid
@@ -312,10 +312,10 @@ def test_a_stop_request_during_a_stop_under_way_kills_the_tree_at_once(
     # The tool ends by the first request (a bash loop running it stops).
     grace = 20.0
     stubborn = "trap 'echo got TERM' TERM; echo ready; while :; do sleep 0.05; done"
-    with subprocess.Popen(
+    with procs.killed_on_failure(subprocess.Popen(
         [*tool(), "run", *options, "--grace", str(grace), "--", "sh", "-c", stubborn],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=tracked.env,
-    ) as runner:  # fmt: skip
+    )) as runner:  # fmt: skip
         assert runner.stdout is not None and runner.stderr is not None
         assert runner.stdout.readline() == "ready\n"
         if first is not None:
@@ -335,11 +335,11 @@ def test_ctrl_c_stops_a_bash_script_running_the_tool_in_a_loop(tracked: Tracked)
     # sends it). bash then waits for its child and stops the script only if that child
     # died of SIGINT; one that exited 130 handled it, and the loop goes on. Red before:
     # the loop ran the tool again.
-    with subprocess.Popen(
+    with procs.killed_on_failure(subprocess.Popen(
         ["bash", "-c", 'for i in 1 2; do "$@"; echo "next $?"; done', "bash",
          *tool(), "run", "--", "sh", "-c", "echo ready; exec sleep 60"],
         stdout=subprocess.PIPE, text=True, env=tracked.env, start_new_session=True,
-    ) as loop:  # fmt: skip
+    )) as loop:  # fmt: skip
         assert loop.stdout is not None
         assert loop.stdout.readline() == "ready\n"
         os.killpg(loop.pid, signal.SIGINT)  # the group we made for it, as Ctrl-C does
@@ -434,12 +434,12 @@ def test_orphans_ignores_plain_children_when_the_session_leader_is_gone(tracked:
         "print(listed.returncode); print(listed.stdout, end='')\n"
     )
     lister = [*tool(), "orphans", "--match", f"sleep {marker}"]
-    with subprocess.Popen(
+    with procs.killed_on_failure(subprocess.Popen(
         # The shell leads a new session, starts the program in the background and exits.
         ["sh", "-c", shlex.join([sys.executable, "-c", program, *lister]) + " &"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         env={**tracked.env, "MARKER": marker}, start_new_session=True,
-    ) as shell:  # fmt: skip
+    )) as shell:  # fmt: skip
         assert shell.stdout is not None
         program_exited = os.pidfd_open(int(shell.stdout.readline()))
         assert shell.wait(timeout=30) == 0
@@ -461,10 +461,10 @@ def test_orphans_lists_the_children_of_a_named_reaper(tracked: Tracked) -> None:
         "print('ready', flush=True)\n"
         "sys.stdin.read()\n"  # lives until we close its stdin, on every way out of the block
     )
-    with subprocess.Popen(
+    with procs.killed_on_failure(subprocess.Popen(
         [sys.executable, "-c", reaper_code],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=tracked.env,
-    ) as reaper:  # fmt: skip
+    )) as reaper:  # fmt: skip
         assert reaper.stdout is not None
         assert reaper.stdout.readline() == b"ready\n"
         listed = run_tool(

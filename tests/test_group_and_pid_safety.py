@@ -236,11 +236,13 @@ def stranger_at(pid: int, env: dict[str, str]) -> Iterator[int | None]:
     """A process not ours (another process's child) leading a session of its own at
     ``pid``, which the kernel has just freed; None if another process took the pid first.
     Killed on the way out."""
-    with subprocess.Popen(
-        [sys.executable, "-c", FORK_AT, str(pid)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        env=env,
+    with procs.killed_on_failure(
+        subprocess.Popen(
+            [sys.executable, "-c", FORK_AT, str(pid)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+        )
     ) as holder:
         assert holder.stdin is not None and holder.stdout is not None
         try:
@@ -485,8 +487,10 @@ async def test_a_leader_reaped_before_its_pidfd_opened_and_its_pid_a_threads_is_
     async with open_process_tree(["true"], env=tracked.env, containment="group"):
         pass  # (the watchdog runs from now on)
     for _ in range(50):  # another process on the machine may take the pid first
-        with subprocess.Popen(  # noqa: ASYNC220 - it starts at once
-            [sys.executable, "-c", THREAD_AT], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        with procs.killed_on_failure(
+            subprocess.Popen(  # noqa: ASYNC220 - it starts at once
+                [sys.executable, "-c", THREAD_AT], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+            )
         ) as holder:
             assert holder.stdin is not None and holder.stdout is not None
             taken: list[bool] = []

@@ -103,12 +103,14 @@ def tree_in_a_pid_namespace(tracked: Tracked) -> Iterator[tuple[subprocess.Popen
     available("cgroup")
     if shutil.which("unshare") is None:  # pragma: no cover - util-linux is everywhere
         pytest.skip("needs unshare(1)")
-    with subprocess.Popen(
-        ["unshare", "--pid", "--fork", "--mount-proc", *procs.python(), "-c", HOLDS_A_TREE],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=tracked.env,
+    with procs.killed_on_failure(
+        subprocess.Popen(
+            ["unshare", "--pid", "--fork", "--mount-proc", *procs.python(), "-c", HOLDS_A_TREE],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=tracked.env,
+        )
     ) as holder:
         assert holder.stdout is not None and holder.stderr is not None
         tree = holder.stdout.readline().decode().strip()
@@ -304,7 +306,7 @@ def test_a_home_of_an_ended_pid_namespace_is_swept(tracked: Tracked, since: str)
         _cgroup._sweep_stale_homes(os.path.dirname(home))
         assert not os.path.exists(home)
     else:
-        with subprocess.Popen(["sleep", "60"]) as moved_in:
+        with procs.killed_on_failure(subprocess.Popen(["sleep", "60"])) as moved_in:
             try:
                 with open(os.path.join(tree, "cgroup.procs"), "w") as procs_file:
                     procs_file.write(str(moved_in.pid))
@@ -1584,11 +1586,13 @@ WATCHDOG_STOPPED_AT_EXIT = textwrap.dedent(
 def test_the_exit_waits_for_a_stopped_watchdog_only_so_long(tracked: Tracked) -> None:
     # Red before (helper-26): the interpreter's exit waited for it for as long as it was
     # stopped. It is left to finish once continued.
-    with subprocess.Popen(
-        [*procs.python(), "-c", WATCHDOG_STOPPED_AT_EXIT],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=tracked.env,
+    with procs.killed_on_failure(
+        subprocess.Popen(
+            [*procs.python(), "-c", WATCHDOG_STOPPED_AT_EXIT],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=tracked.env,
+        )
     ) as program:
         assert program.stdout is not None
         watchdog = int(program.stdout.readline())

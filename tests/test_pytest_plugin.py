@@ -225,8 +225,10 @@ def test_a_running_process_without_arguments_is_named_once_its_wait_is_over() ->
         "import ctypes; argv = (ctypes.c_char_p * 2)(b'', None); "
         "ctypes.CDLL(None).execv(b'/bin/cat', argv)"
     )
-    with subprocess.Popen(
-        [sys.executable, "-c", becomes_cat_without_arguments], stdin=subprocess.PIPE
+    with procs.killed_on_failure(
+        subprocess.Popen(
+            [sys.executable, "-c", becomes_cat_without_arguments], stdin=subprocess.PIPE
+        )
     ) as child:
         try:
             while read_stat(child.pid) is not None and not command_line(child.pid).startswith(
