@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import trio
 
-from trio_proctree import ContainmentUnavailable
+from trio_proctree import ContainmentUnavailable, _cgroup
 from trio_proctree._choose import choose_containment
 from trio_proctree._exec_check import binfmt_misc_handlers
 
@@ -115,6 +115,30 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     for pid in procs.zombie_children_of_self() - before:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)  # our own child, a zombie: reaping it signals no one
+
+
+@pytest.fixture
+def aside_from_other_homes() -> Iterator[str]:
+    """A cgroup beside nobody's home, for a home a test must see swept (or not) by its
+    own call alone: every process of ours sweeps the stale homes beside the one it makes,
+    and the other workers' tools and children, whose homes are made beside ours, took a
+    home a test had just seen its namespace leave (seen: 1 run in 8), or killed a stale
+    member before the test had done with it. Removed after, with the homes left in it."""
+    try:
+        choose_containment("cgroup")
+    except ContainmentUnavailable as exc:  # pragma: no cover - on machines without cgroups
+        pytest.skip(str(exc))
+    mount = _cgroup.find_cgroup2_mount(_cgroup._read("/proc/self/mountinfo"))
+    own = _cgroup.own_cgroup(_cgroup._read("/proc/self/cgroup"))
+    assert mount is not None and own is not None
+    aside = os.path.join(mount, own.lstrip("/"), f"tests-aside-{os.urandom(4).hex()}")
+    os.mkdir(aside)
+    try:
+        yield aside
+    finally:
+        for inner, _, _ in os.walk(aside, topdown=False):
+            with contextlib.suppress(OSError):  # (a test that failed may leave a member)
+                os.rmdir(inner)
 
 
 @pytest.fixture(params=CONTAINMENTS)

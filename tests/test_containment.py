@@ -2253,12 +2253,14 @@ MAIN_THREAD_GOES_ON_A_LINE = textwrap.dedent(
 )
 
 
-def test_a_stale_member_whose_main_thread_exited_is_swept_too(tracked: Tracked) -> None:
+def test_a_stale_member_whose_main_thread_exited_is_swept_too(
+    tracked: Tracked, aside_from_other_homes: str
+) -> None:
     # Red before (helper-21): the sweep's bare cgroup.kill went to the exited main thread
     # alone; the member ran on, the home stayed, and every new process waited 0.5 s for
     # it at its first tree.
     available("cgroup")
-    parent = os.path.dirname(_cgroup.cgroup_home().path)
+    parent = aside_from_other_homes  # (swept by this test alone)
     stale = os.path.join(parent, f"trio_proctree-{_cgroup._pid_namespace()}-1-999999999")
     tree = os.path.join(stale, "tree-0")
     staging = os.path.join(parent, f"staging-{tracked.token}")  # (see the test above)
@@ -2290,7 +2292,6 @@ def test_a_stale_member_whose_main_thread_exited_is_swept_too(tracked: Tracked) 
         while procs.state(member.pid) != "Z":  # (its main thread gone: shown a zombie)
             assert time.monotonic() < deadline
             time.sleep(0.001)
-        # (Any process's first tree sweeps too: another test worker's may come first.)
         _cgroup._sweep_stale_homes(parent)
         assert select.select([pidfd], [], [], 1.0)[0] == [pidfd]
         assert member.wait(timeout=5) == -signal.SIGKILL

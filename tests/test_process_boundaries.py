@@ -97,15 +97,21 @@ HOLDS_A_TREE = textwrap.dedent(
 
 
 @contextlib.contextmanager
-def tree_in_a_pid_namespace(tracked: Tracked) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    """`HOLDS_A_TREE` run in a pid namespace of its own (``unshare --pid``): its holder
-    (``unshare``) and the path of the tree's cgroup, once the tree runs in it."""
+def tree_in_a_pid_namespace(
+    tracked: Tracked, aside: str
+) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """`HOLDS_A_TREE` run in a pid namespace of its own (``unshare --pid``), from cgroup
+    ``aside`` (`aside_from_other_homes`): its holder (``unshare``) and the path of the
+    tree's cgroup, once the tree runs in it."""
     available("cgroup")
     if shutil.which("unshare") is None:  # pragma: no cover - util-linux is everywhere
         pytest.skip("needs unshare(1)")
+    # The holder joins that cgroup before it execs unshare: its home is made there.
+    join = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', os.path.join(aside, "cgroup.procs")]
+    unshare = ["unshare", "--pid", "--fork", "--mount-proc"]
     with procs.killed_on_failure(
         subprocess.Popen(
-            ["unshare", "--pid", "--fork", "--mount-proc", *procs.python(), "-c", HOLDS_A_TREE],
+            [*join, *unshare, *procs.python(), "-c", HOLDS_A_TREE],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -258,10 +264,12 @@ def test_a_home_whose_owner_runs_in_another_time_namespace_is_never_swept(
 
 
 @makes_pid_namespaces
-def test_a_home_made_in_another_pid_namespace_is_never_swept(tracked: Tracked) -> None:
+def test_a_home_made_in_another_pid_namespace_is_never_swept(
+    tracked: Tracked, aside_from_other_homes: str
+) -> None:
     # Red before: its owner's pid meant another process (or none) here, so its home was
     # taken for a dead owner's and its running tree was killed.
-    with tree_in_a_pid_namespace(tracked) as (holder, tree):
+    with tree_in_a_pid_namespace(tracked, aside_from_other_homes) as (holder, tree):
         assert holder.stdin is not None
         members = _cgroup._procs(tree)
         assert len(members) == 1  # its sleep, by its pid here
@@ -284,7 +292,9 @@ def test_a_home_made_in_another_pid_namespace_is_never_swept(tracked: Tracked) -
 
 @makes_pid_namespaces
 @pytest.mark.parametrize("since", ["nothing", "a-process-moved-in"])
-def test_a_home_of_an_ended_pid_namespace_is_swept(tracked: Tracked, since: str) -> None:
+def test_a_home_of_an_ended_pid_namespace_is_swept(
+    tracked: Tracked, aside_from_other_homes: str, since: str
+) -> None:
     # A container that held trees ended at once (its init SIGKILLed, its watchdog first):
     # its home was never removed. A pid namespace with no process left has no owner of
     # anything, so from the initial namespace, which sees every process, its home is
@@ -293,7 +303,7 @@ def test_a_home_of_an_ended_pid_namespace_is_swept(tracked: Tracked, since: str)
     # someone else, and is left alone, with the home.
     if os.stat("/proc/self/ns/pid").st_ino != _cgroup.INITIAL_PID_NAMESPACE:  # pragma: no cover
         pytest.skip("only the initial pid namespace sees every process")
-    with tree_in_a_pid_namespace(tracked) as (holder, tree):
+    with tree_in_a_pid_namespace(tracked, aside_from_other_homes) as (holder, tree):
         home = os.path.dirname(tree)
         [init] = procs.children_of(holder.pid)  # the namespace's Python, its pid 1
         [watchdog] = procs.children_of(init) - set(_cgroup._procs(tree))
