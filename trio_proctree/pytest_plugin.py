@@ -28,9 +28,10 @@ from collections.abc import Generator
 import pytest
 
 from . import _watchdog
-from ._containment import pin_process, signal_pidfd
+from ._containment import exited, pin_process, signal_pidfd
 from ._orphans import become_subreaper, children, descendants
-from ._procfs import command_line, foreign_proc, on_one_line
+from ._pidfd import open_pidfd
+from ._procfs import command_line, foreign_proc, on_one_line, read_stat
 
 _SNAPSHOT = pytest.StashKey[set[tuple[int, int]]]()
 
@@ -148,21 +149,36 @@ def _less_the_dying(leaked: dict[tuple[int, int], str]) -> dict[tuple[int, int],
     (freeing its memory: tens of ms for a gigabyte). Not a zombie yet, it reads as alive,
     though it never runs again: reported, it would fail a test that leaked nothing. Each
     one caught in its exit is waited for, up to `_EXIT_WITHIN`; one still there then is
-    reported after all (only its main thread may have exited, the rest running on).
+    reported after all (only its main thread may have exited, the rest running on). One
+    that has ended its exit since the listing is no leak either (the watchdog of a tool a
+    test ran, say: its owner gone, it finishes its work and exits as the check runs).
     """
     started = dict(leaked.keys())  # pid -> start time
     dying: dict[int, int] = {}
+    running: set[int] = set()
     try:
-        for pid in started:
-            pinned = pin_process(
-                pid, lambda stat: stat.starttime == started[stat.pid] and stat.exiting
-            )
-            if pinned is not None:
-                dying[pid] = pinned[0]
-        exited = _wait_exited(list(dying.values()), _EXIT_WITHIN)
-        for fd in exited:
+        for pid, start in started.items():
+            if (fd := open_pidfd(pid)) is None:
+                continue  # ended since the listing, and reaped
+            stat = read_stat(pid)  # (read once the pidfd pins the process it names)
+            if stat is None or stat.starttime != start or exited(fd):
+                # Ended since the listing: its pid free, taken anew, or its zombie's.
+                if stat is not None and stat.starttime == start:
+                    _reap_if_ours(fd)
+                os.close(fd)
+            elif stat.exiting:
+                dying[pid] = fd
+            else:
+                os.close(fd)
+                running.add(pid)
+        ended = _wait_exited(list(dying.values()), _EXIT_WITHIN)
+        for fd in ended:
             _reap_if_ours(fd)
-        return {key: command for key, command in leaked.items() if dying.get(key[0]) not in exited}
+        return {
+            key: command
+            for key, command in leaked.items()
+            if key[0] in running or (key[0] in dying and dying[key[0]] not in ended)
+        }
     finally:
         for fd in dying.values():
             os.close(fd)

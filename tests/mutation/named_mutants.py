@@ -1672,7 +1672,7 @@ MUTANTS = [
     (
         "pytest plugin: a child that was only dying left a zombie",
         "pytest_plugin.py",
-        "        for fd in exited:\n            _reap_if_ours(fd)\n",
+        "        for fd in ended:\n            _reap_if_ours(fd)\n",
         "",
         "still_dying_when_its_test_ends",
     ),
@@ -1871,6 +1871,13 @@ MUTANTS = [
         "                watchdog.abandon()\n                raise\n",
         "                pass\n",
         "cannot_take_every_registration",
+    ),
+    (
+        "pytest plugin: a process that ended its exit since the listing reported as a leak",
+        "pytest_plugin.py",
+        "                    _reap_if_ours(fd)\n                os.close(fd)\n",
+        "                    _reap_if_ours(fd)\n                os.close(fd)\n                running.add(pid)\n",
+        "done_with_its_exit_before_the_check",
     ),
 ]
 
