@@ -558,9 +558,10 @@ async def test_escapees_are_counted_after_steps_for_the_leader_alone(
     # dying then, that look would list and count it, and the count would not show whether
     # it was listed before the hard stop (the named mutant that skips that listing
     # survived 1 run in 6; 0 in 8 now).
+    # (One write: print's may come in two, "ready" then "\n", under PYTHONUNBUFFERED=1.)
     leader = (
-        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-        "b = b'x' * (256 << 20); print('ready', flush=True); time.sleep(60)"
+        "import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "b = b'x' * (256 << 20); os.write(1, b'ready\\n'); time.sleep(60)"
     )
     async with open_process_tree(
         ["sh", "-c", f"setsid -f sleep 60; exec {shlex.join([*procs.python(), '-c', leader])}"],

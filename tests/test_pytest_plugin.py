@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import subprocess
 import sys
+import textwrap
 import time
 import uuid
 from typing import Any
@@ -15,6 +17,7 @@ from trio_proctree._procfs import command_line, read_stat
 
 from . import procs
 from .conftest import Tracked, makes_pid_namespaces
+from .test_containment import MAIN_THREAD_GOES_ON_A_LINE
 
 pytest_plugins = ["pytester"]
 
@@ -292,4 +295,86 @@ def test_a_process_done_with_its_exit_before_the_check_looks_again_is_no_leak(
         assert procs.wait_exited(ended.pid, kill=True)  # our own child, by its pidfd
         assert pytest_plugin._less_the_dying({(ended.pid, started): "sleep 60"}) == {}
         assert procs.state(ended.pid) is None  # and it was reaped, as ours
+    assert tracked.survivors() == []
+
+
+def test_a_process_reaped_before_the_check_looks_again_is_no_leak(tracked: Tracked) -> None:
+    # Listed alive, then exited and reaped (by its own code) before the second look: its
+    # pid names nothing any more.
+    with procs.killed_on_failure(subprocess.Popen(["sleep", "60"], env=tracked.env)) as ended:
+        started = procs.starttime(ended.pid)
+        ended.kill()  # our own child, by pid
+        ended.wait()
+        assert pytest_plugin._less_the_dying({(ended.pid, started): "sleep 60"}) == {}
+    assert tracked.survivors() == []
+
+
+def test_a_process_whose_main_thread_exited_and_runs_on_is_a_leak(
+    tracked: Tracked, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # /proc shows it a zombie (its main thread's state) while another thread runs: it is
+    # caught "in its exit", waited for, and reported once that wait is over.
+    monkeypatch.setattr(pytest_plugin, "_EXIT_WITHIN", 0.2)
+    with procs.killed_on_failure(
+        subprocess.Popen(
+            [*procs.python(), "-c", MAIN_THREAD_GOES_ON_A_LINE],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=tracked.env,
+        )
+    ) as runs_on:
+        assert runs_on.stdin is not None and runs_on.stdout is not None
+        assert int(runs_on.stdout.readline()) == runs_on.pid
+        started = procs.starttime(runs_on.pid)
+        runs_on.stdin.write(b"\n")
+        runs_on.stdin.flush()
+        deadline = time.monotonic() + 5
+        while procs.state(runs_on.pid) != "Z":  # (its main thread gone)
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        leaked = {(runs_on.pid, started): "python"}
+        assert pytest_plugin._less_the_dying(leaked) == leaked
+        runs_on.kill()  # our own child, by pid
+    assert tracked.survivors() == []
+
+
+# Runs `_less_the_dying` with one descriptor left: the pidfd takes it, and reading the
+# process's stat fails (EMFILE); prints what it raised and the pidfds still open.
+OUT_OF_DESCRIPTORS_AT_THE_SECOND_LOOK = textwrap.dedent(
+    """
+    import os, resource, subprocess
+    from trio_proctree import pytest_plugin
+
+    listed = subprocess.Popen(["sleep", "60"])
+    with open(f"/proc/{listed.pid}/stat", "rb") as f:
+        data = f.read()
+    started = int(data[data.rindex(b")") + 2 :].split()[19])
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    held = []
+    try:
+        while True:
+            held.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        os.close(held.pop())  # one left
+    try:
+        pytest_plugin._less_the_dying({(listed.pid, started): "sleep 60"})
+        print("raised nothing")
+    except OSError as exc:
+        print("raised", exc.errno)
+    for fd in held:
+        os.close(fd)
+    links = [os.path.realpath(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")]
+    print("pidfds left", sum("pidfd" in link for link in links))
+    listed.kill()
+    listed.wait()
+    """
+)
+
+
+def test_out_of_descriptors_at_the_second_look_the_check_leaves_no_pidfd_open(
+    tracked: Tracked,
+) -> None:
+    # Red before (helper-31): the pidfd opened for the second look stayed open.
+    output = procs.run_python(OUT_OF_DESCRIPTORS_AT_THE_SECOND_LOOK, env=tracked.env)
+    assert output == f"raised {errno.EMFILE}\npidfds left 0\n"
     assert tracked.survivors() == []

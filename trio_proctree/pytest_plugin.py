@@ -160,7 +160,11 @@ def _less_the_dying(leaked: dict[tuple[int, int], str]) -> dict[tuple[int, int],
         for pid, start in started.items():
             if (fd := open_pidfd(pid)) is None:
                 continue  # ended since the listing, and reaped
-            stat = read_stat(pid)  # (read once the pidfd pins the process it names)
+            try:
+                stat = read_stat(pid)  # (read once the pidfd pins the process it names)
+            except BaseException:  # out of file descriptors for the read, say
+                os.close(fd)
+                raise
             if stat is None or stat.starttime != start or exited(fd):
                 # Ended since the listing: its pid free, taken anew, or its zombie's.
                 if stat is not None and stat.starttime == start:

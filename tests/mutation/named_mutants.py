@@ -1879,6 +1879,28 @@ MUTANTS = [
         "                    _reap_if_ours(fd)\n                os.close(fd)\n                running.add(pid)\n",
         "done_with_its_exit_before_the_check",
     ),
+    (
+        "pytest plugin: the second look's pidfd left open when the stat cannot be read",
+        "pytest_plugin.py",
+        "            except BaseException:  # out of file descriptors for the read, say\n"
+        "                os.close(fd)\n",
+        "            except BaseException:  # out of file descriptors for the read, say\n",
+        "second_look_the_check_leaves_no_pidfd_open",
+    ),
+    (
+        "pytest plugin: a process reaped before the second look reported as a leak",
+        "pytest_plugin.py",
+        "                continue  # ended since the listing, and reaped\n",
+        "                running.add(pid)\n                continue\n",
+        "reaped_before_the_check_looks_again",
+    ),
+    (
+        "pytest plugin: a process whose main thread exited, running on, taken for ended",
+        "pytest_plugin.py",
+        "            if stat is None or stat.starttime != start or exited(fd):",
+        "            if stat is None or stat.starttime != start or not stat.main_thread_alive:",
+        "main_thread_exited_and_runs_on",
+    ),
 ]
 
 
