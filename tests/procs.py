@@ -135,6 +135,18 @@ def reaped(child: int) -> bool:
     return False  # running, or a zombie yet to be reaped
 
 
+def wait_main_thread_gone(pid: int, within: float = 5) -> bool:
+    """Wait up to ``within`` seconds until ``pid`` shows as a zombie: its main thread has
+    exited (asynchronously, after the call that ends it), other threads may run on. No
+    event says so: this looks again every ms. Whether it did."""
+    deadline = time.monotonic() + within
+    while state(pid) != "Z":
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
 def wait_unreaped(child: int, *, within: float) -> bool:
     """Wait up to ``within`` seconds for ``child`` (a child of this process) to exit, and
     leave it unreaped: whether it is still there to be reaped (False if other code reaped

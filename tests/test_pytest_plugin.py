@@ -328,10 +328,7 @@ def test_a_process_whose_main_thread_exited_and_runs_on_is_a_leak(
         started = procs.starttime(runs_on.pid)
         runs_on.stdin.write(b"\n")
         runs_on.stdin.flush()
-        deadline = time.monotonic() + 5
-        while procs.state(runs_on.pid) != "Z":  # (its main thread gone)
-            assert time.monotonic() < deadline
-            time.sleep(0.001)
+        assert procs.wait_main_thread_gone(runs_on.pid)
         leaked = {(runs_on.pid, started): "python"}
         assert pytest_plugin._less_the_dying(leaked) == leaked
         runs_on.kill()  # our own child, by pid
