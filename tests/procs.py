@@ -420,6 +420,33 @@ def populated(cgroup: str) -> bool:
         return b"populated 1" in f.read()
 
 
+@contextlib.contextmanager
+def cgroup_in_ours(name: str, settings: Mapping[str, str] | None = None) -> Iterator[str]:
+    """A cgroup made inside this process's own (cgroup v2), with ``settings`` (file: value)
+    written to it, for a child Python to move into. Removed after, with the cgroups made
+    inside it, once its last member (that child's watchdog, say) has gone."""
+    from trio_proctree._cgroup import find_cgroup2_mount, own_cgroup  # noqa: PLC0415
+
+    with open("/proc/self/mountinfo") as f:
+        mount = find_cgroup2_mount(f.read())
+    with open("/proc/self/cgroup") as f:
+        own = own_cgroup(f.read())
+    assert mount is not None and own is not None
+    made = os.path.join(mount, own.lstrip("/"), name)
+    os.mkdir(made)
+    try:
+        for setting, value in (settings or {}).items():
+            with open(os.path.join(made, setting), "w") as f:
+                f.write(value)
+        yield made
+    finally:
+        deadline = time.monotonic() + 5
+        while populated(made) and time.monotonic() < deadline:
+            time.sleep(0.01)  # a stranger's exit: no event to wait on
+        for inner in sorted((d for d, _, _ in os.walk(made)), key=len, reverse=True):
+            os.rmdir(inner)
+
+
 def run_python(
     code: str, *args: str, env: Mapping[str, str] | None = None, before: Sequence[str] = ()
 ) -> str:

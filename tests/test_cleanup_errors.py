@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import logging
 import signal
+import subprocess
 import traceback
 from typing import Any
 
@@ -19,6 +20,7 @@ import trio
 import trio_proctree.asyncio
 from trio_proctree import CleanupError, Escalation, ProcessTree, open_process_tree
 
+from . import procs
 from .conftest import Tracked
 
 
@@ -170,6 +172,38 @@ async def test_cleanup_carries_on_when_it_cannot_tell_who_is_left(
             raised = fail_listing(tree, times=3)
     assert caught.value is raised[0]  # reported (once), the escalation went on regardless
     assert tree.outcome is not None
+    assert tracked.survivors() == []
+
+
+async def test_a_hard_stop_that_failed_is_named_as_the_reason(
+    tracked: Tracked, contained: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    # Red before: "processes outlived SIGKILL", and a log blaming a sleep nothing wakes,
+    # when no SIGKILL had gone out (cgroup.kill could not be opened: no descriptor left).
+    injected = OSError(errno.EMFILE, "Too many open files (injected)")
+
+    def failing_hard_stop() -> None:
+        raise injected
+
+    with pytest.raises(CleanupError) as caught:
+        async with open_process_tree(
+            ["sh", "-c", "trap '' TERM; sleep 60 & echo ready; wait"],  # (the sleep too)
+            escalation=Escalation(steps=[(signal.SIGTERM, 0.2)], kill_wait=0.2),
+            stdout=subprocess.PIPE,
+            **contained,
+        ) as tree:
+            assert tree.stdout is not None
+            with trio.fail_after(10):
+                assert await tree.stdout.receive_some() == b"ready\n"
+            tree._core.containment.kill = failing_hard_stop  # type: ignore[method-assign]
+    del tree._core.containment.kill  # (the real one again, for the net at exit)
+    procs.kill_survivors(tracked.token)  # (what the hard stop left: ours, by token)
+    assert str(caught.value).endswith(
+        ": processes outlived cleanup: the hard stop (SIGKILL) failed"
+    )
+    assert caught.value.__cause__ is injected
+    [logged] = [r.getMessage() for r in caplog.records if "still alive" in r.getMessage()]
+    assert logged.endswith("s after SIGKILL (the hard stop failed)")
     assert tracked.survivors() == []
 
 

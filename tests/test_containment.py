@@ -8,6 +8,7 @@ import collections
 import concurrent.futures
 import contextlib
 import ctypes
+import errno
 import logging
 import os
 import pwd
@@ -2123,6 +2124,90 @@ def move_into_a_cgroup_inside(cgroup: str, pid: int) -> str:
     os.mkdir(inner)
     Path(inner, "cgroup.procs").write_text(str(pid))
     return inner
+
+
+# Moves itself into the cgroup given, where there is room for its home but for no cgroup
+# inside it; then starts a tree with "auto", and one with "cgroup".
+WITH_NO_ROOM_FOR_TREE_CGROUPS = textwrap.dedent(
+    """
+    import sys, trio
+    from trio_proctree import ContainmentUnavailable, open_process_tree
+    with open(sys.argv[1] + "/cgroup.procs", "w") as f:
+        f.write("0")
+
+    async def main():
+        async with open_process_tree(["sh", "-c", "exit 3"], containment="auto") as tree:
+            print(tree.containment, await tree.wait())
+        try:
+            async with open_process_tree(["true"], containment="cgroup"):
+                print("started")
+        except ContainmentUnavailable as exc:
+            print("refused:", exc)
+
+    trio.run(main)
+    """
+)
+
+
+def test_auto_takes_the_next_containment_when_no_tree_cgroup_can_be_made(
+    tracked: Tracked,
+) -> None:
+    # A cgroup limit (cgroup.max.depth here; cgroup.max.descendants alike) can leave room
+    # for our home and none for a tree's cgroup. Red before: every tree failed to start,
+    # with "auto" too, on a bare EAGAIN ("Resource temporarily unavailable").
+    available("cgroup")
+    limit = {"cgroup.max.depth": "1"}  # the home, one level down: no room below it
+    with procs.cgroup_in_ours(f"no-room-{tracked.token}", limit) as capped:
+        output = procs.run_python(WITH_NO_ROOM_FOR_TREE_CGROUPS, capped, env=tracked.env)
+    auto, forced = output.splitlines()
+    assert auto == "subreaper 3"
+    assert forced.startswith("refused: cgroup containment is unavailable: ")
+    assert "cgroup.max.depth" in forced
+    assert tracked.survivors() == []
+
+
+# Opens and closes trees, one at a time; between them, tries one more with every file
+# descriptor taken. Prints the errors met and how many tree cgroups its home then holds.
+OUT_OF_DESCRIPTORS_BETWEEN_TREES = textwrap.dedent(
+    """
+    import os, resource, trio
+    from trio_proctree import open_process_tree
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    async def main():
+        errors = set()
+        for _ in range(5):
+            async with open_process_tree(["true"], containment="cgroup") as tree:
+                home = os.path.dirname(tree._core.containment.path)
+            taken = []
+            try:
+                while True:
+                    taken.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError:
+                pass
+            try:
+                async with open_process_tree(["true"], containment="cgroup"):
+                    print("started")
+            except OSError as exc:
+                errors.add(exc.errno)
+            finally:
+                for fd in taken:
+                    os.close(fd)
+        print(sorted(errors), sum(name.startswith("tree-") for name in os.listdir(home)))
+
+    trio.run(main)
+    """
+)
+
+
+def test_a_kept_cgroup_that_cannot_be_looked_at_stays_kept(tracked: Tracked) -> None:
+    # Red before: a kept cgroup whose cgroup.events could not be opened (no descriptor
+    # left) was dropped, and a new one made for each later tree: one more empty cgroup
+    # for every spawn that ran out of descriptors, until the process exited.
+    available("cgroup")
+    output = procs.run_python(OUT_OF_DESCRIPTORS_BETWEEN_TREES, env=tracked.env)
+    assert output.split("] ") == [f"[{errno.EMFILE}", "1\n"]
+    assert tracked.survivors() == []
 
 
 def test_unknown_containment_is_refused() -> None:

@@ -13,7 +13,6 @@ import resource
 import signal
 import subprocess
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
@@ -213,26 +212,12 @@ def test_leaders_go_through_sh_where_children_made_in_their_cgroup_die_at_birth(
     # Red without the throwaway child that proves direct starts work: every leader would
     # get SIGKILL at birth (Linux 6.18). On a kernel without that behaviour it proves that
     # direct starts go on (the last field is False).
-    with open("/proc/self/mountinfo") as f:
-        mount = find_cgroup2_mount(f.read())
-    assert mount is not None
-    here = os.path.join(mount, (cgroup_of(os.getpid()) or "/").lstrip("/"))
-    killed = os.path.join(here, f"killed-before-{tracked.token}")
-    os.mkdir(killed)
-    try:
-        with open(os.path.join(killed, "cgroup.kill"), "w") as f:
-            f.write("1")
+    with procs.cgroup_in_ours(f"killed-before-{tracked.token}", {"cgroup.kill": "1"}) as killed:
         code, output, refused = procs.run_python(
             IN_A_KILLED_CGROUP, killed, env=tracked.env
         ).split()
-        assert (code, output) == ("0", "b'ran\\n'")
-        assert refused in ("True", "False")
-    finally:
-        # Empty once the child's watchdog has seen it exit (the child removed its home).
-        deadline = time.monotonic() + 5
-        while procs.populated(killed) and time.monotonic() < deadline:
-            time.sleep(0.01)  # a stranger's exit: no event to wait on
-        os.rmdir(killed)
+    assert (code, output) == ("0", "b'ran\\n'")
+    assert refused in ("True", "False")
     assert tracked.survivors() == []
 
 
@@ -259,23 +244,9 @@ def test_direct_starts_work_with_room_for_one_tree_cgroup(tracked: Tracked) -> N
     # cgroup.max.descendants = 2: our home and one tree's cgroup. The first direct start
     # proves itself in that new tree cgroup. Red before: in a cgroup made for the proof,
     # one too many, and every tree failed to start (EAGAIN).
-    with open("/proc/self/mountinfo") as f:
-        mount = find_cgroup2_mount(f.read())
-    assert mount is not None
-    here = os.path.join(mount, (cgroup_of(os.getpid()) or "/").lstrip("/"))
-    capped = os.path.join(here, f"capped-{tracked.token}")
-    os.mkdir(capped)
-    try:
-        with open(os.path.join(capped, "cgroup.max.descendants"), "w") as f:
-            f.write("2")
+    with procs.cgroup_in_ours(f"capped-{tracked.token}", {"cgroup.max.descendants": "2"}) as capped:
         output = procs.run_python(IN_A_CAPPED_CGROUP, capped, env=tracked.env)
-        assert output.splitlines() == ["True 0", "True 0"]  # both direct, the second reused
-    finally:
-        deadline = time.monotonic() + 5
-        while procs.populated(capped) and time.monotonic() < deadline:
-            time.sleep(0.01)  # a stranger's exit: no event to wait on
-        for inner in sorted((d for d, _, _ in os.walk(capped)), key=len, reverse=True):
-            os.rmdir(inner)
+    assert output.splitlines() == ["True 0", "True 0"]  # both direct, the second reused
     assert tracked.survivors() == []
 
 

@@ -423,6 +423,21 @@ def test_nothing_to_stop_is_logged_and_outliving_sigkill_is_an_error(
     assert errors == [f"{LABEL}: processes still alive 0.5s after SIGKILL (uninterruptible sleep?)"]
 
 
+def test_a_tree_left_by_a_failed_hard_stop_is_not_blamed_on_its_processes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Red before: the log blamed an uninterruptible sleep when no SIGKILL had gone out.
+    caplog.set_level(logging.ERROR, logger="trio_proctree")
+    teardown = Teardown(Escalation(kill_wait=0.5), label=LABEL, stdin_open=False)
+    actions = [teardown.start(tree_alive=True)]
+    assert actions == [SendSignal(signal.SIGTERM)]
+    for answer in [None, False, False, False]:  # sent; grace ran out; SIGKILL failed; alive
+        actions.append(teardown.send(answer))
+    assert actions[2:] == [KillAll(), AwaitEmpty(0.5, grace=False), Finished(emptied=False)]
+    errors = [r.getMessage() for r in caplog.records]
+    assert errors == [f"{LABEL}: processes still alive 0.5s after SIGKILL (the hard stop failed)"]
+
+
 # --- the policy values -------------------------------------------------------------------
 
 

@@ -262,20 +262,28 @@ class CgroupHome:
                 continue
             # Or someone put a process in it since (root, or a member of another tree
             # moving itself): no tree's, it would be the next tree's member, and stopped.
+            # Or changed its settings: frozen, it would freeze the next leader for good;
+            # with a depth or descendant limit, refuse the next program's own cgroups.
+            # Then it serves no more (a new one is made for the next tree).
             try:
                 populated = _populated(os.path.join(kept, "cgroup.events"))
-            except OSError as exc:  # (removed by someone else: ENOENT)
+                as_new = _as_new(kept)
+            except FileNotFoundError as exc:  # (removed by someone else)
                 logger.warning("cgroup %s cannot be read (%s); leaving it", kept, exc)
                 continue
+            except OSError:
+                # Out of file descriptors, say: unseen, it is as good as it was. Dropped,
+                # it would stay empty until we exit, and one more would be made for each
+                # spawn that ran out. It stays kept; this spawn fails, as it would anyway.
+                with self._lock:
+                    self._free.append(kept)
+                raise
             if populated:
                 logger.warning("cgroup %s has a process in it no tree started; leaving it", kept)
                 with self._lock:
                     self._retired.append(kept)  # (removed once that process has gone)
                 continue
-            # Or changed its settings: frozen, it would freeze the next leader for good;
-            # with a depth or descendant limit, refuse the next program's own cgroups.
-            # Then it serves no more (a new one is made for the next tree).
-            if _as_new(kept):
+            if as_new:
                 return kept, True
             try:
                 os.rmdir(kept)
@@ -288,6 +296,8 @@ class CgroupHome:
                 os.mkdir(path)
             except FileExistsError:  # pragma: no cover - a name made by someone else
                 continue
+            except OSError as exc:
+                raise CgroupUnavailable(_why_no_tree_cgroup(self.path, exc)) from exc
             return path, False
 
     def give_back(self, tree: str, *, killed: bool) -> None:
@@ -326,6 +336,18 @@ class CgroupHome:
 
 class CgroupUnavailable(Exception):
     """Why cgroup containment cannot be used here (the message says)."""
+
+
+def _why_no_tree_cgroup(home: str, error: OSError) -> str:
+    """What stopped a tree's cgroup from being made in ``home``, for the user."""
+    why = f"cannot create a tree cgroup in {home}: {error.strerror}"
+    if error.errno == errno.EAGAIN:
+        # Linux says EAGAIN for a cgroup one level too deep, or one too many.
+        why += (
+            " (the cgroup.max.depth or cgroup.max.descendants of that cgroup or of one "
+            "above it is reached)"
+        )
+    return why
 
 
 _home_lock = threading.Lock()

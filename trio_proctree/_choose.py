@@ -32,6 +32,9 @@ class ContainmentChoice:
 
     name: str
     make: Callable[[], Containment]
+    #: What "auto" takes for a tree whose cgroup cannot be made after all (a cgroup limit
+    #: reached since the choice); None: the containment was asked for by name.
+    otherwise: Callable[[], ContainmentChoice] | None = None
 
 
 def choose_containment(mode: str, *, changes_user: bool = False) -> ContainmentChoice:
@@ -63,7 +66,13 @@ def choose_containment(mode: str, *, changes_user: bool = False) -> ContainmentC
                 raise ContainmentUnavailable(f"cgroup containment is unavailable: {exc}") from None
             logger.debug("cgroup containment unavailable (%s)", exc)
         else:
-            return ContainmentChoice("cgroup", lambda: CgroupContainment(home))
+            otherwise = (lambda: _beyond_cgroups("auto")) if mode == "auto" else None
+            return ContainmentChoice("cgroup", lambda: CgroupContainment(home), otherwise)
+    return _beyond_cgroups(mode)
+
+
+def _beyond_cgroups(mode: str) -> ContainmentChoice:
+    """The choice among the containments that need no cgroup."""
     if mode in ("auto", "subreaper"):
         try:
             check_subreaper_available()
@@ -90,7 +99,16 @@ def _cgroup_home_for(*, changes_user: bool) -> CgroupHome:
 def start_tree(plan: SpawnPlan, choice: ContainmentChoice) -> tuple[Spawned, Containment]:
     """Start the leader inside a new containment (blocking: drivers run it in a thread)."""
     watchdog.ensure_started()
-    containment = choice.make()
+    try:
+        containment = choice.make()
+    except CgroupUnavailable as exc:
+        # The hierarchy was there when the containment was chosen, but this tree's cgroup
+        # cannot be made: a cgroup limit is reached, say, which frees up as trees end.
+        if choice.otherwise is None:
+            raise ContainmentUnavailable(f"cgroup containment is unavailable: {exc}") from exc
+        instead = choice.otherwise()
+        _log_cgroup_passed_over(exc, instead.name)
+        containment = instead.make()
     try:
         spawned = spawn(containment.prepare(plan))
     except StartedUnwatched as started:
@@ -103,3 +121,15 @@ def start_tree(plan: SpawnPlan, choice: ContainmentChoice) -> tuple[Spawned, Con
         raise
     containment.started(spawned)
     return spawned, containment
+
+
+#: Whether "auto" has passed over cgroups for a tree in this process (then said once at
+#: WARNING: the trees it starts so are contained less well; later ones at DEBUG).
+_passed_over = False
+
+
+def _log_cgroup_passed_over(why: CgroupUnavailable, instead: str) -> None:
+    global _passed_over  # noqa: PLW0603 - one notice per process
+    level = logging.DEBUG if _passed_over else logging.WARNING
+    _passed_over = True
+    logger.log(level, "%s; this tree is contained by %s instead", why, instead)

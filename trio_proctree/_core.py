@@ -144,6 +144,7 @@ class TreeCore:
         )
         errors: list[Exception] = []
         action: object = None
+        hard_stop_failed = False  # (no SIGKILL went out: say so, not that it was outlived)
         try:
             # A running leader is a running tree, and one call tells: the first step then
             # goes out before the containment is asked anything (on a VM, each call that
@@ -172,7 +173,9 @@ class TreeCore:
                 elif isinstance(action, SendSignal):
                     leader_step = self._step(errors, action.signal, leader_only=action.leader_only)
                 elif isinstance(action, KillAll):  # pragma: no branch
-                    self._step(errors, None)
+                    hard_stop_failed = not self._hard_stop(errors)
+                    # The machine's answer: False for a hard stop that did not go out.
+                    emptied = False if hard_stop_failed else None
                 action = teardown.send(emptied)
         finally:
             emptied = isinstance(action, Finished) and action.emptied
@@ -198,15 +201,23 @@ class TreeCore:
                 _open_trees.discard(self)  # else the net at interpreter exit keeps it
             self._record = self._record_and_log(teardown, time.monotonic() - started, returncode)
         if isinstance(action, Finished) and not action.emptied:
-            outlived = CleanupError(f"{self.label}: processes outlived SIGKILL")
-            # Often because a step failed (no file descriptors left to list the tree, say):
-            # that is the reason, and must show.
-            outlived.__cause__ = errors[0] if errors else None
-            errors.insert(0, outlived)
+            errors.insert(0, self._outlived(errors, hard_stop_failed=hard_stop_failed))
         if errors:
             for extra in errors[1:]:
                 logger.error("%s: another cleanup error", self.label, exc_info=extra)
             raise errors[0]
+
+    def _outlived(self, errors: list[Exception], *, hard_stop_failed: bool) -> CleanupError:
+        """The error for a tree that outlived cleanup, and why, as far as it is known."""
+        outlived = CleanupError(
+            f"{self.label}: processes outlived cleanup: the hard stop (SIGKILL) failed"
+            if hard_stop_failed
+            else f"{self.label}: processes outlived SIGKILL"
+        )
+        # Often because a step failed (no file descriptors left to list the tree, say):
+        # that is the reason, and must show.
+        outlived.__cause__ = errors[0] if errors else None
+        return outlived
 
     async def _close_streams(self, io: LoopIO, started: float, errors: list[Exception]) -> None:
         """The driver's pipes closed, its errors kept. A stream the program put in place
@@ -258,15 +269,22 @@ class TreeCore:
             self._record = None  # (nor the escalation kept alive for it)
         return self._outcome
 
+    def _hard_stop(self, errors: list[Exception]) -> bool:
+        """SIGKILL to the whole tree; whether it went out (else its error is kept)."""
+        try:
+            self.containment.kill()
+        except Exception as exc:  # noqa: BLE001 - even a bug here must not stop the escalation
+            errors.append(exc)
+            return False
+        return True
+
     def _step(
-        self, errors: list[Exception], sig: int | None, *, leader_only: bool = False
+        self, errors: list[Exception], sig: int, *, leader_only: bool = False
     ) -> LeaderStep | None:
-        """Take a step (``sig``; None: the hard stop); if it went to the leader alone, what
+        """Send ``sig``, a step of the escalation; if it went to the leader alone, what
         the wait after it needs to know of that."""
         try:
-            if sig is None:
-                self.containment.kill()
-            elif leader_only:
+            if leader_only:
                 # Asked before the signal: a leader that re-raises it, its work done, sets
                 # it back to the default action first. (Never an error: a look that fails
                 # must not keep the step from going; unknown reads as no handler.)

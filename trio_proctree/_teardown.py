@@ -76,7 +76,8 @@ class Finished:
 
 Action = CloseStdin | SendSignal | KillAll | AwaitEmpty | Finished
 #: The plan's steps, each answered by the driver: for AwaitEmpty, whether the tree emptied
-#: (or `LeaderLeft`, `CutShort`); for the other actions, None.
+#: (or `LeaderLeft`, `CutShort`); for KillAll, False if it failed (no SIGKILL went out);
+#: else None.
 Answer = bool | LeaderLeft | CutShort | None
 _Plan = Generator[Action, Answer, Finished]
 
@@ -90,7 +91,7 @@ class Teardown:
         action = teardown.start(tree_alive=...)
         while not isinstance(action, Finished):
             ...perform action...
-            action = teardown.send(emptied)  # for AwaitEmpty: bool, or LeaderLeft; else None
+            action = teardown.send(answer)  # see `Answer`
 
     It also keeps the record of what it asked for, for the cleanup outcome.
     """
@@ -227,12 +228,13 @@ class Teardown:
             "%s: sending SIGKILL to the tree, waiting up to %gs", self.label, policy.kill_wait
         )
         self.signals.append(signal.SIGKILL)
-        yield KillAll()
+        went_out = yield KillAll()
         if (yield AwaitEmpty(policy.kill_wait, grace=False)):
             return Finished(emptied=True)
+        # Blaming the processes (a sleep nothing wakes) when the SIGKILL never went out
+        # would send the reader after the wrong cause: the error raised says why it failed.
+        why = "the hard stop failed" if went_out is False else "uninterruptible sleep?"
         logger.error(
-            "%s: processes still alive %gs after SIGKILL (uninterruptible sleep?)",
-            self.label,
-            policy.kill_wait,
+            "%s: processes still alive %gs after SIGKILL (%s)", self.label, policy.kill_wait, why
         )
         return Finished(emptied=False)

@@ -1514,8 +1514,8 @@ MUTANTS = [
     (
         "cgroup: a kept cgroup serves again whatever a member set in it",
         "_cgroup.py",
-        "            if _as_new(kept):\n",
-        "            if True:\n",
+        "                as_new = _as_new(kept)\n",
+        "                as_new = True\n",
         "settings_a_member_changed",
     ),
     (
@@ -1854,8 +1854,8 @@ MUTANTS = [
     (
         "cgroup: a kept cgroup someone else removed failing the next tree's spawn",
         "_cgroup.py",
-        "            except OSError as exc:  # (removed by someone else: ENOENT)",
-        "            except ZeroDivisionError as exc:  # (removed by someone else: ENOENT)",
+        "            except FileNotFoundError as exc:  # (removed by someone else)",
+        "            except ZeroDivisionError as exc:  # (removed by someone else)",
         "someone_else_removed_is_passed_over",
     ),
     (
@@ -1900,6 +1900,41 @@ MUTANTS = [
         "            if stat is None or stat.starttime != start or exited(fd):",
         "            if stat is None or stat.starttime != start or not stat.main_thread_alive:",
         "main_thread_exited_and_runs_on",
+    ),
+    (
+        "cgroup: a kept cgroup that cannot be looked at (no descriptor left) dropped",
+        "_cgroup.py",
+        "                with self._lock:\n                    self._free.append(kept)\n                raise\n",
+        "                continue\n",
+        "cannot_be_looked_at_stays_kept",
+    ),
+    (
+        "cgroup: a tree cgroup that cannot be made failing with mkdir's bare error",
+        "_cgroup.py",
+        "                raise CgroupUnavailable(_why_no_tree_cgroup(self.path, exc)) from exc",
+        "                raise",
+        "no_tree_cgroup_can_be_made",
+    ),
+    (
+        "choose: auto failing a tree whose cgroup cannot be made, not taking the next",
+        "_choose.py",
+        "        if choice.otherwise is None:",
+        "        if True:",
+        "no_tree_cgroup_can_be_made",
+    ),
+    (
+        "teardown: a hard stop that failed not told to the escalation",
+        "_core.py",
+        "                    emptied = False if hard_stop_failed else None\n",
+        "                    emptied = None\n",
+        "hard_stop_that_failed_is_named",
+    ),
+    (
+        "teardown: a hard stop that failed reported as processes outliving SIGKILL",
+        "_core.py",
+        "        self.containment.kill()\n        except Exception as exc:  # noqa: BLE001 - even a bug here must not stop the escalation\n            errors.append(exc)\n            return False\n",
+        "        self.containment.kill()\n        except Exception as exc:  # noqa: BLE001 - even a bug here must not stop the escalation\n            errors.append(exc)\n            return True\n",
+        "hard_stop_that_failed_is_named",
     ),
 ]
 
