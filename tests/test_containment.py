@@ -178,6 +178,57 @@ async def test_double_fork_daemon_is_killed(tracked: Tracked, strong: str) -> No
     assert tracked.survivors() == []
 
 
+# A classic double-fork daemon whose middle process is slow to exit: the leader exits at
+# once; the middle one starts a session, forks the daemon, writes 1 GiB and exits (its
+# own memory to free: ~30 ms here, in its exit). The daemon waits until its parent is in
+# its exit (task flag PF_EXITING) or gone, says its pid, then becomes a sleep.
+DOUBLE_FORK_SLOW_MIDDLE = [
+    sys.executable,
+    "-c",
+    textwrap.dedent(
+        """
+        import os
+        if os.fork():
+            os._exit(0)
+        os.setsid()
+        middle = os.getpid()  # (asked after the fork, it may be ours already)
+        if os.fork() == 0:
+            while os.getppid() == middle:
+                with open("/proc/%d/stat" % middle, "rb") as f:
+                    stat = f.read()
+                if int(stat[stat.rindex(b")") + 2 :].split()[6]) & 0x4:
+                    break
+            os.write(1, b"%d\\n" % os.getpid())
+            os.execvp("sleep", ["sleep", "60"])
+        ballast = b"x" * (1 << 30)
+        os._exit(0)
+        """
+    ),
+]
+
+
+async def test_a_daemon_whose_parent_is_still_exiting_is_killed(
+    tracked: Tracked, strong: str
+) -> None:
+    # Red before under the subreaper (helper-33; 1 to 5 daemons in 150 as another user, 2
+    # as root, with a quick middle process): the listing met the middle process in its
+    # exit, where its environment can no longer be read; taken for a stranger, it was not
+    # walked, and the daemon, still its child, went unseen: the tree was called empty.
+    async with open_process_tree(
+        DOUBLE_FORK_SLOW_MIDDLE,
+        grace=0.5,
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+        containment=strong,
+    ) as tree:
+        assert tree.stdout is not None
+        [daemon] = await read_pids(tree.stdout, 1)
+    assert not procs.alive(daemon)
+    assert tree.outcome is not None
+    assert tree.outcome.escapees_killed >= 1  # (the middle one too, if caught in its exit)
+    assert tracked.survivors() == []
+
+
 # A daemon that ignores SIGTERM and moves to a new pid again and again (fork, setsid, fork;
 # the old pid exits), as fast as it can, for up to 5 s; it writes a byte to stdout at each
 # move. Every one of its selves holds stdout: its end (EOF) says that none is left, which

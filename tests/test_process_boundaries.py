@@ -1578,6 +1578,44 @@ def test_a_watchdog_that_stopped_reading_is_replaced_not_waited_for(tracked: Tra
     assert tracked.survivors() == []
 
 
+# Starts trees while its watchdog cannot start (the interpreter it runs is not there),
+# then again once it can; prints the trees' exit codes and the warnings logged meanwhile.
+WATCHDOG_THAT_CANNOT_START = textwrap.dedent(
+    """
+    import logging, sys, trio
+    from trio_proctree import open_process_tree, _watchdog
+
+    warnings = []
+    class Kept(logging.Handler):
+        def emit(self, record):
+            warnings.append(record.getMessage())
+    logging.getLogger("trio_proctree").addHandler(Kept(logging.WARNING))
+
+    async def main():
+        python, sys.executable = sys.executable, "/nonexistent/python"
+        codes = []
+        for _ in range(5):
+            async with open_process_tree(["sh", "-c", "exit 3"]) as tree:
+                codes.append(await tree.wait())
+        print(codes, len(warnings), "backstop unavailable" in warnings[0], flush=True)
+        sys.executable = python
+        async with open_process_tree(["true"]) as tree:
+            await tree.wait()
+        print(len(warnings), len(_watchdog.running()))
+
+    trio.run(main)
+    """
+)
+
+
+def test_a_watchdog_that_cannot_start_is_warned_of_once(tracked: Tracked) -> None:
+    # Red before (helper-33): three warnings a tree, and as many for every tree after.
+    without, with_it = procs.run_python(WATCHDOG_THAT_CANNOT_START, env=tracked.env).splitlines()
+    assert without == "[3, 3, 3, 3, 3] 1 True"  # the trees ran, with one warning
+    assert with_it == "1 1"  # and the next tree started one, with no more said
+    assert tracked.survivors() == []
+
+
 # Stops its watchdog (SIGSTOP) and exits: says the watchdog's pid first.
 WATCHDOG_STOPPED_AT_EXIT = textwrap.dedent(
     """

@@ -385,11 +385,12 @@ def _make_home(pid: int) -> CgroupHome:
     own = own_cgroup(_read("/proc/self/cgroup"))
     if own is None:
         raise CgroupUnavailable("this process is in no cgroup v2 cgroup")
-    parent = os.path.join(mount, own.lstrip("/"))
+    parent = os.path.normpath(os.path.join(mount, own.lstrip("/")))
     # Making a cgroup needs the directory; moving a process into it needs the common
     # ancestor's cgroup.procs (ours) writable too.
-    if not (os.access(parent, os.W_OK) and os.access(f"{parent}/cgroup.procs", os.W_OK)):
-        raise CgroupUnavailable(f"the cgroup {parent} is not writable (not delegated to us)")
+    for needed in (parent, os.path.join(parent, "cgroup.procs")):
+        if not os.access(needed, os.W_OK):
+            raise CgroupUnavailable(f"{needed} is not writable (not delegated to us)")
     stat = read_stat(pid)
     assert stat is not None
     _sweep_stale_homes(parent)

@@ -24,7 +24,7 @@ import signal
 import threading
 import uuid
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
@@ -48,12 +48,19 @@ MARKER_PREFIX = "TRIO_PROCTREE_TREE_"
 _tree_numbers = itertools.count()
 
 
-def _environment_has(pid: int, entry: bytes) -> bool | None:
-    """Whether the process's environment holds ``entry``; None when it shows none at all."""
+def _environment_has(pid: int, entry: bytes) -> bool | Literal["exiting"] | None:
+    """Whether the process's environment holds ``entry``; None when it shows none at all;
+    ``"exiting"`` when it is in its exit, its environment gone with its memory."""
     try:
         environment = read_environ(pid)
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return False
+    except FileNotFoundError:
+        return False  # gone: what it started was handed on to us, and is looked at itself
+    except (ProcessLookupError, PermissionError):
+        # A process in its exit has let go of its memory, environment and all, but not yet
+        # of its children. Taken for a stranger, it was not walked, and a daemon it had
+        # just forked went unseen: the tree was called empty while the daemon ran.
+        stat = read_stat(pid)
+        return "exiting" if stat is not None and stat.alive and stat.exiting else False
     return entry in environment.split(b"\0") if environment else None
 
 
@@ -129,6 +136,11 @@ class SubreaperContainment(MemberTracking):
         ):
             return True
         verdict = _environment_has(stat.pid, self._marker_entry)
+        if verdict == "exiting":
+            # Its exit hands its children on to us: waited for (never signalled: it may be
+            # a stranger), then the next listing looks at them.
+            self._watch_exit(stat.pid)
+            return False
         if verdict is None and stat.alive and _still_undecided(stat, self.UNDECIDED_LISTINGS):
             self._undecided = True
         return bool(verdict)
@@ -143,6 +155,7 @@ class SubreaperContainment(MemberTracking):
         # belong to another child of ours: then only the marker says who is ours.)
         leader = self.leader.pid if self.leader.pins_group else None
         self._undecided = False
+        self._forget_watched_exits()  # (each listing watches what it finds in its exit)
         # A dead child has no subtree left (its children re-parented to us as it exited,
         # and are listed here themselves): it is not read at all.
         roots = [leader] if leader is not None and not exited_child(leader) else []

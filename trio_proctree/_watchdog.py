@@ -533,6 +533,7 @@ def _started() -> Watchdog:
     watchdog that replaces a lost one, or one whose first start failed (out of memory,
     as when the last was OOM-killed), must kill the trees open before it too. (The
     caller holds `_lock`.)"""
+    global _unavailable_said  # noqa: PLW0603 - one notice per outage, for the process
     if not _current:
         watchdog = Watchdog()
         if _registered:
@@ -544,6 +545,7 @@ def _started() -> Watchdog:
                 watchdog.abandon()
                 raise
         _current.append(watchdog)
+        _unavailable_said = False  # (a later loss is a new one: said again)
     return _current[0]
 
 
@@ -565,7 +567,25 @@ def ensure_started() -> None:
     try:
         _watchdog()
     except OSError as exc:
-        logger.warning("cannot start the parent-death backstop: %s", exc)
+        _say_unavailable(exc)
+
+
+#: Whether the backstop's loss was said since a watchdog last started: said once, at
+#: WARNING. Each tree tries again (the cause may pass: no process could be made, say),
+#: and three warnings a tree, for every tree, buried everything else in the log.
+_unavailable_said = False
+
+
+def _say_unavailable(why: OSError) -> None:
+    global _unavailable_said  # noqa: PLW0603 - one notice per outage, for the process
+    level = logging.DEBUG if _unavailable_said else logging.WARNING
+    _unavailable_said = True
+    logger.log(
+        level,
+        "parent-death backstop unavailable: %s (trees still start and are cleaned up, but "
+        "a SIGKILL of this process would leave them running; tried again for each tree)",
+        why,
+    )
 
 
 #: Unregistrations not yet written (they go with the next write).
@@ -584,7 +604,7 @@ def register(*entries: str) -> None:
             _write(_started(), ("+" + entry for entry in entries))
         except OSError as exc:
             # A lost watchdog must not stop trees from running: their cleanup still holds.
-            logger.warning("parent-death backstop unavailable: %s", exc)
+            _say_unavailable(exc)
 
 
 def unregister(*entries: str) -> None:
@@ -642,6 +662,8 @@ def _write(watchdog: Watchdog, lines: Iterable[str]) -> None:
 def _after_fork_in_child() -> None:
     # The child must not keep the parent's pipe open (the watchdog would then miss the
     # parent's death); it starts a watchdog of its own when it starts a tree.
+    global _unavailable_said  # noqa: PLW0603 - the child's own outages are its own to say
+    _unavailable_said = False
     for watchdog in _current:
         watchdog.forget()
     _current.clear()

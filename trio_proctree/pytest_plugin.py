@@ -104,13 +104,7 @@ def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, object, object
     if before is None:
         return result
     ours = {watchdog.pid for watchdog in _watchdog.running()} | _session_helpers()
-    leaked = {
-        key: command
-        for key, command in _descendants().items()
-        if key not in before and key[0] not in ours
-    }
-    if leaked:
-        leaked = _less_the_dying(leaked)
+    leaked = _leaked(before, ours)
     if leaked:
         _kill(sorted(leaked))
         listing = "\n".join(
@@ -121,6 +115,34 @@ def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, object, object
             pytrace=False,
         )
     return result
+
+
+#: How many times the check lists the descendants, at most, while processes it listed end
+#: before it is done with them.
+_LISTINGS = 10
+
+
+def _leaked(before: set[tuple[int, int]], ours: set[int]) -> dict[tuple[int, int], str]:
+    """The live descendants not in ``before`` nor ``ours`` (pids), less the dying.
+
+    A process that ended after the listing read it may have handed on to us a child the
+    listing missed: read before its parent's exit, our children did not hold it yet, and
+    read after, its parent's did not any more (the middle process of a double fork, gone
+    an instant after the daemon's fork). Dropped as ended, it took that daemon out of the
+    report, and the daemon outlived the session. So the listing is made again, until one
+    lists no process that ends before the check is done with it.
+    """
+    leaked: dict[tuple[int, int], str] = {}
+    for _ in range(_LISTINGS):
+        listed = {
+            key: command
+            for key, command in _descendants().items()
+            if key not in before and key[0] not in ours
+        }
+        leaked = _less_the_dying(listed) if listed else {}
+        if leaked.keys() == listed.keys():
+            break  # every process listed still runs: nothing was handed on meanwhile
+    return leaked
 
 
 def _session_helpers() -> set[int]:

@@ -1700,8 +1700,8 @@ MUTANTS = [
     (
         "pytest plugin: a process still in its exit reported as a leak",
         "pytest_plugin.py",
-        "        leaked = _less_the_dying(leaked)",
-        "        pass",
+        "        leaked = _less_the_dying(listed) if listed else {}",
+        "        leaked = dict(listed)",
         "still_dying_when_its_test_ends",
     ),
     (
@@ -1935,6 +1935,34 @@ MUTANTS = [
         "        self.containment.kill()\n        except Exception as exc:  # noqa: BLE001 - even a bug here must not stop the escalation\n            errors.append(exc)\n            return False\n",
         "        self.containment.kill()\n        except Exception as exc:  # noqa: BLE001 - even a bug here must not stop the escalation\n            errors.append(exc)\n            return True\n",
         "hard_stop_that_failed_is_named",
+    ),
+    (
+        "subreaper: a process in its exit (environment unreadable) taken for a stranger",
+        "_subreaper.py",
+        "    except (ProcessLookupError, PermissionError):\n",
+        "    except (ProcessLookupError, PermissionError):\n        return False\n",
+        "parent_is_still_exiting",
+    ),
+    (
+        "pytest plugin: the descendants listed once, a daemon handed on meanwhile missed",
+        "pytest_plugin.py",
+        "_LISTINGS = 10\n",
+        "_LISTINGS = 1\n",
+        "handed_on_by_a_process_that_ended",
+    ),
+    (
+        "watchdog: that it cannot start warned of for every tree",
+        "_watchdog.py",
+        "    level = logging.DEBUG if _unavailable_said else logging.WARNING\n",
+        "    level = logging.WARNING\n",
+        "cannot_start_is_warned_of_once",
+    ),
+    (
+        "subreaper: a process in its exit not waited for, its children then missed",
+        "_containment.py",
+        "            if not self._members and self._watched_exits:\n",
+        "            if False:\n",
+        "parent_is_still_exiting",
     ),
 ]
 
