@@ -289,6 +289,9 @@ def test_run_process_tree_returns_output_and_checks(
         assert (caught.value.returncode, caught.value.output) == (3, b"x\n")
         unchecked = await run_process_tree(["sh", "-c", "exit 3"], check=False, **contained)
         assert unchecked.returncode == 3
+        with pytest.raises(subprocess.CalledProcessError) as killed:
+            await run_process_tree(["sh", "-c", "kill -9 $$"], **contained)
+        assert killed.value.returncode == -9  # (a death by signal is a failure too)
 
     run(main)
     assert tracked.survivors() == []
@@ -384,6 +387,39 @@ def test_stdin_a_process_outside_the_tree_holds_does_not_hang_run_process_tree(
         assert run(main) < 10
     finally:
         procs.kill_survivors(tracked.token)  # the escapee: ours, found by the test's token
+    assert tracked.survivors() == []
+
+
+def test_output_held_open_outside_the_group_is_read_for_a_bounded_time_with_a_warning(
+    run: Callable[..., Any],
+    tracked: Tracked,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A setsid escapee, which a process group misses, holds stdout: the drain bound lets
+    # the call return, and a warning names the tree (helper-35: a mutant at DEBUG lived).
+    caplog.set_level(logging.WARNING, logger="trio_proctree")
+    fifo = tmp_path / "ready"
+    os.mkfifo(fifo)
+    script = f"setsid -f sh -c 'echo $$; echo > {fifo}; exec sleep 60'; read x < {fifo}"
+
+    async def main() -> bytes:
+        result = await asyncio.wait_for(
+            run_process_tree(
+                ["sh", "-c", script], capture_stdout=True, grace=0.5, env=tracked.env,
+                containment="group",
+            ),
+            10,
+        )  # fmt: skip
+        return result.stdout
+
+    try:
+        escapee = int(run(main))
+        assert procs.alive(escapee)  # (the group missed it, as documented)
+    finally:
+        procs.kill_survivors(tracked.token)  # the escapee: ours, found by the test's token
+    [warned] = [r.getMessage() for r in caplog.records if "pipe still open" in r.getMessage()]
+    assert warned.startswith("pid ")  # (the tree's label: its pid and command)
     assert tracked.survivors() == []
 
 

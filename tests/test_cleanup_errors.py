@@ -58,6 +58,42 @@ async def test_cleanup_error_alone_reaches_the_caller_itself(
     assert tracked.survivors() == []
 
 
+class FailsToClose(trio.abc.SendStream):
+    """A stream a program puts in place of ``tree.stdin`` whose aclose() fails."""
+
+    def __init__(self, inner: trio.abc.SendStream, error: Exception) -> None:
+        self.inner, self.error = inner, error
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self.inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def aclose(self) -> None:
+        await trio.aclose_forcefully(self.inner)
+        raise self.error
+
+
+async def test_a_second_cleanup_error_is_logged_not_lost(
+    tracked: Tracked, contained: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    # One error is raised; each other one is logged, with its traceback, never dropped
+    # (helper-35: a mutant that dropped them lived).
+    second = ValueError("the stream could not close (injected)")
+    with pytest.raises(PermissionError) as caught:
+        async with open_process_tree(
+            SLEEPER, grace=0.2, stdin=subprocess.PIPE, **contained
+        ) as tree:
+            first = fail_first_stop_signal(tree)
+            assert tree.stdin is not None
+            tree.stdin = FailsToClose(tree.stdin, second)
+    assert caught.value is first
+    logged = [r for r in caplog.records if r.getMessage().endswith(": another cleanup error")]
+    assert [r.exc_info[1] for r in logged if r.exc_info] == [second]
+    assert tracked.survivors() == []
+
+
 async def test_user_exception_wins_and_carries_the_cleanup_error(
     tracked: Tracked, caplog: pytest.LogCaptureFixture, contained: dict[str, Any]
 ) -> None:

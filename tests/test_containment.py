@@ -675,6 +675,30 @@ async def test_process_group_alone_misses_exactly_the_escapees(tracked: Tracked)
     assert procs.kill_survivors(tracked.token) == [escapee]
 
 
+async def test_a_member_that_leaves_the_group_during_cleanup_escapes_it_quietly(
+    tracked: Tracked,
+) -> None:
+    # Group containment: a member that ignores SIGTERM, then leaves the group (setsid)
+    # during the grace, is an escapee the group cannot reach, as documented; cleanup
+    # must not count it still (helper-35: a mutant that did so lived; it sent SIGKILL
+    # and raised "processes outlived SIGKILL" for a tree whose group was empty).
+    script = "sh -c 'trap \"\" TERM; echo $$; sleep 0.2; exec setsid sleep 60' & exit 0"
+    async with open_process_tree(
+        ["sh", "-c", script],
+        grace=0.5,
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+        containment="group",
+    ) as tree:
+        assert tree.stdout is not None
+        [member] = await read_pids(tree.stdout, 1)
+    assert tree.outcome is not None
+    assert signal.SIGKILL not in tree.outcome.signals
+    assert not tree.outcome.grace_expired
+    assert os.getsid(member) == member  # it left, and lives on: the group's documented limit
+    assert procs.kill_survivors(tracked.token) == [member]
+
+
 async def until_a_sleep_with_no_environment(pid: int) -> None:
     """Until ``pid`` has exec'd ``env -i sleep``: no event says an exec is done."""
     with trio.fail_after(5):

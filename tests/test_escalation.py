@@ -705,6 +705,33 @@ async def test_a_stream_put_in_place_of_stdin_cannot_hold_cleanup_past_its_bound
     assert tracked.survivors() == []
 
 
+async def test_a_stream_put_in_place_of_stdin_gets_only_what_is_left_of_the_bound(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # The tree ignores SIGTERM, so the whole escalation runs before the stream's close:
+    # that close gets what is left of escalation.worst_case (here ~0.5 s), not all of it
+    # again (helper-35: a mutant that gave it the whole bound lived, the tree in the test
+    # above stopping at SIGTERM).
+    policy = Escalation(steps=[(signal.SIGTERM, 0.5)], kill_wait=0.5)
+    async with open_process_tree(
+        ["sh", "-c", "trap '' TERM; echo ready; while :; do sleep 0.05; done"],
+        escalation=policy,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        **contained,
+    ) as tree:
+        assert tree.stdin is not None and tree.stdout is not None
+        with trio.fail_after(10):
+            assert await tree.stdout.receive_some() == b"ready\n"  # (its trap is set)
+        slow = SlowToClose(tree.stdin, flush=30)
+        tree.stdin = slow
+    assert slow.cut_short
+    assert tree.outcome is not None
+    assert tree.outcome.grace_expired  # (SIGTERM ignored: the hard stop ended it)
+    assert tree.outcome.duration < policy.worst_case + 0.25  # whole bound again: ~1.5 s
+    assert tracked.survivors() == []
+
+
 async def test_close_stdin_step_is_skipped_without_a_stdin_pipe(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:

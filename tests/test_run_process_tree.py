@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 from pathlib import Path
@@ -61,6 +62,29 @@ async def test_nonzero_exit_raises_called_process_error_when_checked(
     assert result.returncode == 7
 
 
+async def test_a_leader_killed_by_a_signal_raises_called_process_error_when_checked(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # As subprocess.run: any status but 0 is a failure, a death by signal (an OOM kill, a
+    # crash) included. (A mutant that took only positive statuses survived: helper-35.)
+    with pytest.raises(subprocess.CalledProcessError) as caught:
+        await run_process_tree(["sh", "-c", "kill -9 $$"], **contained)
+    assert caught.value.returncode == -9
+    assert tracked.survivors() == []
+
+
+async def test_input_the_command_does_not_read_is_not_an_error(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # What the tree did not take is not ours to report: the call returns the command's
+    # status. (A mutant that let the broken pipe through survived: helper-35.)
+    result = await run_process_tree(
+        ["sh", "-c", "exec 0<&-; sleep 0.2"], stdin=b"x" * (8 << 20), **contained
+    )
+    assert result.returncode == 0
+    assert tracked.survivors() == []
+
+
 async def test_stdin_bytes_are_fed_then_closed(tracked: Tracked, contained: dict[str, Any]) -> None:
     result = await run_process_tree(["cat"], stdin=b"hello tree", capture_stdout=True, **contained)
     assert result.stdout == b"hello tree"
@@ -117,12 +141,15 @@ async def _run_leaving_an_escapee_on_stdout(
 
 
 async def test_output_held_open_outside_the_group_is_read_for_a_bounded_time(
-    tracked: Tracked, tmp_path: Path
+    tracked: Tracked, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # With only a group for containment, the escapee is out of reach and keeps stdout
-    # open: the drain bound alone lets the call return.
+    # open: the drain bound alone lets the call return, and a warning says so.
+    caplog.set_level(logging.WARNING, logger="trio_proctree")
     escapee = await _run_leaving_an_escapee_on_stdout(tracked, tmp_path, "group")
     assert procs.alive(escapee)
+    [warned] = [r.getMessage() for r in caplog.records if "pipe still open" in r.getMessage()]
+    assert warned.startswith("pid ")  # (the tree's label: its pid and command)
     assert tracked.survivors() == [escapee]
     procs.kill_survivors(tracked.token)
 

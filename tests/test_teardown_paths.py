@@ -139,6 +139,36 @@ async def test_cleanup_takes_turns_with_a_task_waiting_for_the_leader(
     assert not tree.outcome.grace_expired
 
 
+async def test_a_task_waiting_for_the_leader_gets_its_status_when_cleanup_reaps_it(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # The leader dies while a task waits in tree.wait(), and cleanup runs before that
+    # task is woken: it reaps the leader and closes its pidfd under the waiting task.
+    # That task must get the status (a mutant that let trio's ClosedResourceError out,
+    # and one that did not tell trio the pidfd closes, which hung it, lived: helper-35).
+    statuses: list[int] = []
+    async with (
+        trio.open_nursery() as nursery,
+        open_process_tree(["sleep", "60"], grace=0.5, **contained) as tree,
+    ):
+
+        async def waiter() -> None:
+            statuses.append(await tree.wait())
+
+        nursery.start_soon(waiter)
+        await trio.testing.wait_all_tasks_blocked()
+        procs.remember(tree.pid)
+        tree.kill()
+        assert procs.wait_unreaped(tree.pid, within=5)  # dead, before any checkpoint
+        await tree.aclose()
+        with trio.fail_after(2):
+            await trio.testing.wait_all_tasks_blocked()
+            while not statuses:
+                await trio.sleep(0.01)
+    assert statuses == [-signal.SIGKILL]
+    assert tracked.survivors() == []
+
+
 async def test_lingering_descendants_are_stopped_after_the_leader_exited(
     tracked: Tracked,
     contained: dict[str, Any],
