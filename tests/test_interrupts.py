@@ -346,6 +346,72 @@ def test_ctrl_c_during_the_grace_kills_the_tree_now_then_interrupts(
     assert tracked.survivors() == []
 
 
+# The same, with a cleanup that fails: the stream the program put in place of the tree's
+# stdin cannot close. Reports what reached the program, and what it carried.
+INTERRUPTED_DURING_A_FAILING_CLEANUP = (
+    procs.ALIVE_IN_A_CHILD
+    + CTRL_C_IN_THE_GRACE
+    + textwrap.dedent(
+        """
+    import json, sys, trio
+    from trio_proctree import open_process_tree
+
+    class FailsToClose(trio.abc.SendStream):
+        def __init__(self, inner):
+            self.inner = inner
+        async def send_all(self, data):
+            await self.inner.send_all(data)
+        async def wait_send_all_might_not_block(self):
+            pass
+        async def aclose(self):
+            await trio.aclose_forcefully(self.inner)
+            raise ValueError("could not close (injected)")
+
+    threading.Thread(target=press_ctrl_c, args=(1,), daemon=True).start()
+    pids = Pids()
+
+    async def main():
+        command = ["sh", "-c", "trap '' TERM; sleep 60 & echo $$ $!; wait"]
+        async with open_process_tree(
+            command, grace=5.0, stdin=-1, stdout=-1, containment=sys.argv[1]
+        ) as tree:
+            tree.stdin = FailsToClose(tree.stdin)
+            line = b""
+            while not line.endswith(b"\\n"):
+                line += await tree.stdout.receive_some()
+            pids.extend(int(pid) for pid in line.split())
+
+    try:
+        trio.run(main)
+        reached = None
+    except BaseException as exc:
+        reached = exc
+    print(json.dumps({
+        "reached": type(reached).__name__,
+        "carried": repr(reached.__cause__) + " ".join(getattr(reached, "__notes__", [])),
+        "alive": [pid for pid in pids if alive(pid)],
+    }))
+    """
+    )
+)
+
+
+def test_a_cleanup_error_never_replaces_a_ctrl_c(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # The interrupt wins, as a cancellation does, and carries the error (helper-35: a
+    # mutant that raised the cleanup's error instead lived).
+    report = json.loads(
+        procs.run_python(
+            INTERRUPTED_DURING_A_FAILING_CLEANUP, contained["containment"], env=contained["env"]
+        )
+    )
+    assert report["reached"] == "KeyboardInterrupt"
+    assert "could not close (injected)" in report["carried"]
+    assert report["alive"] == []
+    assert tracked.survivors() == []
+
+
 # The asyncio twin: Ctrl-C at a slow stop under asyncio.run (or uvloop.run). From 3.11
 # the first Ctrl-C cancels the main task, whose cleanup runs its course; a second raises
 # KeyboardInterrupt out of the loop, whose shutdown cancels the cleanup's task. Python

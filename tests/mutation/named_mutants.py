@@ -2027,6 +2027,13 @@ MUTANTS = [
         "                pass",
         "second_cleanup_error_is_logged",
     ),
+    (
+        "interrupt: a cleanup error raised in place of a Ctrl-C that came during cleanup",
+        "_trio.py",
+        "            if io.keyboard_interrupt is None:\n                raise\n",
+        "            if True:\n                raise\n",
+        "never_replaces_a_ctrl_c",
+    ),
 ]
 
 
