@@ -1168,6 +1168,77 @@ async def test_parent_killed_with_sigkill_takes_its_trees_along(
         sibling.wait()
 
 
+# Holds a tree (the shape given: two members, each saying its pid) whose cleanup can
+# signal nothing (every signal refused, as to a process of another user), so that it
+# outlives its cleanup; says the tree's pids and that cleanup failed, starts another tree,
+# then waits to be killed.
+CLEANUP_FAILED_PARENT = textwrap.dedent(
+    """
+    import signal, sys, trio
+    from trio_proctree import CleanupError, Escalation, open_process_tree
+
+    def refused(*args, **kwargs):
+        raise PermissionError(1, "Operation not permitted (injected)")
+
+    async def main():
+        shape = sys.argv[2]
+        policy = Escalation(steps=[(signal.SIGTERM, 0.1)], kill_wait=0.1)
+        try:
+            async with open_process_tree(
+                ["sh", "-c", shape], escalation=policy, stdout=-1, containment=sys.argv[1]
+            ) as tree:
+                said = b""
+                while said.count(b"\\n") < 2:
+                    said += await tree.stdout.receive_some()
+                print(tree.pid, *said.decode().split(), flush=True)
+                tree._core.containment.signal = tree._core.containment.kill = refused
+        except CleanupError:
+            print("cleanup failed", flush=True)
+        # Another tree: its registration carries to the watchdog what was unregistered
+        # since (unregistrations wait for the next write), so a dropped entry shows.
+        async with open_process_tree(["true"], containment=sys.argv[1]):
+            pass
+        print("another tree ran", flush=True)
+        await trio.sleep_forever()
+
+    trio.run(main)
+    """
+)
+
+
+async def test_a_tree_that_outlived_its_cleanup_dies_with_a_parent_killed_later(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # A tree its cleanup could not stop keeps its parent-death backstop: SIGKILLed later,
+    # the parent takes it along (helper-35: mutants that dropped the watchdog entry of a
+    # tree not known to be empty lived: no test had such a tree outlive its cleanup).
+    # A group alone cannot reach an escapee: there, the second member stays in the group.
+    containment = contained["containment"]
+    escapee = "setsid -f sh -c 'echo $$; exec sleep 60'"
+    second = "sleep 61 & echo $!" if containment == "group" else escapee
+    shape = f"sleep 60 & echo $!; {second}; wait"
+    parent = subprocess.Popen(  # noqa: ASYNC220 - it starts at once
+        [sys.executable, "-c", CLEANUP_FAILED_PARENT, containment, shape],
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+    )
+    with procs.killed_on_failure(parent):
+        assert parent.stdout is not None
+        pids = [int(pid) for pid in parent.stdout.readline().split()]
+        assert len(pids) == 3  # the leader, a member, an escapee
+        for pid in pids:
+            procs.remember(pid)
+        assert parent.stdout.readline() == b"cleanup failed\n"
+        assert parent.stdout.readline() == b"another tree ran\n"
+        assert all(procs.alive(pid) for pid in pids)  # (the premise: it outlived cleanup)
+        parent.send_signal(signal.SIGKILL)  # no atexit, no cleanup: only the watchdog
+        parent.wait()
+        await until_gone(pids, within=1.0)
+        assert [pid for pid in pids if procs.alive(pid)] == []
+    await until_none_survive(tracked, within=1.0)
+    assert tracked.survivors() == []
+
+
 # Opens a tree, SIGKILLs its own watchdog (and waits for it to die), opens a second tree;
 # says each tree's pids (leader, member, escapee), then "ready". With "default-sigpipe",
 # SIGPIPE is set back to its default first, as many command-line tools do.

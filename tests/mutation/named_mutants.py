@@ -2034,6 +2034,20 @@ MUTANTS = [
         "            if True:\n                raise\n",
         "never_replaces_a_ctrl_c",
     ),
+    (
+        "group: the backstop of a tree not known to be empty dropped at its release",
+        "_containment.py",
+        "        if emptied and self.backstop:  # (none where the containment's own covers the tree)",
+        "        if self.backstop:  # (none where the containment's own covers the tree)",
+        "outlived_its_cleanup_dies",
+    ),
+    (
+        "tracking: the backstop of a tree not known to be empty dropped at its release",
+        "_containment.py",
+        "        reap_orphans(self._leader.pid, self._ours, parent_thread=self._leader.parent_thread)\n        if emptied:\n",
+        "        reap_orphans(self._leader.pid, self._ours, parent_thread=self._leader.parent_thread)\n        if True:\n",
+        "outlived_its_cleanup_dies",
+    ),
 ]
 
 
