@@ -2048,6 +2048,13 @@ MUTANTS = [
         "        reap_orphans(self._leader.pid, self._ours, parent_thread=self._leader.parent_thread)\n        if True:\n",
         "outlived_its_cleanup_dies",
     ),
+    (
+        "run: the nursery's group left as the context of the exception it stood for",
+        "_trio.py",
+        "            single.__context__ = context\n",
+        "            pass\n",
+        "propagates_unwrapped",
+    ),
 ]
 
 
