@@ -226,6 +226,35 @@ def test_without_cancellation_the_caller_gets_the_cleanup_error_itself(
     assert tracked.survivors() == []
 
 
+def test_a_cleanup_error_nobody_waits_for_is_logged(
+    run: Callable[..., Any],
+    tracked: Tracked,
+    contained: dict[str, Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # aclose() starts the cleanup when called; a caller that never awaits it leaves its
+    # error to nobody: it is logged then, never lost (helper-35: a mutant that dropped
+    # the log lived). A later wait still gets it.
+    caplog.set_level(logging.ERROR, logger="trio_proctree")
+
+    async def main() -> None:
+        scope, tree = await started_tree(tracked, contained, grace=0.2)
+        injected = fail_first_stop_signal(tree)
+        tree.aclose().close()  # (started, and never awaited)
+        cleanup = tree._cleanup
+        assert cleanup is not None
+        await asyncio.wait([cleanup])
+        await asyncio.sleep(0)  # (its done-callback runs next)
+        logged = [r for r in caplog.records if r.getMessage().endswith(": cleanup failed")]
+        assert [r.exc_info[1] for r in logged if r.exc_info] == [injected]
+        with pytest.raises(PermissionError) as caught:
+            await scope.__aexit__(None, None, None)
+        assert caught.value is injected
+
+    run(main)
+    assert tracked.survivors() == []
+
+
 def test_close_path_reports_nothing_to_the_loop_and_builds_no_shield(
     run: Callable[..., Any],
     tracked: Tracked,

@@ -2055,6 +2055,13 @@ MUTANTS = [
         "            pass\n",
         "propagates_unwrapped",
     ),
+    (
+        "close: a cleanup error nobody waits for not logged (asyncio)",
+        "asyncio.py",
+        '            logger.error("%s: cleanup failed", self._core.label, exc_info=error)\n',
+        "            pass\n",
+        "cleanup_error_nobody_waits_for",
+    ),
 ]
 
 
