@@ -235,11 +235,11 @@ async def test_a_hard_stop_that_failed_is_named_as_the_reason(
     del tree._core.containment.kill  # (the real one again, for the net at exit)
     procs.kill_survivors(tracked.token)  # (what the hard stop left: ours, by token)
     assert str(caught.value).endswith(
-        ": processes outlived cleanup: the hard stop (SIGKILL) failed"
+        ": processes outlived cleanup: the hard stop (SIGKILL) failed, at least in part"
     )
     assert caught.value.__cause__ is injected
     [logged] = [r.getMessage() for r in caplog.records if "still alive" in r.getMessage()]
-    assert logged.endswith("s after SIGKILL (the hard stop failed)")
+    assert logged.endswith("s after SIGKILL (the hard stop failed, at least in part)")
     assert tracked.survivors() == []
 
 

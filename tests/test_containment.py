@@ -9,6 +9,7 @@ import concurrent.futures
 import contextlib
 import ctypes
 import errno
+import json
 import logging
 import os
 import pwd
@@ -47,7 +48,7 @@ from trio_proctree._orphans import adopted_children, become_subreaper
 from trio_proctree._subreaper import SubreaperContainment
 
 from . import procs
-from .conftest import Tracked, read_pids
+from .conftest import Tracked, makes_pid_namespaces, read_pids
 from .test_event_driven import counting_steps
 
 # A member that calls setsid() (leaves group and session), says its pid, and lingers.
@@ -226,6 +227,72 @@ async def test_a_daemon_whose_parent_is_still_exiting_is_killed(
     assert not procs.alive(daemon)
     assert tree.outcome is not None
     assert tree.outcome.escapees_killed >= 1  # (the middle one too, if caught in its exit)
+    assert tracked.survivors() == []
+
+
+# Makes a stranger stuck in its exit, as a child of this process: the init of a pid
+# namespace, killed while a zombie in it waits for a parent outside it that is stopped
+# (init then waits for that zombie, for good). Then runs a subreaper tree that ends by
+# itself and prints how long that took and what it raised; then ends the stranger.
+WITH_A_STRANGER_STUCK_IN_ITS_EXIT = textwrap.dedent(
+    """
+    import faulthandler, json, os, signal, subprocess, time, trio
+    from functools import partial
+    faulthandler.dump_traceback_later(30, exit=True)  # (a hang says where, and ends)
+    from trio_proctree import run_process_tree
+    from trio_proctree._orphans import become_subreaper, children
+    from trio_proctree._procfs import read_stat
+
+    def until(condition):
+        deadline = time.monotonic() + 10
+        while not condition():  # (no event says these)
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+
+    become_subreaper()
+    holder = subprocess.Popen(["unshare", "--pid", "--fork", "sleep", "60"])
+    until(lambda: children(holder.pid))
+    [init] = children(holder.pid)
+    holder.kill()  # (ours, by pid)
+    holder.wait()
+    until(lambda: read_stat(init).ppid == os.getpid())  # handed on to us
+    outside = subprocess.Popen(["nsenter", "-t", str(init), "-p", "sleep", "60"])
+    until(lambda: children(outside.pid))
+    outside.send_signal(signal.SIGSTOP)  # it will not reap its child in the namespace
+    os.kill(init, signal.SIGKILL)  # (ours, by pid)
+    until(lambda: read_stat(init).exiting and read_stat(init).state != "Z")
+    try:
+        started = time.monotonic()
+        try:
+            command = ["sh", "-c", "sleep 0.1"]
+            trio.run(partial(run_process_tree, command, containment="subreaper", grace=0.5))
+            raised = None
+        except BaseException as exc:
+            raised = exc
+        print(json.dumps([time.monotonic() - started, repr(raised), read_stat(init).exiting]))
+    finally:
+        outside.send_signal(signal.SIGCONT)  # it reaps its child, and init's exit ends
+        outside.wait()
+        os.waitpid(init, 0)
+    """
+)
+
+
+@makes_pid_namespaces
+def test_a_stranger_stuck_in_its_exit_does_not_hold_a_subreaper_trees_cleanup(
+    tracked: Tracked,
+) -> None:
+    # Red before (helper-36, against the first fix for the daemon above, which waited for
+    # a process met in its exit): every subreaper tree then waited for the stranger to
+    # its bound, sent SIGKILL to nobody, and raised "processes outlived SIGKILL".
+    if shutil.which("unshare") is None or shutil.which("nsenter") is None:
+        pytest.skip("needs unshare and nsenter (util-linux)")
+    seconds, raised, stuck = json.loads(
+        procs.run_python(WITH_A_STRANGER_STUCK_IN_ITS_EXIT, env=tracked.env)
+    )
+    assert stuck  # (the premise: it was still stuck in its exit at the end)
+    assert raised == "None"
+    assert seconds < 0.5  # (~0.1 s: the command's own time, no grace sat out)
     assert tracked.survivors() == []
 
 

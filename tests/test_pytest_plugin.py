@@ -346,20 +346,63 @@ def test_a_daemon_handed_on_by_a_process_that_ended_after_the_listing_is_a_leak(
         daemons: list[int] = []
         second_look = pytest_plugin._less_the_dying
 
-        def after_the_listing(leaked: dict[tuple[int, int], str]) -> dict[tuple[int, int], str]:
+        def after_the_listing(
+            leaked: dict[tuple[int, int], str], *, within: float | None = None
+        ) -> dict[tuple[int, int], str]:
             if not daemons:
                 assert [pid for pid, _ in leaked] == [middle.pid]  # the premise
                 middle.stdin.write(b"\n")  # type: ignore[union-attr]
                 middle.stdin.flush()  # type: ignore[union-attr]
                 daemons.append(int(middle.stdout.readline()))  # type: ignore[union-attr]
                 assert procs.wait_exited(middle.pid)  # (a zombie: ended, as it is dropped)
-            return second_look(leaked)
+            return second_look(leaked, within=within)
 
         monkeypatch.setattr(pytest_plugin, "_less_the_dying", after_the_listing)
         leaked = pytest_plugin._leaked(before, ours=set())
         middle.wait()
     assert [pid for pid, _ in leaked] == daemons
     assert procs.kill_survivors(tracked.token) == daemons  # (ours, by the test's token)
+    assert tracked.survivors() == []
+
+
+def test_the_check_waits_for_the_dying_once_however_often_it_lists(
+    tracked: Tracked, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A process stuck "in its exit" (its main thread gone, another running on) is waited
+    # for, up to the bound, then reported. Red before (helper-36): each listing waited
+    # the bound again, and a listing that met a process ending meanwhile was made again,
+    # so one check waited up to ten times the bound.
+    monkeypatch.setattr(pytest_plugin, "_EXIT_WITHIN", 0.3)
+    listing = pytest_plugin._descendants
+
+    def with_one_that_ends_meanwhile() -> dict[tuple[int, int], str]:
+        ended = subprocess.Popen(["true"], env=tracked.env)  # (listed, then gone)
+        assert procs.wait_unreaped(ended.pid, within=5)
+        key = (ended.pid, procs.starttime(ended.pid))
+        ended.wait()
+        return {**listing(), key: "true"}
+
+    before = set(listing())
+    with procs.killed_on_failure(
+        subprocess.Popen(
+            [*procs.python(), "-c", MAIN_THREAD_GOES_ON_A_LINE],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=tracked.env,
+        )
+    ) as runs_on:
+        assert runs_on.stdin is not None and runs_on.stdout is not None
+        assert int(runs_on.stdout.readline()) == runs_on.pid
+        runs_on.stdin.write(b"\n")
+        runs_on.stdin.flush()
+        assert procs.wait_main_thread_gone(runs_on.pid)
+        monkeypatch.setattr(pytest_plugin, "_descendants", with_one_that_ends_meanwhile)
+        started = time.monotonic()
+        leaked = pytest_plugin._leaked(before, ours=set())
+        waited = time.monotonic() - started
+        runs_on.kill()  # our own child, by pid
+    assert [pid for pid, _ in leaked] == [runs_on.pid]
+    assert waited < 1.5  # one 0.3 s wait, not one per listing (ten: 3 s)
     assert tracked.survivors() == []
 
 

@@ -132,4 +132,9 @@ def _log_cgroup_passed_over(why: CgroupUnavailable, instead: str) -> None:
     global _passed_over  # noqa: PLW0603 - one notice per process
     level = logging.DEBUG if _passed_over else logging.WARNING
     _passed_over = True
-    logger.log(level, "%s; this tree is contained by %s instead", why, instead)
+    also = (
+        " (this process is now the child subreaper of its descendants, for good)"
+        if instead == "subreaper"
+        else ""
+    )
+    logger.log(level, "%s; this tree is contained by %s instead%s", why, instead, also)

@@ -491,10 +491,6 @@ class MemberTracking:
         self._sent: list[int] = []  # signals sent so far, replayed to members found later
         #: Whether the last listing met a process it could not place yet (ask again soon).
         self._undecided = False
-        #: pid -> pidfd of processes the last listing met in their exit, not knowing
-        #: whose they are (their environment went with their memory): what they leave is
-        #: handed on to us at their end, and looked at then. Waited for, never signalled.
-        self._watched_exits: dict[int, int] = {}
         #: (pid, starttime) of every member seen, to recognise their zombies later.
         self._seen: set[tuple[int, int]] = set()
         #: Processes the listing under way pinned as it read them: pidfd, and the stat
@@ -827,8 +823,6 @@ class MemberTracking:
             listed, new_escapees = self._track_new_members(give=self._sent)
             self._signal_escapees(new_escapees, self._sent)
             self._raise_denied()  # (the members are tracked: the next call waits on them)
-            if not self._members and self._watched_exits:
-                return list(self._watched_exits.values())  # (their ends wake the wait)
             if not self._members and (listed or self._undecided):
                 # Listed, but gone before its pidfd opened: still finishing its exit. Or
                 # a process the listing could not place yet. Ask again after the driver
@@ -837,23 +831,7 @@ class MemberTracking:
         self._emptied = not self._members
         return list(self._members.values())
 
-    def _watch_exit(self, pid: int) -> None:
-        """Wait for the end of this process in its exit before the tree is called empty
-        (see `_watched_exits`)."""
-        if pid in self._watched_exits or (fd := open_pidfd(pid)) is None:
-            return  # (gone already: what it left is ours to list now)
-        if exited(fd):
-            os.close(fd)
-        else:
-            self._watched_exits[pid] = fd
-
-    def _forget_watched_exits(self) -> None:
-        for fd in self._watched_exits.values():
-            os.close(fd)
-        self._watched_exits.clear()
-
     def release(self, *, emptied: bool = True) -> None:
-        self._forget_watched_exits()
         self._members.close_all()
         if self.backstop_needs_group:
             # (Else the group registered nothing, and watches nothing: its members are ours.)

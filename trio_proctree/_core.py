@@ -144,7 +144,7 @@ class TreeCore:
         )
         errors: list[Exception] = []
         action: object = None
-        hard_stop_failed = False  # (no SIGKILL went out: say so, not that it was outlived)
+        hard_stop_failed = False  # (it failed, at least in part: said, not only outlived)
         try:
             # A running leader is a running tree, and one call tells: the first step then
             # goes out before the containment is asked anything (on a VM, each call that
@@ -210,7 +210,8 @@ class TreeCore:
     def _outlived(self, errors: list[Exception], *, hard_stop_failed: bool) -> CleanupError:
         """The error for a tree that outlived cleanup, and why, as far as it is known."""
         outlived = CleanupError(
-            f"{self.label}: processes outlived cleanup: the hard stop (SIGKILL) failed"
+            f"{self.label}: processes outlived cleanup: the hard stop (SIGKILL) failed, at "
+            "least in part"
             if hard_stop_failed
             else f"{self.label}: processes outlived SIGKILL"
         )

@@ -98,6 +98,10 @@ class SubreaperContainment(MemberTracking):
 
     def __init__(self) -> None:
         super().__init__()
+        #: Processes the listing under way met in their exit (`_environment_has`), to look
+        #: below; and the pids of those the last listing looked below.
+        self._in_their_exit: list[ProcStat] = []
+        self._looked_below: set[int] = set()
         become_subreaper()
         self.marker = f"{MARKER_PREFIX}{os.getpid()}_{next(_tree_numbers)}_{uuid.uuid4().hex[:8]}"
         self._marker_entry = f"{self.marker}=1".encode()
@@ -137,9 +141,7 @@ class SubreaperContainment(MemberTracking):
             return True
         verdict = _environment_has(stat.pid, self._marker_entry)
         if verdict == "exiting":
-            # Its exit hands its children on to us: waited for (never signalled: it may be
-            # a stranger), then the next listing looks at them.
-            self._watch_exit(stat.pid)
+            self._in_their_exit.append(stat)  # (its children are looked at instead)
             return False
         if verdict is None and stat.alive and _still_undecided(stat, self.UNDECIDED_LISTINGS):
             self._undecided = True
@@ -155,7 +157,7 @@ class SubreaperContainment(MemberTracking):
         # belong to another child of ours: then only the marker says who is ours.)
         leader = self.leader.pid if self.leader.pins_group else None
         self._undecided = False
-        self._forget_watched_exits()  # (each listing watches what it finds in its exit)
+        self._looked_below = set()
         # A dead child has no subtree left (its children re-parented to us as it exited,
         # and are listed here themselves): it is not read at all.
         roots = [leader] if leader is not None and not exited_child(leader) else []
@@ -197,7 +199,30 @@ class SubreaperContainment(MemberTracking):
         # Every stat read before any is judged: one question about a reaped leader's group
         # serves them all (`_group_lives`).
         self._lives_for_listed = None
-        return [stat.pid for stat in adopted if self._from_this_tree(stat, listed=True)]
+        self._in_their_exit = []
+        roots = [stat.pid for stat in adopted if self._from_this_tree(stat, listed=True)]
+        return roots + self._from_this_tree_below_their_exits()
+
+    def _from_this_tree_below_their_exits(self) -> list[int]:
+        """The children that came from this tree of the processes just judged that were in
+        their exit (and of those of them in theirs), each judged as ours would be.
+
+        Such a process has let go of its memory, environment and all, so it cannot be
+        placed: taken for a stranger and not looked below, it hid the daemon a double
+        fork had just made, still its child, and the tree was called empty while the
+        daemon ran. Waiting for its exit to hand its children on to us let any stranger
+        stuck in its exit hold every tree's cleanup to its bound. It is never counted
+        nor signalled itself: its children say for themselves whose they are.
+        """
+        found: list[int] = []
+        while self._in_their_exit:
+            exiting = self._in_their_exit.pop()
+            self._looked_below.add(exiting.pid)
+            for child in children_of(exiting):
+                stat = read_stat(child)
+                if stat is not None and stat.alive and self._from_this_tree(stat):
+                    found.append(child)
+        return found
 
     def _walk(self, roots: list[int], walked: set[int]) -> Iterator[ProcStat]:
         """`descendants` of ``roots``, each process not tracked yet pinned on the way: its
@@ -235,12 +260,16 @@ class SubreaperContainment(MemberTracking):
             pending.extend(children_of(stat))
 
     def _confirm_escapee(self, pid: int, stat: ProcStat) -> bool:
-        # Listed as a descendant; still one if its parent is us or a member we track.
+        # Listed as a descendant; still one if its parent is us or a member we track, or
+        # a process in its exit that the listing looked below (what it judged there).
         parent_is_leader = stat.ppid == self.leader.pid and self.leader.pins_group
         return (
             stat.ppid in self._members
             or parent_is_leader
-            or (stat.ppid == os.getpid() and self._from_this_tree(stat))
+            or (
+                (stat.ppid == os.getpid() or stat.ppid in self._looked_below)
+                and self._from_this_tree(stat)
+            )
         )
 
     def _hard_kill(self) -> None:

@@ -76,7 +76,8 @@ class Finished:
 
 Action = CloseStdin | SendSignal | KillAll | AwaitEmpty | Finished
 #: The plan's steps, each answered by the driver: for AwaitEmpty, whether the tree emptied
-#: (or `LeaderLeft`, `CutShort`); for KillAll, False if it failed (no SIGKILL went out);
+#: (or `LeaderLeft`, `CutShort`); for KillAll, False if it failed (it may have reached
+#: only some of the tree, or none of it);
 #: else None.
 Answer = bool | LeaderLeft | CutShort | None
 _Plan = Generator[Action, Answer, Finished]
@@ -231,9 +232,11 @@ class Teardown:
         went_out = yield KillAll()
         if (yield AwaitEmpty(policy.kill_wait, grace=False)):
             return Finished(emptied=True)
-        # Blaming the processes (a sleep nothing wakes) when the SIGKILL never went out
-        # would send the reader after the wrong cause: the error raised says why it failed.
-        why = "the hard stop failed" if went_out is False else "uninterruptible sleep?"
+        # Blaming the processes (a sleep nothing wakes) when the SIGKILL may not have
+        # reached them would send the reader after the wrong cause: the error raised
+        # says why the hard stop failed.
+        failed = went_out is False
+        why = "the hard stop failed, at least in part" if failed else "uninterruptible sleep?"
         logger.error(
             "%s: processes still alive %gs after SIGKILL (%s)", self.label, policy.kill_wait, why
         )

@@ -133,13 +133,17 @@ def _leaked(before: set[tuple[int, int]], ours: set[int]) -> dict[tuple[int, int
     lists no process that ends before the check is done with it.
     """
     leaked: dict[tuple[int, int], str] = {}
+    # One wait for the dying in all: each listing waiting its own, a process stuck in its
+    # exit made the check wait that long again at every listing (helper-36).
+    deadline = time.monotonic() + _EXIT_WITHIN
     for _ in range(_LISTINGS):
         listed = {
             key: command
             for key, command in _descendants().items()
             if key not in before and key[0] not in ours
         }
-        leaked = _less_the_dying(listed) if listed else {}
+        within = max(deadline - time.monotonic(), 0.0)
+        leaked = _less_the_dying(listed, within=within) if listed else {}
         if leaked.keys() == listed.keys():
             break  # every process listed still runs: nothing was handed on meanwhile
     return leaked
@@ -164,7 +168,9 @@ def _session_helpers() -> set[int]:
 _EXIT_WITHIN = 5.0
 
 
-def _less_the_dying(leaked: dict[tuple[int, int], str]) -> dict[tuple[int, int], str]:
+def _less_the_dying(
+    leaked: dict[tuple[int, int], str], *, within: float | None = None
+) -> dict[tuple[int, int], str]:
     """``leaked`` without the processes that were only dying.
 
     A process killed as its test ended may still be in its exit when the listing runs
@@ -174,6 +180,7 @@ def _less_the_dying(leaked: dict[tuple[int, int], str]) -> dict[tuple[int, int],
     reported after all (only its main thread may have exited, the rest running on). One
     that has ended its exit since the listing is no leak either (the watchdog of a tool a
     test ran, say: its owner gone, it finishes its work and exits as the check runs).
+    ``within``: how long to wait for the dying (default `_EXIT_WITHIN`).
     """
     started = dict(leaked.keys())  # pid -> start time
     dying: dict[int, int] = {}
@@ -197,7 +204,7 @@ def _less_the_dying(leaked: dict[tuple[int, int], str]) -> dict[tuple[int, int],
             else:
                 os.close(fd)
                 running.add(pid)
-        ended = _wait_exited(list(dying.values()), _EXIT_WITHIN)
+        ended = _wait_exited(list(dying.values()), _EXIT_WITHIN if within is None else within)
         for fd in ended:
             _reap_if_ours(fd)
         return {

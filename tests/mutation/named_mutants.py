@@ -1700,7 +1700,7 @@ MUTANTS = [
     (
         "pytest plugin: a process still in its exit reported as a leak",
         "pytest_plugin.py",
-        "        leaked = _less_the_dying(listed) if listed else {}",
+        "        leaked = _less_the_dying(listed, within=within) if listed else {}",
         "        leaked = dict(listed)",
         "still_dying_when_its_test_ends",
     ),
@@ -1958,10 +1958,10 @@ MUTANTS = [
         "cannot_start_is_warned_of_once",
     ),
     (
-        "subreaper: a process in its exit not waited for, its children then missed",
-        "_containment.py",
-        "            if not self._members and self._watched_exits:\n",
-        "            if False:\n",
+        "subreaper: the children of a process in its exit not looked at",
+        "_subreaper.py",
+        "        return roots + self._from_this_tree_below_their_exits()\n",
+        "        return roots\n",
         "parent_is_still_exiting",
     ),
     (
@@ -2061,6 +2061,13 @@ MUTANTS = [
         '            logger.error("%s: cleanup failed", self._core.label, exc_info=error)\n',
         "            pass\n",
         "cleanup_error_nobody_waits_for",
+    ),
+    (
+        "pytest plugin: the dying waited for again at every listing",
+        "pytest_plugin.py",
+        "        within = max(deadline - time.monotonic(), 0.0)\n",
+        "        within = _EXIT_WITHIN\n",
+        "dying_once",
     ),
 ]
 
