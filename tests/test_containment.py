@@ -257,11 +257,22 @@ WITH_A_STRANGER_STUCK_IN_ITS_EXIT = textwrap.dedent(
     holder.wait()
     until(lambda: read_stat(init).ppid == os.getpid())  # handed on to us
     outside = subprocess.Popen(["nsenter", "-t", str(init), "-p", "sleep", "60"])
-    until(lambda: children(outside.pid))
+    inside = []
+    def in_the_namespace():  # nsenter's child, once it runs the sleep
+        def runs_sleep(pid):
+            try:
+                with open("/proc/%d/comm" % pid) as f:
+                    return f.read() == "sleep\\n"
+            except OSError:
+                return False
+        inside[:] = [pid for pid in children(outside.pid) if runs_sleep(pid)]
+        return inside
+    until(in_the_namespace)
     outside.send_signal(signal.SIGSTOP)  # it will not reap its child in the namespace
-    os.kill(init, signal.SIGKILL)  # (ours, by pid)
-    until(lambda: read_stat(init).exiting and read_stat(init).state != "Z")
+    os.waitid(os.P_PID, outside.pid, os.WSTOPPED | os.WNOWAIT)  # (stopped, not merely told)
     try:
+        os.kill(init, signal.SIGKILL)  # (ours, by pid)
+        until(lambda: read_stat(init).exiting and read_stat(init).state != "Z")
         started = time.monotonic()
         try:
             command = ["sh", "-c", "sleep 0.1"]
@@ -271,6 +282,11 @@ WITH_A_STRANGER_STUCK_IN_ITS_EXIT = textwrap.dedent(
             raised = exc
         print(json.dumps([time.monotonic() - started, repr(raised), read_stat(init).exiting]))
     finally:
+        for pid in inside:
+            try:
+                os.kill(pid, signal.SIGKILL)  # (ours: a child of our nsenter, by pid)
+            except ProcessLookupError:
+                pass  # (reaped by nsenter)
         outside.send_signal(signal.SIGCONT)  # it reaps its child, and init's exit ends
         outside.wait()
         os.waitpid(init, 0)
