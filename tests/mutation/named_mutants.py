@@ -749,8 +749,8 @@ MUTANTS = [
     (
         "watchdog: a subreaper tree's group not registered",
         "_containment.py",
-        "        self._group.attach(leader, register=self.backstop_needs_group)",
-        "        self._group.attach(leader, register=False)",
+        "    backstop_needs_group = True\n",
+        "    backstop_needs_group = False\n",
         "members_without_environment",
     ),
     (
