@@ -29,6 +29,7 @@ from .conftest import Tracked, slow_to_die
 from .test_bad_input import BAD_REQUESTS
 from .test_containment import LEADER_IGNORES_TERM_ESCAPEE_HANDLES_IT
 from .test_escalation import INPUT_CASES, LETS_A_CLI_FINISH
+from .test_run_process_tree import leaving_an_escapee_on_stdout
 
 TWO_SLEEPS = ["sh", "-c", "sleep 60 & echo $!; sleep 61 & echo $!; wait"]
 
@@ -399,18 +400,15 @@ def test_output_held_open_outside_the_group_is_read_for_a_bounded_time_with_a_wa
     # A setsid escapee, which a process group misses, holds stdout: the drain bound lets
     # the call return, and a warning names the tree (helper-35: a mutant at DEBUG lived).
     caplog.set_level(logging.WARNING, logger="trio_proctree")
-    fifo = tmp_path / "ready"
-    os.mkfifo(fifo)
-    script = f"setsid -f sh -c 'echo $$; echo > {fifo}; exec sleep 60'; read x < {fifo}"
+    command = leaving_an_escapee_on_stdout(tmp_path)
 
     async def main() -> bytes:
         result = await asyncio.wait_for(
             run_process_tree(
-                ["sh", "-c", script], capture_stdout=True, grace=0.5, env=tracked.env,
-                containment="group",
+                command, capture_stdout=True, grace=0.5, env=tracked.env, containment="group"
             ),
             10,
-        )  # fmt: skip
+        )
         return result.stdout
 
     try:

@@ -22,6 +22,7 @@ from trio_proctree import CleanupError, Escalation, ProcessTree, open_process_tr
 
 from . import procs
 from .conftest import Tracked
+from .test_escalation import InPlaceOfStdin
 
 
 def fail_first_stop_signal(
@@ -58,17 +59,12 @@ async def test_cleanup_error_alone_reaches_the_caller_itself(
     assert tracked.survivors() == []
 
 
-class FailsToClose(trio.abc.SendStream):
-    """A stream a program puts in place of ``tree.stdin`` whose aclose() fails."""
+class FailsToClose(InPlaceOfStdin):
+    """Its aclose() fails."""
 
     def __init__(self, inner: trio.abc.SendStream, error: Exception) -> None:
-        self.inner, self.error = inner, error
-
-    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        await self.inner.send_all(data)
-
-    async def wait_send_all_might_not_block(self) -> None:
-        await self.inner.wait_send_all_might_not_block()
+        super().__init__(inner)
+        self.error = error
 
     async def aclose(self) -> None:
         await trio.aclose_forcefully(self.inner)

@@ -1192,13 +1192,15 @@ def parent_with_a_tree(
     shape: str = PARENT_TREE,
     *,
     python: tuple[list[str], dict[str, str]] | None = None,
+    script: str = PARENT,
 ) -> Iterator[tuple[Any, list[int], str]]:
     """A Python process holding a tree open: (its Popen, [leader, and the two pids the
     shape prints: by default a member and an escapee], the containment it got).
-    ``python``: another interpreter command and environment (`as_nobody`)."""
+    ``python``: another interpreter command and environment (`as_nobody`). ``script``:
+    another parent that says the same (the pids, a line each, then "ready" and a word)."""
     command, env = python or ([sys.executable], tracked.env)
     parent = subprocess.Popen(
-        [*command, "-c", PARENT, containment, shape], stdout=subprocess.PIPE, env=env
+        [*command, "-c", script, containment, shape], stdout=subprocess.PIPE, env=env
     )
     with parent:
         try:
@@ -1251,10 +1253,9 @@ async def test_parent_killed_with_sigkill_takes_its_trees_along(
         sibling.wait()
 
 
-# Holds a tree (the shape given: two members, each saying its pid) whose cleanup can
-# signal nothing (every signal refused, as to a process of another user), so that it
-# outlives its cleanup; says the tree's pids and that cleanup failed, starts another tree,
-# then waits to be killed.
+# As PARENT, with a tree whose cleanup can signal nothing (every signal refused, as to a
+# process of another user), so that it outlives its cleanup; then starts another tree, and
+# says "ready" and whether that cleanup failed.
 CLEANUP_FAILED_PARENT = textwrap.dedent(
     """
     import signal, sys, trio
@@ -1273,15 +1274,16 @@ CLEANUP_FAILED_PARENT = textwrap.dedent(
                 said = b""
                 while said.count(b"\\n") < 2:
                     said += await tree.stdout.receive_some()
-                print(tree.pid, *said.decode().split(), flush=True)
+                sys.stdout.write(f"{tree.pid}\\n{said.decode()}")
                 tree._core.containment.signal = tree._core.containment.kill = refused
+            cleanup = "cleaned"
         except CleanupError:
-            print("cleanup failed", flush=True)
+            cleanup = "failed"
         # Another tree: its registration carries to the watchdog what was unregistered
         # since (unregistrations wait for the next write), so a dropped entry shows.
         async with open_process_tree(["true"], containment=sys.argv[1]):
             pass
-        print("another tree ran", flush=True)
+        print("ready", cleanup, flush=True)
         await trio.sleep_forever()
 
     trio.run(main)
@@ -1300,19 +1302,12 @@ async def test_a_tree_that_outlived_its_cleanup_dies_with_a_parent_killed_later(
     escapee = "setsid -f sh -c 'echo $$; exec sleep 60'"
     second = "sleep 61 & echo $!" if containment == "group" else escapee
     shape = f"sleep 60 & echo $!; {second}; wait"
-    parent = subprocess.Popen(  # noqa: ASYNC220 - it starts at once
-        [sys.executable, "-c", CLEANUP_FAILED_PARENT, containment, shape],
-        stdout=subprocess.PIPE,
-        env=tracked.env,
-    )
-    with procs.killed_on_failure(parent):
-        assert parent.stdout is not None
-        pids = [int(pid) for pid in parent.stdout.readline().split()]
-        assert len(pids) == 3  # the leader, a member, an escapee
-        for pid in pids:
-            procs.remember(pid)
-        assert parent.stdout.readline() == b"cleanup failed\n"
-        assert parent.stdout.readline() == b"another tree ran\n"
+    with parent_with_a_tree(tracked, containment, shape, script=CLEANUP_FAILED_PARENT) as (
+        parent,
+        pids,
+        cleanup,
+    ):
+        assert cleanup == "failed"
         assert all(procs.alive(pid) for pid in pids)  # (the premise: it outlived cleanup)
         parent.send_signal(signal.SIGKILL)  # no atexit, no cleanup: only the watchdog
         parent.wait()

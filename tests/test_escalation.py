@@ -656,18 +656,27 @@ async def test_close_stdin_step_runs_for_the_input_run_process_tree_fed(
     assert tracked.survivors() == []
 
 
-class SlowToClose(trio.abc.SendStream):
-    """A stream a program puts in place of ``tree.stdin``, whose aclose() flushes for
-    ``flush`` seconds (a peer that reads slowly); it says whether that was cut short."""
+class InPlaceOfStdin(trio.abc.SendStream):
+    """A stream a program puts in place of ``tree.stdin``, passing writes on to it; what
+    its aclose() does is each subclass's."""
 
-    def __init__(self, inner: trio.abc.SendStream, flush: float) -> None:
-        self.inner, self.flush, self.cut_short = inner, flush, False
+    def __init__(self, inner: trio.abc.SendStream) -> None:
+        self.inner = inner
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         await self.inner.send_all(data)
 
     async def wait_send_all_might_not_block(self) -> None:
         await self.inner.wait_send_all_might_not_block()
+
+
+class SlowToClose(InPlaceOfStdin):
+    """Its aclose() flushes for ``flush`` seconds (a peer that reads slowly); it says
+    whether that was cut short."""
+
+    def __init__(self, inner: trio.abc.SendStream, flush: float) -> None:
+        super().__init__(inner)
+        self.flush, self.cut_short = flush, False
 
     async def aclose(self) -> None:
         try:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import subprocess
 import sys
 import textwrap
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -365,6 +367,29 @@ def test_a_daemon_handed_on_by_a_process_that_ended_after_the_listing_is_a_leak(
     assert tracked.survivors() == []
 
 
+@contextlib.contextmanager
+def main_thread_gone_running_on(
+    tracked: Tracked,
+) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """A child Python whose main thread has exited while another thread runs on (/proc
+    shows it "in its exit", for good), and its start time; killed on failure."""
+    with procs.killed_on_failure(
+        subprocess.Popen(
+            [*procs.python(), "-c", MAIN_THREAD_GOES_ON_A_LINE],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=tracked.env,
+        )
+    ) as runs_on:
+        assert runs_on.stdin is not None and runs_on.stdout is not None
+        assert int(runs_on.stdout.readline()) == runs_on.pid
+        started = procs.starttime(runs_on.pid)
+        runs_on.stdin.write(b"\n")
+        runs_on.stdin.flush()
+        assert procs.wait_main_thread_gone(runs_on.pid)
+        yield runs_on, started
+
+
 def test_the_check_waits_for_the_dying_once_however_often_it_lists(
     tracked: Tracked, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -383,19 +408,7 @@ def test_the_check_waits_for_the_dying_once_however_often_it_lists(
         return {**listing(), key: "true"}
 
     before = set(listing())
-    with procs.killed_on_failure(
-        subprocess.Popen(
-            [*procs.python(), "-c", MAIN_THREAD_GOES_ON_A_LINE],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=tracked.env,
-        )
-    ) as runs_on:
-        assert runs_on.stdin is not None and runs_on.stdout is not None
-        assert int(runs_on.stdout.readline()) == runs_on.pid
-        runs_on.stdin.write(b"\n")
-        runs_on.stdin.flush()
-        assert procs.wait_main_thread_gone(runs_on.pid)
+    with main_thread_gone_running_on(tracked) as (runs_on, _):
         monkeypatch.setattr(pytest_plugin, "_descendants", with_one_that_ends_meanwhile)
         started = time.monotonic()
         leaked = pytest_plugin._leaked(before, ours=set())
@@ -412,20 +425,7 @@ def test_a_process_whose_main_thread_exited_and_runs_on_is_a_leak(
     # /proc shows it a zombie (its main thread's state) while another thread runs: it is
     # caught "in its exit", waited for, and reported once that wait is over.
     monkeypatch.setattr(pytest_plugin, "_EXIT_WITHIN", 0.2)
-    with procs.killed_on_failure(
-        subprocess.Popen(
-            [*procs.python(), "-c", MAIN_THREAD_GOES_ON_A_LINE],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=tracked.env,
-        )
-    ) as runs_on:
-        assert runs_on.stdin is not None and runs_on.stdout is not None
-        assert int(runs_on.stdout.readline()) == runs_on.pid
-        started = procs.starttime(runs_on.pid)
-        runs_on.stdin.write(b"\n")
-        runs_on.stdin.flush()
-        assert procs.wait_main_thread_gone(runs_on.pid)
+    with main_thread_gone_running_on(tracked) as (runs_on, started):
         leaked = {(runs_on.pid, started): "python"}
         assert pytest_plugin._less_the_dying(leaked) == leaked
         runs_on.kill()  # our own child, by pid

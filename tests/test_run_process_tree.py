@@ -121,21 +121,23 @@ async def test_grandchild_holding_the_pipe_does_not_hang_the_call(
     assert tracked.survivors() == []
 
 
+def leaving_an_escapee_on_stdout(tmp_path: Path) -> list[str]:
+    """A command whose ``setsid`` escapee says its pid and keeps stdout open after the
+    leader exits. The leader waits (on a fifo) until the escapee has left the group and
+    said its pid: a leader exiting first would have the group killed while the escapee is
+    still in it."""
+    fifo = tmp_path / "ready"
+    os.mkfifo(fifo)
+    return ["sh", "-c", f"setsid -f sh -c 'echo $$; echo > {fifo}; exec sleep 60'; read x < {fifo}"]
+
+
 async def _run_leaving_an_escapee_on_stdout(
     tracked: Tracked, tmp_path: Path, containment: str
 ) -> int:
-    """Run a tree whose ``setsid`` escapee keeps stdout open after the leader exits; the
-    escapee's pid.
-
-    The leader waits (on a fifo) until the escapee has left the group and said its pid: a
-    leader exiting first would have the group killed while the escapee is still in it.
-    """
-    fifo = tmp_path / "ready"
-    os.mkfifo(fifo)
-    script = f"setsid -f sh -c 'echo $$; echo > {fifo}; exec sleep 60'; read x < {fifo}"
+    """Run `leaving_an_escapee_on_stdout` to its end; the escapee's pid."""
     with trio.fail_after(10):
         result = await run_process_tree(
-            ["sh", "-c", script],
+            leaving_an_escapee_on_stdout(tmp_path),
             capture_stdout=True,
             grace=0.5,
             env=tracked.env,
