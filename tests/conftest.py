@@ -131,14 +131,39 @@ def aside_from_other_homes() -> Iterator[str]:
     mount = _cgroup.find_cgroup2_mount(_cgroup._read("/proc/self/mountinfo"))
     own = _cgroup.own_cgroup(_cgroup._read("/proc/self/cgroup"))
     assert mount is not None and own is not None
-    aside = os.path.join(mount, own.lstrip("/"), f"tests-aside-{os.urandom(4).hex()}")
+    parent = os.path.join(mount, own.lstrip("/"))
+    _remove_asides_of_the_gone(parent)
+    me = os.getpid()
+    aside = os.path.join(parent, f"{_ASIDE}{me}-{procs.starttime(me)}-{os.urandom(4).hex()}")
     os.mkdir(aside)
     try:
         yield aside
     finally:
-        for inner, _, _ in os.walk(aside, topdown=False):
-            with contextlib.suppress(OSError):  # (a test that failed may leave a member)
-                os.rmdir(inner)
+        _remove_emptied(aside)
+
+
+_ASIDE = "tests-aside-"
+
+
+def _remove_asides_of_the_gone(parent: str) -> None:
+    """Remove the asides of test processes that ended before their fixture's teardown ran
+    (a run cut short: a mutant's, a timeout's), which nothing else would ever remove."""
+    for name in os.listdir(parent):
+        if not name.startswith(_ASIDE):
+            continue
+        pid, started, _ = name[len(_ASIDE) :].split("-")
+        try:
+            alive = procs.starttime(int(pid)) == int(started)
+        except (FileNotFoundError, ProcessLookupError):
+            alive = False
+        if not alive:
+            _remove_emptied(os.path.join(parent, name))
+
+
+def _remove_emptied(aside: str) -> None:
+    for inner, _, _ in os.walk(aside, topdown=False):
+        with contextlib.suppress(OSError):  # (a test that failed may leave a member)
+            os.rmdir(inner)
 
 
 @pytest.fixture(params=CONTAINMENTS)
