@@ -923,7 +923,11 @@ OUT_OF_FDS_PRELUDE = procs.ALIVE_IN_A_CHILD + textwrap.dedent(
 
 OUT_OF_FILE_DESCRIPTORS = OUT_OF_FDS_PRELUDE + textwrap.dedent(
     """
-    pids, trees = Pids(), []
+    import logging
+    pids, trees, logged = Pids(), [], []
+    said = logging.Handler(logging.WARNING)
+    said.emit = lambda record: logged.append(record.getMessage())
+    logging.getLogger("trio_proctree").addHandler(said)
 
     async def main():
         grace = float(sys.argv[3]) if len(sys.argv) > 3 else 0.2
@@ -942,7 +946,9 @@ OUT_OF_FILE_DESCRIPTORS = OUT_OF_FDS_PRELUDE + textwrap.dedent(
         "pids": pids,
         "alive": [pid for pid in pids if alive(pid)],
         "error": type(error).__name__,
+        "message": str(error),
         "cause": getattr(getattr(error, "__cause__", None), "errno", None),
+        "logged": logged,
         "returncode": trees[0].outcome.returncode,
         "duration": trees[0].outcome.duration,
         # (Where it was raised, for a failure message: this test went red twice in CI
@@ -978,6 +984,42 @@ def test_out_of_file_descriptors_the_group_is_still_killed(
     assert report["error"] in said
     if report["error"] == "CleanupError":
         assert report["cause"] == errno.EMFILE  # and why
+    assert tracked.survivors() == []
+
+
+@pytest.mark.parametrize("containment", ["subreaper", "group"])
+def test_out_of_file_descriptors_a_tree_not_seen_gone_is_not_said_to_run_on(
+    tracked: Tracked, containment: str
+) -> None:
+    # Red before: a tree that ended at its stop signal, but that cleanup could no longer
+    # look at (listing it needs a descriptor), was said to be "still running" after the
+    # grace, "still alive 2s after SIGKILL (uninterruptible sleep?)", and to have
+    # "outlived SIGKILL": the reader was sent after a stuck process that never was.
+    available(containment)
+    command = "trap 'exit 0' TERM; sleep 60 & echo $$ $!; wait"
+    report = json.loads(
+        procs.run_python(OUT_OF_FILE_DESCRIPTORS, containment, command, env=tracked.env)
+    )
+    assert report["alive"] == []  # (the premise: nothing ran on)
+    assert report["error"] == "CleanupError", report["traceback"]
+    assert report["cause"] == errno.EMFILE
+    unseen = "(it could not be looked at)"
+    if containment == "subreaper":  # (its hard stop lists the tree: that failed too)
+        said = "the hard stop failed, at least in part, and the tree could not be looked at"
+        raised = "cleanup: the hard stop (SIGKILL) failed, at least in part"
+    else:  # (a killpg needs no descriptor)
+        said, raised = "it could not be looked at", "SIGKILL"
+    assert report["message"].endswith(
+        f": processes may have outlived {raised} (the tree could not be looked at)"
+    )
+    warned = report["logged"][0]
+    assert warned.endswith(
+        f" not seen gone 0.2s after SIGTERM {unseen}; sending SIGKILL to the tree"
+    )
+    assert [line for line in report["logged"] if line.endswith(f"s after SIGKILL ({said})")] == [
+        f"{report['message'].split(': ')[0]}: not seen gone 0.2s after SIGKILL ({said})"
+    ]
+    assert not [line for line in report["logged"] if "still" in line or "sleep?" in line]
     assert tracked.survivors() == []
 
 

@@ -28,6 +28,7 @@ from trio_proctree._teardown import (
     LeaderLeft,
     SendSignal,
     Teardown,
+    Unseen,
 )
 
 LABEL = "pid 42 (make -j8)"
@@ -438,6 +439,50 @@ def test_a_tree_left_by_a_failed_hard_stop_is_not_blamed_on_its_processes(
     assert errors == [
         f"{LABEL}: processes still alive 0.5s after SIGKILL "
         "(the hard stop failed, at least in part)"
+    ]
+
+
+def test_a_tree_that_could_not_be_looked_at_is_said_not_seen_gone_not_running(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Red before: with every look at the tree failing (no descriptor left to list it), the
+    # log said it was still running, and still alive after SIGKILL, in a sleep nothing
+    # wakes; the escalation itself goes on as for a tree still running.
+    caplog.set_level(logging.WARNING, logger="trio_proctree")
+    teardown = Teardown(
+        Escalation(steps=[(signal.SIGTERM, 0.2)], kill_wait=0.5), label=LABEL, stdin_open=False
+    )
+    actions = [teardown.start(tree_alive=True)]
+    for answer in [None, Unseen(), None, Unseen()]:  # sent; ran out; SIGKILL sent; ran out
+        actions.append(teardown.send(answer))
+    assert actions == [
+        SendSignal(signal.SIGTERM),
+        AwaitEmpty(0.2),
+        KillAll(),
+        AwaitEmpty(0.5, grace=False),
+        Finished(emptied=False, unseen=True),
+    ]
+    assert teardown.grace_expired
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (
+            logging.WARNING,
+            f"{LABEL} not seen gone 0.2s after SIGTERM (it could not be looked at); sending "
+            "SIGKILL to the tree",
+        ),
+        (logging.ERROR, f"{LABEL}: not seen gone 0.5s after SIGKILL (it could not be looked at)"),
+    ]
+
+
+def test_a_tree_killed_by_the_program_that_could_not_be_looked_at_is_not_said_to_run_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="trio_proctree")
+    teardown = Teardown(Escalation.graceful(0.2), label=LABEL, stdin_open=False, killed=True)
+    assert teardown.start(tree_alive=True) == AwaitEmpty(0.2)
+    assert teardown.send(Unseen()) == KillAll()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{LABEL} not seen gone 0.2s into cleanup, after the program's SIGKILL (it could not "
+        "be looked at); sending SIGKILL to the tree"
     ]
 
 

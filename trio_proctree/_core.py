@@ -35,6 +35,7 @@ from ._teardown import (
     LeaderLeft,
     SendSignal,
     Teardown,
+    Unseen,
 )
 
 logger = logging.getLogger("trio_proctree")
@@ -112,6 +113,9 @@ class TreeCore:
         self._cleaned_up = False
         #: Whether the program's SIGKILL went to the whole tree (`ProcessTree.kill`).
         self._killed = False
+        #: Whether the last look at who is left failed (`_pending`): a wait that runs out
+        #: then has not seen the tree run on, and must not say it did.
+        self._look_failed = False
         self.stdin_piped = spawned.stdin is not None
         _open_trees.add(self)
         logger.debug("%s started, contained by %s", self.label, containment.name)
@@ -201,20 +205,25 @@ class TreeCore:
                 _open_trees.discard(self)  # else the net at interpreter exit keeps it
             self._record = self._record_and_log(teardown, time.monotonic() - started, returncode)
         if isinstance(action, Finished) and not action.emptied:
-            errors.insert(0, self._outlived(errors, hard_stop_failed=hard_stop_failed))
+            errors.insert(
+                0, self._outlived(errors, hard_stop_failed=hard_stop_failed, unseen=action.unseen)
+            )
         if errors:
             for extra in errors[1:]:
                 logger.error("%s: another cleanup error", self.label, exc_info=extra)
             raise errors[0]
 
-    def _outlived(self, errors: list[Exception], *, hard_stop_failed: bool) -> CleanupError:
-        """The error for a tree that outlived cleanup, and why, as far as it is known."""
-        outlived = CleanupError(
-            f"{self.label}: processes outlived cleanup: the hard stop (SIGKILL) failed, at "
-            "least in part"
-            if hard_stop_failed
-            else f"{self.label}: processes outlived SIGKILL"
-        )
+    def _outlived(
+        self, errors: list[Exception], *, hard_stop_failed: bool, unseen: bool
+    ) -> CleanupError:
+        """The error for a tree that outlived cleanup, or was not seen gone after it (it
+        could not be looked at: ``unseen``), and why, as far as it is known."""
+        verb = "may have outlived" if unseen else "outlived"
+        what = "cleanup: the hard stop (SIGKILL) failed, at least in part"
+        if not hard_stop_failed:
+            what = "SIGKILL"
+        why = " (the tree could not be looked at)" if unseen else ""
+        outlived = CleanupError(f"{self.label}: processes {verb} {what}{why}")
         # Often because a step failed (no file descriptors left to list the tree, say):
         # that is the reason, and must show.
         outlived.__cause__ = errors[0] if errors else None
@@ -317,7 +326,9 @@ class TreeCore:
         except Exception as exc:  # noqa: BLE001 - reported at the end; the escalation goes on
             if not any(type(exc) is type(seen) and exc.args == seen.args for seen in errors):
                 errors.append(exc)
+            self._look_failed = True
             return RETRY_PAUSE  # a degraded poll, only here: the error is raised at the end
+        self._look_failed = False
         if pending is NEED_SCAN:
             return 0.001  # a member still finishing its exit: it takes microseconds
         if pending is RETRY_LATER:
@@ -332,18 +343,18 @@ class TreeCore:
         *,
         since: float | None,
         leader_step: LeaderStep | None = None,
-    ) -> bool | LeaderLeft | CutShort:
+    ) -> bool | LeaderLeft | CutShort | Unseen:
         """Wait up to ``wait.timeout`` seconds from ``since`` (else from now) for the tree
         to empty: True if it did, `CutShort` if a Ctrl-C ended a grace (`LoopIO.interrupted`)
-        first. ``leader_step``: the step before went to the leader
-        alone, and if the leader leaves members running without having passed it on, that
-        is said at once (the wait wakes for its exit: every containment waits on the
-        leader first)."""
+        first, `Unseen` if the wait ran out when the tree could not be looked at.
+        ``leader_step``: the step before went to the leader alone, and if the leader leaves
+        members running without having passed it on, that is said at once (the wait wakes
+        for its exit: every containment waits on the leader first)."""
         deadline = (io.now() if since is None else since) + wait.timeout
         while (pending := await self._pending(io, errors)) != []:
             remaining = deadline - io.now()
             if remaining <= 0:
-                return False
+                return Unseen() if self._look_failed else False
             if wait.grace and io.interrupted():
                 return CutShort(wait.timeout - remaining)
             # (A pause instead of pidfds: members finishing their exit, or a look that

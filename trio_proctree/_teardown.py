@@ -68,18 +68,31 @@ class CutShort:
 
 
 @attrs.frozen
+class Unseen:
+    """The driver's answer to a wait that ran out while the tree could not be looked at
+    (its last look failed: no file descriptor left to list it, say). Not emptied, as far
+    as anyone knows: the escalation goes on as for a tree still running, but nothing is
+    said to be running that was not seen to."""
+
+    def __bool__(self) -> bool:
+        return False
+
+
+@attrs.frozen
 class Finished:
-    """Nothing more to do. ``emptied`` is False only if the tree outlived SIGKILL."""
+    """Nothing more to do. ``emptied`` is False only if the tree outlived SIGKILL, or was
+    not seen gone after it (``unseen``: it could not be looked at)."""
 
     emptied: bool
+    unseen: bool = False
 
 
 Action = CloseStdin | SendSignal | KillAll | AwaitEmpty | Finished
 #: The plan's steps, each answered by the driver: for AwaitEmpty, whether the tree emptied
-#: (or `LeaderLeft`, `CutShort`); for KillAll, False if it failed (it may have reached
-#: only some of the tree, or none of it);
+#: (or `LeaderLeft`, `CutShort`, `Unseen`); for KillAll, False if it failed (it may have
+#: reached only some of the tree, or none of it);
 #: else None.
-Answer = bool | LeaderLeft | CutShort | None
+Answer = bool | LeaderLeft | CutShort | Unseen | None
 _Plan = Generator[Action, Answer, Finished]
 
 
@@ -127,6 +140,7 @@ class Teardown:
         policy = self.policy
         if self._killed:
             return (yield from self._after_the_programs_kill())
+        emptied: Answer = None
         if policy.close_stdin is not None and self._stdin_open:
             logger.debug("%s: closing stdin, waiting up to %gs", self.label, policy.close_stdin)
             self.stdin_closed = True
@@ -167,17 +181,15 @@ class Teardown:
                 return (yield from self._cut_short(emptied, signal_name(step.signal)))
             if emptied:
                 return Finished(emptied=True)
-            logger.debug(
-                "%s: still running %gs after %s", self.label, step.wait, signal_name(step.signal)
-            )
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug("%s: %s", self.label, _seen(emptied, step.wait, step.signal))
         if policy.graceful_steps:
             self.grace_expired = True
             last = policy.graceful_steps[-1]
             logger.warning(
-                "%s still running %gs after %s; sending SIGKILL to the tree",
+                "%s %s; sending SIGKILL to the tree",
                 self.label,
-                last.wait,
-                signal_name(last.signal),
+                _seen(emptied, last.wait, last.signal),
             )
         return (yield from self._hard_stop())
 
@@ -206,10 +218,14 @@ class Teardown:
             if emptied:
                 return Finished(emptied=True)
             logger.warning(
-                "%s still running %gs into cleanup, after the program's SIGKILL; sending "
-                "SIGKILL to the tree",
+                "%s %s %gs into cleanup, after the program's SIGKILL%s; sending SIGKILL to "
+                "the tree",
                 self.label,
-                wait,
+                *(
+                    ("not seen gone", wait, " (it could not be looked at)")
+                    if isinstance(emptied, Unseen)
+                    else ("still running", wait, "")
+                ),
             )
         return (yield from self._hard_stop())
 
@@ -230,14 +246,34 @@ class Teardown:
         )
         self.signals.append(signal.SIGKILL)
         went_out = yield KillAll()
-        if (yield AwaitEmpty(policy.kill_wait, grace=False)):
+        if emptied := (yield AwaitEmpty(policy.kill_wait, grace=False)):
             return Finished(emptied=True)
         # Blaming the processes (a sleep nothing wakes) when the SIGKILL may not have
-        # reached them would send the reader after the wrong cause: the error raised
-        # says why the hard stop failed.
+        # reached them, or when none was seen at all, would send the reader after the
+        # wrong cause: the error raised says why the hard stop failed, or the look did.
         failed = went_out is False
-        why = "the hard stop failed, at least in part" if failed else "uninterruptible sleep?"
-        logger.error(
-            "%s: processes still alive %gs after SIGKILL (%s)", self.label, policy.kill_wait, why
-        )
-        return Finished(emptied=False)
+        unseen = isinstance(emptied, Unseen)
+        if unseen:
+            why = "it could not be looked at"
+            if failed:
+                why = "the hard stop failed, at least in part, and the tree could not be looked at"
+            logger.error(
+                "%s: not seen gone %gs after SIGKILL (%s)", self.label, policy.kill_wait, why
+            )
+        else:
+            why = "the hard stop failed, at least in part" if failed else "uninterruptible sleep?"
+            logger.error(
+                "%s: processes still alive %gs after SIGKILL (%s)",
+                self.label,
+                policy.kill_wait,
+                why,
+            )
+        return Finished(emptied=False, unseen=unseen)
+
+
+def _seen(emptied: Answer, wait: float, sig: int) -> str:
+    """How a wait of ``wait`` seconds after ``sig`` that ran out saw the tree: still
+    running, or, when the look at it failed (`Unseen`), not seen gone."""
+    if isinstance(emptied, Unseen):
+        return f"not seen gone {wait:g}s after {signal_name(sig)} (it could not be looked at)"
+    return f"still running {wait:g}s after {signal_name(sig)}"

@@ -2069,6 +2069,20 @@ MUTANTS = [
         "        within = _EXIT_WITHIN\n",
         "dying_once",
     ),
+    (
+        "teardown: a wait that could not look at the tree reported as one that saw it run",
+        "_core.py",
+        "                return Unseen() if self._look_failed else False\n",
+        "                return False\n",
+        "not_seen_gone",
+    ),
+    (
+        "teardown: a tree not seen gone logged as still running after the stop signal",
+        "_teardown.py",
+        "    if isinstance(emptied, Unseen):\n        return f\"not seen gone",
+        "    if False:\n        return f\"not seen gone",
+        "not_seen_gone",
+    ),
 ]
 
 
