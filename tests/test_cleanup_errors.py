@@ -46,6 +46,22 @@ def fail_first_stop_signal(
 SLEEPER = ["sh", "-c", "sleep 60 & wait"]
 
 
+def loops_back(exc: BaseException) -> bool:
+    """Whether ``exc``'s chain (causes and contexts) leads back to ``exc``: a loop that
+    the standard traceback module cuts, but that a renderer walking the chain without
+    remembering what it saw (rich's, say) follows for ever, growing as it goes."""
+    seen: set[int] = set()
+    pending = [link for link in (exc.__cause__, exc.__context__) if link is not None]
+    while pending:
+        link = pending.pop()
+        if link is exc:
+            return True
+        if id(link) not in seen:
+            seen.add(id(link))
+            pending += [nxt for nxt in (link.__cause__, link.__context__) if nxt is not None]
+    return False
+
+
 async def test_cleanup_error_alone_reaches_the_caller_itself(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:
@@ -101,6 +117,10 @@ async def test_user_exception_wins_and_carries_the_cleanup_error(
     assert caught.value is mine
     assert caught.value.__cause__ is injected
     assert any(r.exc_info and r.exc_info[1] is injected for r in caplog.records)
+    # Red before (trio): the cleanup error, raised while the block's exception was being
+    # handled, had it as its context, so the chain looped (helper-38: a program logging
+    # with rich's tracebacks hung in that log call, its memory growing).
+    assert not loops_back(caught.value)
     assert tracked.survivors() == []
 
 
@@ -122,10 +142,36 @@ async def test_cancellation_wins_and_carries_the_cleanup_error(
     [cancelled] = seen
     assert isinstance(cancelled, trio.Cancelled)
     assert cancelled.__cause__ is injected
+    assert not loops_back(cancelled)
     # The scope swallows the Cancelled and its __cause__ with it: the log keeps the error.
     logged = [r for r in caplog.records if r.exc_info and r.exc_info[1] is injected]
     assert len(logged) == 1
     assert str(tree.pid) in logged[0].getMessage()
+    assert tracked.survivors() == []
+
+
+async def test_a_deadline_that_passed_during_cleanup_wins_over_its_error(
+    tracked: Tracked, contained: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    # Red before: the cleanup error came out of fail_after's scope in place of the
+    # TooSlowError of the deadline that had passed during the cleanup (the asyncio driver
+    # raises the TimeoutError, the error riding along).
+    error = ValueError("the stream could not close (injected)")
+    with pytest.raises(trio.TooSlowError), trio.fail_after(10) as scope:
+        async with open_process_tree(
+            ["sh", "-c", "trap '' TERM; echo ready; sleep 60 & wait"],
+            grace=0.3,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            **contained,
+        ) as tree:
+            assert tree.stdin is not None
+            assert tree.stdout is not None
+            await tree.stdout.receive_some()
+            tree.stdin = FailsToClose(tree.stdin, error)
+            scope.deadline = trio.current_time() + 0.1  # (the cleanup takes >= 0.3 s)
+    [logged] = [r.getMessage() for r in caplog.records if r.exc_info and r.exc_info[1] is error]
+    assert logged.endswith(" failed while Cancelled was propagating")
     assert tracked.survivors() == []
 
 
@@ -207,17 +253,19 @@ async def test_cleanup_carries_on_when_it_cannot_tell_who_is_left(
     assert tracked.survivors() == []
 
 
+@pytest.mark.parametrize("users_error", [False, True], ids=["alone", "users_error"])
 async def test_a_hard_stop_that_failed_is_named_as_the_reason(
-    tracked: Tracked, contained: dict[str, Any], caplog: pytest.LogCaptureFixture
+    tracked: Tracked, contained: dict[str, Any], caplog: pytest.LogCaptureFixture, users_error: bool
 ) -> None:
     # Red before: "processes outlived SIGKILL", and a log blaming a sleep nothing wakes,
     # when no SIGKILL had gone out (cgroup.kill could not be opened: no descriptor left).
     injected = OSError(errno.EMFILE, "Too many open files (injected)")
+    mine = KeyError("the user's error")
 
     def failing_hard_stop() -> None:
         raise injected
 
-    with pytest.raises(CleanupError) as caught:
+    with pytest.raises(KeyError if users_error else CleanupError) as raised:
         async with open_process_tree(
             ["sh", "-c", "trap '' TERM; sleep 60 & echo ready; wait"],  # (the sleep too)
             escalation=Escalation(steps=[(signal.SIGTERM, 0.2)], kill_wait=0.2),
@@ -228,12 +276,19 @@ async def test_a_hard_stop_that_failed_is_named_as_the_reason(
             with trio.fail_after(10):
                 assert await tree.stdout.receive_some() == b"ready\n"
             tree._core.containment.kill = failing_hard_stop  # type: ignore[method-assign]
+            if users_error:
+                raise mine
     del tree._core.containment.kill  # (the real one again, for the net at exit)
     procs.kill_survivors(tracked.token)  # (what the hard stop left: ours, by token)
-    assert str(caught.value).endswith(
+    caught = raised.value.__cause__ if users_error else raised.value
+    assert isinstance(caught, CleanupError)
+    # Red before (users_error): the OSError, raised while the user's error was handled,
+    # had it as its context; the chain looped, two links down.
+    assert not loops_back(raised.value)
+    assert str(caught).endswith(
         ": processes outlived cleanup: the hard stop (SIGKILL) failed, at least in part"
     )
-    assert caught.value.__cause__ is injected
+    assert caught.__cause__ is injected
     [logged] = [r.getMessage() for r in caplog.records if "still alive" in r.getMessage()]
     assert logged.endswith("s after SIGKILL (the hard stop failed, at least in part)")
     assert tracked.survivors() == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import re
@@ -374,6 +375,40 @@ async def test_block_scope_cancel_does_not_cut_cleanup_short(
     assert tree.outcome is not None
     assert tree.outcome.grace_expired  # ...which still ran its whole course
     assert tree.outcome.duration >= 0.3
+    assert tracked.survivors() == []
+
+
+@pytest.mark.parametrize("ends", ["block", "aclose", "run_process_tree"])
+async def test_a_deadline_that_passes_during_cleanup_is_raised_once_it_is_done(
+    tracked: Tracked, contained: dict[str, Any], ends: str
+) -> None:
+    # Red before: the shielded cleanup outlasted the deadline, and nothing checked for the
+    # cancellation after it, so fail_after's scope ended as if in time: no TooSlowError,
+    # the block or aclose() returned, run_process_tree returned (or raised the exit
+    # status's CalledProcessError) past its deadline (helper-38; trio.run_process and
+    # the asyncio driver raise the timeout).
+    ignores_term = ["sh", "-c", "trap '' TERM; echo ready; sleep 60 & exit 3"]
+    with pytest.raises(trio.TooSlowError), trio.fail_after(10) as scope:
+        if ends == "run_process_tree":
+            async with trio.open_nursery() as nursery:
+                tree = await nursery.start(
+                    functools.partial(
+                        trio_proctree.run_process_tree, ignores_term, grace=0.3, **contained
+                    )
+                )
+                scope.deadline = trio.current_time() + 0.1  # (the cleanup takes >= 0.3 s)
+        else:
+            async with open_process_tree(
+                ignores_term, grace=0.3, stdout=subprocess.PIPE, **contained
+            ) as tree:
+                assert tree.stdout is not None
+                await tree.stdout.receive_some()
+                scope.deadline = trio.current_time() + 0.1
+                if ends == "aclose":
+                    await tree.aclose()
+                    pytest.fail("aclose() returned past the deadline")
+    assert tree.outcome is not None
+    assert tree.outcome.grace_expired  # the cleanup still ran its whole course
     assert tracked.survivors() == []
 
 

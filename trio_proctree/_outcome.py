@@ -56,6 +56,30 @@ class CleanupError(RuntimeError):
     """Cleanup could not make sure the tree is gone (e.g. processes outlived SIGKILL)."""
 
 
+def _cut_links_back_to(exc: BaseException, error: BaseException) -> None:
+    """Cut every link of ``error``'s chain that leads to ``exc``, about to be its cause.
+
+    A cleanup error raised while ``exc`` was being handled (trio's cleanup runs in the
+    block's ``__aexit__``) has ``exc`` as its context, and made ``exc``'s cause, the chain
+    would loop. Python's own traceback printing cuts such a loop, but a renderer that walks
+    the chain without remembering what it saw (rich's tracebacks) follows it for ever:
+    a program that logged with it hung in the log call below, its memory growing. Nothing
+    is lost by the cut: the link pointed at the exception the error is attached to.
+    """
+    seen: set[int] = set()
+    pending = [error]
+    while pending:
+        link = pending.pop()
+        if id(link) in seen:
+            continue
+        seen.add(id(link))
+        if link.__cause__ is exc:
+            link.__cause__ = None
+        if link.__context__ is exc:
+            link.__context__ = None
+        pending += [nxt for nxt in (link.__cause__, link.__context__) if nxt is not None]
+
+
 def chain_cleanup_error(exc: BaseException, error: BaseException, label: str) -> None:
     """Attach a cleanup ``error`` to the ``exc`` already propagating, without replacing it.
 
@@ -66,6 +90,7 @@ def chain_cleanup_error(exc: BaseException, error: BaseException, label: str) ->
     cause in place of the context, and the user's first error would vanish from it.
     """
     if exc.__cause__ is None and (exc.__context__ is None or exc.__suppress_context__):
+        _cut_links_back_to(exc, error)
         exc.__cause__ = error
     else:
         note = f"cleanup of {label} also failed: {error!r}"

@@ -175,7 +175,8 @@ class ProcessTree(TreeView):
         Idempotent: later and concurrent calls wait for the first one to finish (a later
         caller's own cancellation ends its wait, never the cleanup; it raises nothing of
         the first call's errors). The first call is shielded from cancellation; bounded
-        by ``escalation.worst_case`` (grace + 2 s by default).
+        by ``escalation.worst_case`` (grace + 2 s by default). A cancellation that came
+        meanwhile (a deadline that passed) is raised once the cleanup is done.
 
         Raises:
             CleanupError: if processes of the tree outlived SIGKILL.
@@ -188,7 +189,30 @@ class ProcessTree(TreeView):
         # Never cut short by a cancellation (a cleanup cut short is a leaked tree): each of
         # its waits is shielded (`_TrioIO`). Bounded by the policy's worst case, which the
         # caller's own timeout therefore does not cut.
-        await self._run_cleanup()
+        await self._cleanup_then_cancellation()
+
+    async def _cleanup_then_cancellation(self) -> None:
+        """The cleanup, then a cancellation that came during it, if any, raised.
+
+        With no exception in flight: the shielded cleanup holds a cancellation back, and
+        without a checkpoint after it, a deadline that passed meanwhile went unsaid
+        (``fail_after`` raised no TooSlowError, ``run_process_tree`` returned, or raised
+        the exit status's error, past its deadline). It wins over a cleanup error, which
+        rides along, as over one raised before the cancellation came.
+        """
+        error = None
+        try:
+            await self._run_cleanup()
+        except Exception as exc:  # noqa: BLE001 - raised below, unless a cancellation wins
+            error = exc
+        try:
+            await trio.lowlevel.checkpoint_if_cancelled()
+        except trio.Cancelled as cancelled:
+            if error is not None:
+                chain_cleanup_error(cancelled, error, self._core.label)
+            raise
+        if error is not None:
+            raise error
 
     @trio.lowlevel.enable_ki_protection
     async def _run_cleanup(self) -> None:
@@ -298,7 +322,7 @@ class _TreeScope:
         # on, so a function that returns from inside the block is not "missing a return".
         assert self._tree is not None
         if exc is None:
-            await self._tree._run_cleanup()
+            await self._tree._cleanup_then_cancellation()
         else:
             await self._tree._aclose_under(exc)
 
@@ -325,7 +349,8 @@ def open_process_tree(
     Lingering descendants are stopped even after the leader has exited.
 
     Cleanup is shielded from cancellation, so it can outlast the caller's own timeout: by
-    at most ``grace`` + 2 s with the defaults (``escalation.worst_case`` in general).
+    at most ``grace`` + 2 s with the defaults (``escalation.worst_case`` in general). A
+    timeout that runs out meanwhile is raised once the cleanup is done.
 
     Args:
       command: a sequence of arguments, or a string with ``shell=True``.
@@ -381,7 +406,8 @@ async def run_process_tree(
     back as soon as the leader runs, and cancelling the nursery tears the tree down.
 
     Cleanup is shielded from cancellation: a cancelled call can take up to
-    ``escalation.worst_case`` (``grace`` + 2 s by default) to return. After the tree is
+    ``escalation.worst_case`` (``grace`` + 2 s by default) to return, and a deadline that
+    passes during it is raised then, even once the command has exited. After the tree is
     gone, output still held open by something outside it is read for at most
     `PIPE_DRAIN_TIMEOUT` seconds.
 

@@ -2079,9 +2079,37 @@ MUTANTS = [
     (
         "teardown: a tree not seen gone logged as still running after the stop signal",
         "_teardown.py",
-        "    if isinstance(emptied, Unseen):\n        return f\"not seen gone",
-        "    if False:\n        return f\"not seen gone",
+        '    if isinstance(emptied, Unseen):\n        return f"not seen gone',
+        '    if False:\n        return f"not seen gone',
         "not_seen_gone",
+    ),
+    (
+        "cleanup: a cleanup error chained on with its links back to the exception kept",
+        "_outcome.py",
+        "        _cut_links_back_to(exc, error)\n",
+        "        pass\n",
+        "user_exception_wins_and_carries or hard_stop_that_failed",
+    ),
+    (
+        "close: a deadline that passed during the cleanup not raised after it (trio)",
+        "_trio.py",
+        "        try:\n            await trio.lowlevel.checkpoint_if_cancelled()\n        except trio.Cancelled as cancelled:",
+        "        try:\n            pass\n        except trio.Cancelled as cancelled:",
+        "deadline_that_passes_during_cleanup or deadline_that_passed_during_cleanup",
+    ),
+    (
+        "close: the block's normal end not checked for a deadline passed in its cleanup",
+        "_trio.py",
+        "        if exc is None:\n            await self._tree._cleanup_then_cancellation()",
+        "        if exc is None:\n            await self._tree._run_cleanup()",
+        "deadline_that_passes_during_cleanup",
+    ),
+    (
+        "close: a cleanup error raised over the deadline that passed during it (trio)",
+        "_trio.py",
+        "            if error is not None:\n                chain_cleanup_error(cancelled, error, self._core.label)\n            raise\n",
+        "            if error is not None:\n                raise error from None\n            raise\n",
+        "deadline_that_passed_during_cleanup",
     ),
 ]
 
