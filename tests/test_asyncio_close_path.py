@@ -655,6 +655,27 @@ def test_an_aclose_never_awaited_still_cleans_up_and_is_a_true_coroutine(
     assert tracked.survivors() == []
 
 
+def test_aclose_is_recognised_as_async_by_those_who_inspect_it(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # Red before (helper-38): a plain method (the cleanup starts at the call), aclose was
+    # taken for a sync function by frameworks that choose between awaiting and calling by
+    # inspecting it (Starlette's BackgroundTask): run in a worker thread, it raised "no
+    # running event loop", and the tree was stopped only at the block's end.
+    async def main() -> tuple[bool, bool]:
+        async with open_process_tree(["sleep", "60"], grace=0.5, **contained) as tree:
+            by_inspect = inspect.iscoroutinefunction(tree.aclose)
+            if sys.version_info < (3, 12):  # (inspect honours no mark before 3.12)
+                by_inspect = True
+            with warnings.catch_warnings():  # (deprecated in 3.14, in favour of inspect's)
+                warnings.simplefilter("ignore", DeprecationWarning)
+                by_asyncio = asyncio.iscoroutinefunction(tree.aclose)
+            return by_inspect, by_asyncio
+
+    assert asyncio.run(main()) == (True, True)
+    assert tracked.survivors() == []
+
+
 def test_a_tree_outliving_its_event_loop_is_waited_for_in_the_next(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import inspect
 import logging
 import os
 import subprocess
@@ -85,6 +86,22 @@ def _anyio_in_use() -> Any:
 
 
 _ANYIO_ON_ASYNCIO = "anyio._backends._asyncio"
+
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _inspected_as_async(method: _Method) -> _Method:
+    """``method``, a plain function that returns a coroutine, marked as a coroutine
+    function for code that tells async callables from sync ones by inspecting them
+    (Starlette's ``BackgroundTask``): unmarked, it was run in a worker thread, with no
+    event loop. ``inspect`` honours the mark from Python 3.12; before, only
+    ``asyncio.iscoroutinefunction`` can be told, through asyncio's own marker."""
+    if sys.version_info >= (3, 12):
+        inspect.markcoroutinefunction(method)
+    else:
+        method._is_coroutine = asyncio.coroutines._is_coroutine  # type: ignore[attr-defined]
+    return method
 
 
 class _Rounds:
@@ -406,6 +423,8 @@ class ProcessTree(TreeView):
             OSError: signalling the tree failed.
         """
         return self._await_cleanup(self._start_cleanup())
+
+    aclose = _inspected_as_async(aclose)
 
     def _start_cleanup(self) -> asyncio.Future[None]:
         loop = asyncio.get_running_loop()

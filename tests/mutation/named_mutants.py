@@ -2111,6 +2111,13 @@ MUTANTS = [
         "            if error is not None:\n                raise error from None\n            raise\n",
         "deadline_that_passed_during_cleanup",
     ),
+    (
+        "close: aclose not marked as a coroutine function for those who inspect it (asyncio)",
+        "asyncio.py",
+        "    aclose = _inspected_as_async(aclose)\n",
+        "\n",
+        "recognised_as_async",
+    ),
 ]
 
 
