@@ -442,18 +442,19 @@ def test_a_tree_left_by_a_failed_hard_stop_is_not_blamed_on_its_processes(
     ]
 
 
+@pytest.mark.parametrize("hard_stop_went_out", [True, False])
 def test_a_tree_that_could_not_be_looked_at_is_said_not_seen_gone_not_running(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, hard_stop_went_out: bool
 ) -> None:
     # Red before: with every look at the tree failing (no descriptor left to list it), the
     # log said it was still running, and still alive after SIGKILL, in a sleep nothing
     # wakes; the escalation itself goes on as for a tree still running.
-    caplog.set_level(logging.WARNING, logger="trio_proctree")
-    teardown = Teardown(
-        Escalation(steps=[(signal.SIGTERM, 0.2)], kill_wait=0.5), label=LABEL, stdin_open=False
-    )
+    caplog.set_level(logging.DEBUG, logger="trio_proctree")
+    policy = Escalation(steps=[(signal.SIGTERM, 0.2)], kill_wait=0.5)
+    teardown = Teardown(policy, label=LABEL, stdin_open=False)
     actions = [teardown.start(tree_alive=True)]
-    for answer in [None, Unseen(), None, Unseen()]:  # sent; ran out; SIGKILL sent; ran out
+    # sent; ran out unseen; SIGKILL sent (or failed); ran out unseen
+    for answer in [None, Unseen(), None if hard_stop_went_out else False, Unseen()]:
         actions.append(teardown.send(answer))
     assert actions == [
         SendSignal(signal.SIGTERM),
@@ -463,13 +464,19 @@ def test_a_tree_that_could_not_be_looked_at_is_said_not_seen_gone_not_running(
         Finished(emptied=False, unseen=True),
     ]
     assert teardown.grace_expired
+    unseen = "(it could not be looked at)"
+    why = unseen
+    if not hard_stop_went_out:
+        why = "(the hard stop failed, at least in part, and the tree could not be looked at)"
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.DEBUG, f"{LABEL}: sending SIGTERM to the tree, waiting up to 0.2s"),
+        (logging.DEBUG, f"{LABEL}: not seen gone 0.2s after SIGTERM {unseen}"),
         (
             logging.WARNING,
-            f"{LABEL} not seen gone 0.2s after SIGTERM (it could not be looked at); sending "
-            "SIGKILL to the tree",
+            f"{LABEL} not seen gone 0.2s after SIGTERM {unseen}; sending SIGKILL to the tree",
         ),
-        (logging.ERROR, f"{LABEL}: not seen gone 0.5s after SIGKILL (it could not be looked at)"),
+        (logging.DEBUG, f"{LABEL}: sending SIGKILL to the tree, waiting up to 0.5s"),
+        (logging.ERROR, f"{LABEL}: not seen gone 0.5s after SIGKILL {why}"),
     ]
 
 
