@@ -151,7 +151,10 @@ def _remove_asides_of_the_gone(parent: str) -> None:
     for name in os.listdir(parent):
         if not name.startswith(_ASIDE):
             continue
-        pid, started, _ = name[len(_ASIDE) :].split("-")
+        owner = name[len(_ASIDE) :].split("-")
+        if len(owner) != 3 or not all(part.isdigit() for part in owner[:2]):
+            continue  # (named before asides said whose they are: nobody can tell)
+        pid, started, _ = owner
         try:
             alive = procs.starttime(int(pid)) == int(started)
         except (FileNotFoundError, ProcessLookupError):

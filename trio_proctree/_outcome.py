@@ -5,8 +5,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+from typing import cast
 
 import attrs
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup  # trio's own dependency on 3.10
 
 logger = logging.getLogger("trio_proctree")
 
@@ -78,6 +82,9 @@ def _cut_links_back_to(exc: BaseException, error: BaseException) -> None:
         if link.__context__ is exc:
             link.__context__ = None
         pending += [nxt for nxt in (link.__cause__, link.__context__) if nxt is not None]
+        if isinstance(link, BaseExceptionGroup):  # (its members' chains are shown too)
+            group = cast("BaseExceptionGroup[BaseException]", link)
+            pending += group.exceptions
 
 
 def chain_cleanup_error(exc: BaseException, error: BaseException, label: str) -> None:

@@ -23,6 +23,7 @@ from ._escalation import (
     resolve_policy,
 )
 from ._outcome import chain_cleanup_error
+from ._real_time import bound, clock_is_virtual, now
 from ._run import PIPE_DRAIN_TIMEOUT, completed, plan_run
 from ._spawn import Command, Spawned, SpawnPlan, plan_spawn
 
@@ -51,9 +52,11 @@ class _TrioIO:
     def __init__(self, tree: ProcessTree) -> None:
         self._tree = tree
         self.keyboard_interrupt: KeyboardInterrupt | None = None
+        #: A mock clock's time is not the processes' (`_real_time`): bounds in real seconds.
+        self._virtual = clock_is_virtual()
 
     def now(self) -> float:
-        return trio.current_time()
+        return now(virtual=self._virtual)
 
     def interrupted(self) -> bool:
         return self.keyboard_interrupt is not None
@@ -69,7 +72,7 @@ class _TrioIO:
         scope code is ~50 us a scope when it has not run lately, as after a tree's idle
         time: a tenth of a cooperative teardown).
         """
-        with trio.CancelScope(shield=True, deadline=trio.current_time() + timeout):
+        with bound(timeout, virtual=self._virtual, shield=True):
             try:
                 return await wait(*args)
             except KeyboardInterrupt as interrupt:
@@ -109,9 +112,9 @@ class _TrioIO:
         return await self._tree._close_stream("stdin", self, within)
 
     async def close_streams(self, within: float) -> list[Exception]:
-        deadline = trio.current_time() + within
+        deadline = self.now() + within
         errors = [
-            await self._tree._close_stream(name, self, deadline - trio.current_time())
+            await self._tree._close_stream(name, self, deadline - self.now())
             for name in ("stdin", "stdout", "stderr")
             if getattr(self._tree, name) is not None
         ]
@@ -175,8 +178,10 @@ class ProcessTree(TreeView):
         Idempotent: later and concurrent calls wait for the first one to finish (a later
         caller's own cancellation ends its wait, never the cleanup; it raises nothing of
         the first call's errors). The first call is shielded from cancellation; bounded
-        by ``escalation.worst_case`` (grace + 2 s by default). A cancellation that came
-        meanwhile (a deadline that passed) is raised once the cleanup is done.
+        by ``escalation.worst_case`` (grace + 2 s by default). A cancellation pending once
+        the cleanup is done (a deadline that passed meanwhile) is raised then, unless the
+        cleanup failed: its error is raised instead, and the cancellation comes at the next
+        checkpoint.
 
         Raises:
             CleanupError: if processes of the tree outlived SIGKILL.
@@ -197,22 +202,13 @@ class ProcessTree(TreeView):
         With no exception in flight: the shielded cleanup holds a cancellation back, and
         without a checkpoint after it, a deadline that passed meanwhile went unsaid
         (``fail_after`` raised no TooSlowError, ``run_process_tree`` returned, or raised
-        the exit status's error, past its deadline). It wins over a cleanup error, which
-        rides along, as over one raised before the cancellation came.
+        the exit status's error, past its deadline). A cleanup that failed raises its
+        error instead: carried on the Cancelled, a ``move_on_after`` would swallow it (a
+        leaked tree, said only in the log), and trio's cancellation is not lost meanwhile:
+        it comes again at the caller's next checkpoint in that scope.
         """
-        error = None
-        try:
-            await self._run_cleanup()
-        except Exception as exc:  # noqa: BLE001 - raised below, unless a cancellation wins
-            error = exc
-        try:
-            await trio.lowlevel.checkpoint_if_cancelled()
-        except trio.Cancelled as cancelled:
-            if error is not None:
-                chain_cleanup_error(cancelled, error, self._core.label)
-            raise
-        if error is not None:
-            raise error
+        await self._run_cleanup()
+        await trio.lowlevel.checkpoint_if_cancelled()
 
     @trio.lowlevel.enable_ki_protection
     async def _run_cleanup(self) -> None:
@@ -488,7 +484,7 @@ async def _run_to_end(  # noqa: PLR0917 - one private call site
             await tree.wait()
             # The leader is done: stop what it left behind, so the pipes reach EOF.
             await tree.aclose()
-            with trio.move_on_after(PIPE_DRAIN_TIMEOUT) as drain:
+            with bound(PIPE_DRAIN_TIMEOUT, virtual=clock_is_virtual()) as drain:
                 for done in drained:
                     await done.wait()
             if drain.cancelled_caught:

@@ -630,8 +630,8 @@ MUTANTS = [
     (
         "trio: cleanup's waits not shielded",
         "_trio.py",
-        "        with trio.CancelScope(shield=True, deadline=trio.current_time() + timeout):",
-        "        with trio.CancelScope(deadline=trio.current_time() + timeout):",
+        "        with bound(timeout, virtual=self._virtual, shield=True):",
+        "        with bound(timeout, virtual=self._virtual):",
         "block_scope_cancel_does_not_cut_cleanup_short",
     ),
     (
@@ -2093,9 +2093,9 @@ MUTANTS = [
     (
         "close: a deadline that passed during the cleanup not raised after it (trio)",
         "_trio.py",
-        "        try:\n            await trio.lowlevel.checkpoint_if_cancelled()\n        except trio.Cancelled as cancelled:",
-        "        try:\n            pass\n        except trio.Cancelled as cancelled:",
-        "deadline_that_passes_during_cleanup or deadline_that_passed_during_cleanup",
+        "        await self._run_cleanup()\n        await trio.lowlevel.checkpoint_if_cancelled()\n",
+        "        await self._run_cleanup()\n",
+        "deadline_that_passes_during_cleanup",
     ),
     (
         "close: the block's normal end not checked for a deadline passed in its cleanup",
@@ -2105,11 +2105,20 @@ MUTANTS = [
         "deadline_that_passes_during_cleanup",
     ),
     (
-        "close: a cleanup error raised over the deadline that passed during it (trio)",
+        "close: a cleanup error carried on the Cancelled of a deadline passing in it (trio)",
         "_trio.py",
-        "            if error is not None:\n                chain_cleanup_error(cancelled, error, self._core.label)\n            raise\n",
-        "            if error is not None:\n                raise error from None\n            raise\n",
-        "deadline_that_passed_during_cleanup",
+        "        await self._run_cleanup()\n        await trio.lowlevel.checkpoint_if_cancelled()\n",
+        "        try:\n"
+        "            await self._run_cleanup()\n"
+        "        except Exception as error:\n"
+        "            try:\n"
+        "                await trio.lowlevel.checkpoint_if_cancelled()\n"
+        "            except trio.Cancelled as cancelled:\n"
+        "                chain_cleanup_error(cancelled, error, self._core.label)\n"
+        "                raise cancelled from None\n"
+        "            raise\n"
+        "        await trio.lowlevel.checkpoint_if_cancelled()\n",
+        "raised_though_a_deadline",
     ),
     (
         "close: aclose not marked as a coroutine function for those who inspect it (asyncio)",
@@ -2117,6 +2126,34 @@ MUTANTS = [
         "    aclose = _inspected_as_async(aclose)\n",
         "\n",
         "recognised_as_async",
+    ),
+    (
+        "clock: cleanup's waits bounded on a mock clock's time, not in real seconds",
+        "_trio.py",
+        "        self._virtual = clock_is_virtual()\n",
+        "        self._virtual = False\n",
+        "autojump_clock or still_clock",
+    ),
+    (
+        "clock: cleanup's deadlines counted on a mock clock's time, not in real seconds",
+        "_real_time.py",
+        "    return time.monotonic() if virtual else trio.current_time()\n",
+        "    return trio.current_time()\n",
+        "still_clock",
+    ),
+    (
+        "clock: the output drain bounded on a mock clock's time, not in real seconds",
+        "_trio.py",
+        "            with bound(PIPE_DRAIN_TIMEOUT, virtual=clock_is_virtual()) as drain:\n",
+        "            with bound(PIPE_DRAIN_TIMEOUT, virtual=False) as drain:\n",
+        "held_outside_the_tree_is_read_for_real_seconds",
+    ),
+    (
+        "clock: cleanup's waits in real seconds not shielded from the caller's cancellation",
+        "_real_time.py",
+        "        self._scope = trio.CancelScope(shield=shield)\n",
+        "        self._scope = trio.CancelScope()\n",
+        "cut_cleanup_short_under_an_autojump_clock",
     ),
 ]
 
