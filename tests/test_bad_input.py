@@ -70,6 +70,13 @@ BAD_REQUESTS = [
         ["sleep", "1"], {"stop_signal": signal.SIGSTOP}, ValueError, "SIGSTOP", id="sigstop"
     ),
     pytest.param(["sleep", "1"], {"text": True}, TypeError, "text", id="text-mode"),
+    pytest.param(  # (trio.run_process's: the escalation stands for it here)
+        ["true"],
+        {"deliver_cancel": None},
+        TypeError,
+        r"deliver_cancel.* escalation=",
+        id="deliver-cancel",
+    ),
     # Popen's old recipes for a group of its own: the leader has one already, and its own
     # setsid()/setpgid() would fail in the child with an opaque "preexec_fn" error.
     pytest.param(["true"], {"preexec_fn": os.setsid}, ValueError, "setsid", id="preexec-setsid"),

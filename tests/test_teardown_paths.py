@@ -412,6 +412,24 @@ async def test_a_deadline_that_passes_during_cleanup_is_raised_once_it_is_done(
     assert tracked.survivors() == []
 
 
+async def test_aclose_and_the_blocks_end_are_checkpoints_for_a_tree_that_ended(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # Red before (helper-40): a tree found empty needs no wait, and neither aclose() nor
+    # the block's end let another task run (cancel point, no schedule point), against
+    # trio's rule that every async call is both; trio.Process.wait() is, even then.
+    async with open_process_tree(["true"], **contained) as tree:
+        await tree.wait()
+        with trio.testing.assert_checkpoints():
+            await tree.aclose()
+    scope = open_process_tree(["true"], **contained)
+    tree = await scope.__aenter__()
+    await tree.wait()
+    with trio.testing.assert_checkpoints():
+        await scope.__aexit__(None, None, None)
+    assert tracked.survivors() == []
+
+
 async def test_a_scope_entered_twice_at_once_starts_one_tree(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:

@@ -188,7 +188,10 @@ def plan_spawn(command: Command, options: Mapping[str, Any]) -> SpawnPlan:
     options = dict(options)
     unknown = sorted(set(options) - _POPEN_OPTIONS)
     if unknown:
-        raise TypeError(f"unknown option(s) for a process tree: {', '.join(unknown)}")
+        hint = ""
+        if "deliver_cancel" in unknown:  # (code moving over from trio.run_process)
+            hint = "; trio.run_process's deliver_cancel is the escalation= policy here"
+        raise TypeError(f"unknown option(s) for a process tree: {', '.join(unknown)}{hint}")
     for key in _TEXT_OPTIONS:
         if options.get(key):
             raise TypeError(

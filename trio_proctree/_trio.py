@@ -54,6 +54,8 @@ class _TrioIO:
         self.keyboard_interrupt: KeyboardInterrupt | None = None
         #: A mock clock's time is not the processes' (`_real_time`): bounds in real seconds.
         self._virtual = clock_is_virtual()
+        #: Whether cleanup has waited (each wait goes through `_kept`): a schedule point.
+        self.scheduled = False
 
     def now(self) -> float:
         return now(virtual=self._virtual)
@@ -72,6 +74,7 @@ class _TrioIO:
         scope code is ~50 us a scope when it has not run lately, as after a tree's idle
         time: a tenth of a cooperative teardown).
         """
+        self.scheduled = True
         with bound(timeout, virtual=self._virtual, shield=True):
             try:
                 return await wait(*args)
@@ -207,18 +210,23 @@ class ProcessTree(TreeView):
         leaked tree, said only in the log), and trio's cancellation is not lost meanwhile:
         it comes again at the caller's next checkpoint in that scope.
         """
-        await self._run_cleanup()
-        await trio.lowlevel.checkpoint_if_cancelled()
+        if await self._run_cleanup():
+            await trio.lowlevel.checkpoint_if_cancelled()
+        else:
+            # A tree found empty needs no wait, and the cleanup never let another task
+            # run: trio's rule is that every async call is a schedule point too (one that
+            # closes many ended trees in a loop would else hold the run to itself).
+            await trio.lowlevel.checkpoint()
 
     @trio.lowlevel.enable_ki_protection
-    async def _run_cleanup(self) -> None:
+    async def _run_cleanup(self) -> bool:
         """The cleanup, or a wait for the one under way; neither is cut short by a
         cancellation, so neither turns into a Cancelled that replaces an exception in
-        flight."""
+        flight. Whether it let other tasks run on the way (a schedule point)."""
         if self._cleanup_started:
             with trio.CancelScope(shield=True):
-                await self._cleanup_done.wait()
-            return
+                await self._cleanup_done.wait()  # (a schedule point, even once it is set)
+            return True
         self._cleanup_started = True
         io = _TrioIO(self)
         try:
@@ -232,6 +240,7 @@ class ProcessTree(TreeView):
             self._cleanup_done.set()
         if io.keyboard_interrupt is not None:
             raise io.keyboard_interrupt
+        return io.scheduled
 
     async def _close_stream(self, name: str, io: _TrioIO, within: float) -> Exception | None:
         stream = getattr(self, name)

@@ -2093,8 +2093,8 @@ MUTANTS = [
     (
         "close: a deadline that passed during the cleanup not raised after it (trio)",
         "_trio.py",
-        "        await self._run_cleanup()\n        await trio.lowlevel.checkpoint_if_cancelled()\n",
-        "        await self._run_cleanup()\n",
+        "        if await self._run_cleanup():\n            await trio.lowlevel.checkpoint_if_cancelled()\n",
+        "        if await self._run_cleanup():\n            pass\n",
         "deadline_that_passes_during_cleanup",
     ),
     (
@@ -2107,9 +2107,9 @@ MUTANTS = [
     (
         "close: a cleanup error carried on the Cancelled of a deadline passing in it (trio)",
         "_trio.py",
-        "        await self._run_cleanup()\n        await trio.lowlevel.checkpoint_if_cancelled()\n",
+        "        if await self._run_cleanup():\n            await trio.lowlevel.checkpoint_if_cancelled()\n",
         "        try:\n"
-        "            await self._run_cleanup()\n"
+        "            scheduled = await self._run_cleanup()\n"
         "        except Exception as error:\n"
         "            try:\n"
         "                await trio.lowlevel.checkpoint_if_cancelled()\n"
@@ -2117,7 +2117,8 @@ MUTANTS = [
         "                chain_cleanup_error(cancelled, error, self._core.label)\n"
         "                raise cancelled from None\n"
         "            raise\n"
-        "        await trio.lowlevel.checkpoint_if_cancelled()\n",
+        "        if scheduled:\n"
+        "            await trio.lowlevel.checkpoint_if_cancelled()\n",
         "raised_though_a_deadline",
     ),
     (
@@ -2154,6 +2155,13 @@ MUTANTS = [
         "        self._scope = trio.CancelScope(shield=shield)\n",
         "        self._scope = trio.CancelScope()\n",
         "cut_cleanup_short_under_an_autojump_clock",
+    ),
+    (
+        "trio: a cleanup that never waited no schedule point (aclose, the block's end)",
+        "_trio.py",
+        "            await trio.lowlevel.checkpoint()\n",
+        "            await trio.lowlevel.checkpoint_if_cancelled()\n",
+        "checkpoints_for_a_tree_that_ended",
     ),
 ]
 
