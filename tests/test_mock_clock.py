@@ -11,13 +11,18 @@ import os
 import signal
 import subprocess
 import textwrap
+import threading
+import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
-from trio_proctree import open_process_tree, run_process_tree
+from trio_proctree import ProcessTree, open_process_tree, run_process_tree
+from trio_proctree._real_time import clock_is_virtual
 
 from . import procs
 from .conftest import Tracked, slow_to_die
@@ -81,6 +86,7 @@ async def test_run_process_tree_returns_its_output_under_an_autojump_clock(
     assert tracked.survivors() == []
 
 
+@pytest.mark.timeout(30)  # (red, it hung)
 async def test_a_tree_that_ignores_its_stop_signal_is_killed_under_a_still_clock(
     tracked: Tracked, contained: dict[str, Any], mock_clock: trio.testing.MockClock
 ) -> None:
@@ -138,4 +144,153 @@ async def test_a_cancellation_does_not_cut_cleanup_short_under_an_autojump_clock
     assert tree.outcome is not None
     assert tree.outcome.signals == (signal.SIGTERM, signal.SIGCONT)
     assert tree.outcome.returncode == 0  # its 50 ms of work done
+    assert tracked.survivors() == []
+
+
+IGNORES_TERM = ["sh", "-c", "trap '' TERM; echo ready; sleep 60 & wait"]
+
+
+async def test_real_time_bounds_take_one_thread_however_many_trees_end(
+    tracked: Tracked, autojump_clock: trio.testing.MockClock
+) -> None:
+    # Red before (helper-41): a worker thread per bound, each sleeping its whole bound
+    # (the grace, the drain) however soon its wait ended: 122 threads after 100 trees,
+    # and a run that could start no more broke down.
+    before = threading.active_count()
+    for _ in range(30):  # (each waits: its member outlives the leader)
+        result = await run_process_tree(
+            ["sh", "-c", "sleep 60 & echo hi"], capture_stdout=True, env=tracked.env
+        )
+        assert result.stdout == b"hi\n"
+    assert threading.active_count() - before <= 3  # (the timer thread, trio's spawn thread)
+    assert tracked.survivors() == []
+
+
+def test_a_tree_in_a_generator_closed_at_the_runs_end_is_still_bounded_on_a_mock_clock(
+    tracked: Tracked,
+) -> None:
+    # Red before (helper-41): trio closes an unfinished async generator after its system
+    # nursery, where the first version's timer task could not start: the tree that
+    # ignores SIGTERM was never SIGKILLed nor reaped, and ran on after trio.run returned.
+    trees: list[ProcessTree] = []
+    generators: list[AsyncIterator[None]] = []
+
+    async def holding_a_tree() -> AsyncIterator[None]:
+        async with open_process_tree(
+            IGNORES_TERM, grace=0.2, stdout=subprocess.PIPE, env=tracked.env
+        ) as tree:
+            trees.append(tree)
+            assert tree.stdout is not None
+            assert await tree.stdout.receive_some() == b"ready\n"
+            yield
+
+    async def main() -> None:
+        generator = holding_a_tree()
+        generators.append(generator)  # (kept: closed by trio as the run ends)
+        await generator.__anext__()
+
+    trio.run(main, clock=trio.testing.MockClock())
+    [tree] = trees
+    assert tree.outcome is not None
+    assert tree.outcome.signals == (signal.SIGTERM, signal.SIGCONT, signal.SIGKILL)
+    assert tree.outcome.returncode == -signal.SIGKILL
+    assert tracked.survivors() == []
+
+
+@pytest.mark.timeout(30)
+def test_a_tree_in_a_system_task_cancelled_as_the_run_ends_is_bounded_on_a_mock_clock(
+    tracked: Tracked,
+) -> None:
+    # Red before (helper-41): the first version's timer task, spawned into the system
+    # nursery that trio had cancelled as the main task returned, never ran: the grace of
+    # a tree that ignores SIGTERM never ended, and trio.run hung.
+    trees: list[ProcessTree] = []
+
+    async def worker(started: trio.Event) -> None:
+        async with open_process_tree(
+            IGNORES_TERM, grace=0.2, stdout=subprocess.PIPE, env=tracked.env
+        ) as tree:
+            trees.append(tree)
+            assert tree.stdout is not None
+            assert await tree.stdout.receive_some() == b"ready\n"
+            started.set()
+            await trio.sleep_forever()
+
+    async def main() -> None:
+        started = trio.Event()
+        trio.lowlevel.spawn_system_task(worker, started)
+        await started.wait()
+
+    trio.run(main, clock=trio.testing.MockClock())
+    [tree] = trees
+    assert tree.outcome is not None
+    assert tree.outcome.grace_expired
+    assert tracked.survivors() == []
+
+
+class HundredfoldClock(trio.abc.Clock):
+    """A clock of the program's own that runs a hundred times as fast as real time."""
+
+    def start_clock(self) -> None:
+        self._started = time.monotonic()
+
+    def current_time(self) -> float:
+        return (time.monotonic() - self._started) * 100
+
+    def deadline_to_sleep_time(self, deadline: float) -> float:
+        return max(deadline - self.current_time(), 0.0) / 100
+
+
+def test_a_grace_is_real_seconds_under_any_clock_but_trios_own(tracked: Tracked) -> None:
+    # Red before (helper-41): only trio.testing.MockClock was told from trio's own, and a
+    # 2 s grace on this clock was 20 ms, the tree's 50 ms of work cut short by SIGKILL.
+    trees: list[ProcessTree] = []
+
+    async def main() -> None:
+        async with open_process_tree(
+            STOPS_IN_50_MS, grace=2.0, stdout=subprocess.PIPE, env=tracked.env
+        ) as tree:
+            trees.append(tree)
+            assert tree.stdout is not None
+            assert await tree.stdout.receive_some() == b"ready\n"
+
+    trio.run(main, clock=HundredfoldClock())
+    [tree] = trees
+    assert tree.outcome is not None
+    assert tree.outcome.signals == (signal.SIGTERM, signal.SIGCONT)
+    assert tree.outcome.returncode == 0
+    assert tracked.survivors() == []
+
+
+async def test_trios_own_clock_is_not_taken_for_a_mock_one() -> None:
+    # Where it were, every cleanup would take the timer thread's way, and pay for it.
+    assert not clock_is_virtual()
+
+
+BOUNDED_IN_A_FORKED_CHILD = textwrap.dedent(
+    """
+    import os, signal, sys, trio, trio.testing
+    from trio_proctree import open_process_tree
+
+    async def a_tree():
+        command = ["sh", "-c", "trap '' TERM; echo ready; sleep 60 & wait"]
+        async with open_process_tree(command, grace=0.2, stdout=-1) as tree:
+            await tree.stdout.receive_some()
+        return tree.outcome.signals[-1] == signal.SIGKILL
+
+    assert trio.run(a_tree, clock=trio.testing.MockClock())  # (the timer thread starts)
+    child = os.fork()
+    if child == 0:  # (only the forking thread goes on here: no timer thread)
+        signal.alarm(20)  # (red, it hung)
+        os._exit(0 if trio.run(a_tree, clock=trio.testing.MockClock()) else 1)
+    _, status = os.waitpid(child, 0)
+    print(os.waitstatus_to_exitcode(status))
+    """
+)
+
+
+def test_a_forked_child_gets_its_own_timer_thread(tracked: Tracked) -> None:
+    # A forked child has no timer thread, only the record of its parent's: its bounds
+    # would never end, and a grace under a still mock clock would run for ever.
+    assert procs.run_python(BOUNDED_IN_A_FORKED_CHILD, env=tracked.env) == "0\n"
     assert tracked.survivors() == []

@@ -4,30 +4,38 @@ trio's timeouts follow the run's clock. ``trio.testing.MockClock`` with autojump
 (pytest-trio's ``autojump_clock``, common in trio projects' tests) moves that clock on
 whenever every task waits: a grace measured on it ran out the moment cleanup waited, so a
 tree that stops on SIGTERM in 50 ms was SIGKILLed without it, and one still dying a few
-ms after SIGKILL raised CleanupError ("outlived SIGKILL"). A tree's processes run in real
-time, so their bounds are real seconds: under a mock clock, each is a cancel scope that
-a system task cancels once that many real seconds have passed (a worker thread sleeps
-them). Under trio's own clock, a plain deadline, at no extra cost.
+ms after SIGKILL raised CleanupError ("outlived SIGKILL"); a mock clock nobody moves on
+let a grace run for ever. A tree's processes run in real time, so their bounds are real
+seconds: under any clock but trio's own, each is a cancel scope that one timer thread of
+the process cancels once that many real seconds have passed. Under trio's own clock, a
+plain deadline, at no extra cost.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import logging
 import math
-import sys
+import os
+import threading
 import time
 from types import TracebackType
 
 import trio
 
+logger = logging.getLogger("trio_proctree")
+
 
 def clock_is_virtual() -> bool:
-    """Whether the current trio run keeps a mock clock, whose time is not real time."""
-    testing = sys.modules.get("trio.testing")  # (not imported: no mock clock exists)
-    return testing is not None and isinstance(trio.lowlevel.current_clock(), testing.MockClock)
+    """Whether the current trio run keeps a clock other than trio's own (a mock clock,
+    whose time is not real time; any other is treated alike: real seconds stay right)."""
+    clock = type(trio.lowlevel.current_clock())
+    return not (clock.__name__ == "SystemClock" and clock.__module__.startswith("trio."))
 
 
 def now(*, virtual: bool) -> float:
-    """Seconds on a real clock: the run's own, unless it is a mock (`clock_is_virtual`)."""
+    """Seconds on a real clock: the run's own, unless it is not trio's (`clock_is_virtual`)."""
     return time.monotonic() if virtual else trio.current_time()
 
 
@@ -42,22 +50,30 @@ def bound(
 
 
 class RealTimeScope:
-    """A cancel scope that a system task cancels ``seconds`` real seconds after entry.
+    """A cancel scope that the timer thread cancels ``seconds`` real seconds after entry.
 
-    Entered, it is the `trio.CancelScope` it stands for (``with ... as scope``). A system
-    task, not one of the caller's: the bound must hold wherever the scope is entered, with
-    no nursery at hand. Its timer ends with the scope, and the sleeping worker thread is
-    left to end on its own (its own limiter: no token of the program's is held meanwhile).
+    Entered, it is the `trio.CancelScope` it stands for (``with ... as scope``). A thread,
+    not a task: the bound must hold wherever the scope is entered, also where trio takes
+    no new task (a generator closed as the run ends, a system task after the main one
+    returned), and one thread serves every scope (a thread per scope, each sleeping its
+    whole bound, made a hundred for a hundred trees). The thread hands the cancellation to
+    the run (`trio.lowlevel.TrioToken.run_sync_soon`), which accepts it until it ends.
     """
 
     def __init__(self, seconds: float, *, shield: bool = False) -> None:
         self._seconds = seconds
         self._scope = trio.CancelScope(shield=shield)
-        self._timer = trio.CancelScope()
+        self._timer: _Timer | None = None
 
     def __enter__(self) -> trio.CancelScope:
         if self._seconds < math.inf:
-            trio.lowlevel.spawn_system_task(self._cancel_later)
+            deadline = time.monotonic() + max(self._seconds, 0.0)
+            try:
+                self._timer = _timers.add(deadline, self._scope)
+            except RuntimeError as exc:  # no thread can start (a pids limit, say)
+                # Bounded on the run's clock instead: wrong in time, but bounded there.
+                logger.warning("no real-time bound (%s): on the run's clock instead", exc)
+                self._scope.deadline = trio.current_time() + self._seconds
         return self._scope.__enter__()
 
     def __exit__(
@@ -66,15 +82,73 @@ class RealTimeScope:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> bool:
-        self._timer.cancel()
+        if self._timer is not None:
+            self._timer.done = True  # (left for the thread to drop, unfired)
         return self._scope.__exit__(exc_type, exc, traceback)
 
-    async def _cancel_later(self) -> None:
-        with self._timer:
-            await trio.to_thread.run_sync(
-                time.sleep,
-                max(self._seconds, 0.0),
-                abandon_on_cancel=True,
-                limiter=trio.CapacityLimiter(1),
-            )
-            self._scope.cancel()
+
+class _Timer:
+    """One bound: the run to hand its cancellation to, and whether its scope has ended."""
+
+    def __init__(self, scope: trio.CancelScope) -> None:
+        self.scope = scope
+        self.token = trio.lowlevel.current_trio_token()
+        self.done = False
+
+    def fire(self) -> None:
+        if not self.done:
+            try:
+                self.token.run_sync_soon(self.scope.cancel)
+            except trio.RunFinishedError:
+                pass  # the run has ended, and the scope with it
+
+
+class _Timers:
+    """The timer thread and its deadlines (a heap), started with the first bound."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._due: list[tuple[float, int, _Timer]] = []
+        self._order = itertools.count()  # (ties: never compare timers)
+        self._thread: threading.Thread | None = None
+
+    def add(self, deadline: float, scope: trio.CancelScope) -> _Timer:
+        timer = _Timer(scope)
+        with self._changed:
+            if self._thread is None:
+                thread = threading.Thread(
+                    target=self._run, name="trio_proctree real-time bounds", daemon=True
+                )
+                thread.start()  # (raises RuntimeError if no thread can start)
+                self._thread = thread
+            heapq.heappush(self._due, (deadline, next(self._order), timer))
+            self._changed.notify()
+        return timer
+
+    def _run(self) -> None:
+        with self._changed:
+            while True:
+                while self._due and self._due[0][2].done:
+                    heapq.heappop(self._due)  # its scope ended first
+                if not self._due:
+                    self._changed.wait()
+                    continue
+                left = self._due[0][0] - time.monotonic()
+                if left > 0:
+                    self._changed.wait(left)
+                    continue
+                heapq.heappop(self._due)[2].fire()
+
+
+_timers = _Timers()
+
+
+def _renew() -> None:
+    # A forked child has no timer thread (only the forking thread goes on), and maybe a
+    # condition another thread held: it gets its own, started with its first bound.
+    global _timers  # noqa: PLW0603 - the one instance, per process
+    _timers = _Timers()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_renew)

@@ -2163,6 +2163,27 @@ MUTANTS = [
         "            await trio.lowlevel.checkpoint_if_cancelled()\n",
         "checkpoints_for_a_tree_that_ended",
     ),
+    (
+        "clock: only trio.testing.MockClock taken for a clock that is not real time",
+        "_real_time.py",
+        '    return not (clock.__name__ == "SystemClock" and clock.__module__.startswith("trio."))\n',
+        '    return clock.__name__ == "MockClock"\n',
+        "any_clock_but_trios_own",
+    ),
+    (
+        "clock: a real-time bound's cancellation never handed to the run",
+        "_real_time.py",
+        "                self.token.run_sync_soon(self.scope.cancel)\n",
+        "                pass\n",
+        "still_clock",
+    ),
+    (
+        "clock: a forked child left with its parent's timer thread, which it has not",
+        "_real_time.py",
+        'if hasattr(os, "register_at_fork"):\n    os.register_at_fork(after_in_child=_renew)\n',
+        "",
+        "forked_child_gets_its_own_timer_thread",
+    ),
 ]
 
 
