@@ -7,6 +7,7 @@ it on whenever every task waits. The processes of a tree run in real time: a gra
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -150,6 +151,20 @@ async def test_a_cancellation_does_not_cut_cleanup_short_under_an_autojump_clock
 IGNORES_TERM = ["sh", "-c", "trap '' TERM; echo ready; sleep 60 & wait"]
 
 
+@contextlib.asynccontextmanager
+async def running(
+    command: list[str], grace: float, trees: list[ProcessTree], tracked: Tracked
+) -> AsyncIterator[None]:
+    """A tree of ``command`` for a block, from its "ready" on; kept in ``trees``."""
+    async with open_process_tree(
+        command, grace=grace, stdout=subprocess.PIPE, env=tracked.env
+    ) as tree:
+        trees.append(tree)
+        assert tree.stdout is not None
+        assert await tree.stdout.receive_some() == b"ready\n"
+        yield
+
+
 async def test_real_time_bounds_take_one_thread_however_many_trees_end(
     tracked: Tracked, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -176,12 +191,7 @@ def test_a_tree_in_a_generator_closed_at_the_runs_end_is_still_bounded_on_a_mock
     generators: list[AsyncIterator[None]] = []
 
     async def holding_a_tree() -> AsyncIterator[None]:
-        async with open_process_tree(
-            IGNORES_TERM, grace=0.2, stdout=subprocess.PIPE, env=tracked.env
-        ) as tree:
-            trees.append(tree)
-            assert tree.stdout is not None
-            assert await tree.stdout.receive_some() == b"ready\n"
+        async with running(IGNORES_TERM, 0.2, trees, tracked):
             yield
 
     async def main() -> None:
@@ -207,12 +217,7 @@ def test_a_tree_in_a_system_task_cancelled_as_the_run_ends_is_bounded_on_a_mock_
     trees: list[ProcessTree] = []
 
     async def worker(started: trio.Event) -> None:
-        async with open_process_tree(
-            IGNORES_TERM, grace=0.2, stdout=subprocess.PIPE, env=tracked.env
-        ) as tree:
-            trees.append(tree)
-            assert tree.stdout is not None
-            assert await tree.stdout.receive_some() == b"ready\n"
+        async with running(IGNORES_TERM, 0.2, trees, tracked):
             started.set()
             await trio.sleep_forever()
 
@@ -247,12 +252,8 @@ def test_a_grace_is_real_seconds_under_any_clock_but_trios_own(tracked: Tracked)
     trees: list[ProcessTree] = []
 
     async def main() -> None:
-        async with open_process_tree(
-            STOPS_IN_50_MS, grace=2.0, stdout=subprocess.PIPE, env=tracked.env
-        ) as tree:
-            trees.append(tree)
-            assert tree.stdout is not None
-            assert await tree.stdout.receive_some() == b"ready\n"
+        async with running(STOPS_IN_50_MS, 2.0, trees, tracked):
+            pass
 
     trio.run(main, clock=HundredfoldClock())
     [tree] = trees
