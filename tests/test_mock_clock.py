@@ -22,7 +22,7 @@ import pytest
 import trio
 import trio.testing
 
-from trio_proctree import ProcessTree, open_process_tree, run_process_tree
+from trio_proctree import ProcessTree, _real_time, open_process_tree, run_process_tree
 from trio_proctree._real_time import clock_is_virtual
 
 from . import procs
@@ -34,9 +34,9 @@ STOPS_IN_50_MS = [
     "-c",
     textwrap.dedent(
         """
-        import signal, sys, time
+        import os, signal, sys, time
         signal.signal(signal.SIGTERM, lambda *_: (time.sleep(0.05), sys.exit(0)))
-        print("ready", flush=True)
+        os.write(1, b"ready\\n")  # (one write: print() may make two, read apart)
         time.sleep(60)
         """
     ),
@@ -294,4 +294,41 @@ def test_a_forked_child_gets_its_own_timer_thread(tracked: Tracked) -> None:
     # A forked child has no timer thread, only the record of its parent's: its bounds
     # would never end, and a grace under a still mock clock would run for ever.
     assert procs.run_python(BOUNDED_IN_A_FORKED_CHILD, env=tracked.env) == "0\n"
+    assert tracked.survivors() == []
+
+
+@pytest.mark.timeout(30)  # (red, it hung)
+async def test_a_bound_of_centuries_leaves_the_timer_thread_at_work(
+    tracked: Tracked, autojump_clock: trio.testing.MockClock
+) -> None:
+    # Red before (helper-42): a grace of 1e10 s (accepted: only inf is refused) made the
+    # timer thread's wait overflow, and the thread died, leaving every later bound unended:
+    # the next tree's grace never ran out.
+    trees: list[ProcessTree] = []
+    async with running(STOPS_IN_50_MS, 1e10, trees, tracked):
+        pass  # (its 50 ms to stop: the long bound waits at the head meanwhile)
+    async with running(IGNORES_TERM, 0.2, trees, tracked):
+        pass
+    assert [tree.outcome.returncode for tree in trees if tree.outcome] == [0, -signal.SIGKILL]
+    assert tracked.survivors() == []
+
+
+def test_the_timer_thread_ends_with_no_bound_left_and_starts_again(
+    tracked: Tracked, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A thread left for good makes every later os.fork() warn on Python 3.12+ (helper-42):
+    # it ends after a while with no bound, as trio's own worker threads do.
+    monkeypatch.setattr(_real_time._Timers, "IDLE", 0.1)
+    trees: list[ProcessTree] = []
+
+    async def a_tree() -> None:
+        async with running(IGNORES_TERM, 0.2, trees, tracked):
+            pass
+
+    for _ in range(2):  # (the second starts it again)
+        trio.run(a_tree, clock=trio.testing.MockClock())
+        [timer] = [t for t in threading.enumerate() if t.name == "trio_proctree real-time bounds"]
+        timer.join(15)  # (one waiting from before the patch waits its 10 s out)
+        assert not timer.is_alive()
+    assert [tree.outcome.returncode for tree in trees if tree.outcome] == [-signal.SIGKILL] * 2
     assert tracked.survivors() == []

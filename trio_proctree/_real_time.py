@@ -71,7 +71,8 @@ class RealTimeScope:
             try:
                 self._timer = _timers.add(deadline, self._scope)
             except RuntimeError as exc:  # no thread can start (a pids limit, say)
-                # Bounded on the run's clock instead: wrong in time, but bounded there.
+                # On the run's clock instead: wrong in time (and for ever, on a mock clock
+                # nobody moves on), but the best there is; each bound tries again.
                 logger.warning("no real-time bound (%s): on the run's clock instead", exc)
                 self._scope.deadline = trio.current_time() + self._seconds
         return self._scope.__enter__()
@@ -83,7 +84,9 @@ class RealTimeScope:
         traceback: TracebackType | None,
     ) -> bool:
         if self._timer is not None:
-            self._timer.done = True  # (left for the thread to drop, unfired)
+            # Left for the thread to drop, unfired; or, if it was firing just then, its
+            # cancel reaches this scope once it has exited, where it does nothing.
+            _timers.end(self._timer)
         return self._scope.__exit__(exc_type, exc, traceback)
 
 
@@ -104,11 +107,21 @@ class _Timer:
 
 
 class _Timers:
-    """The timer thread and its deadlines (a heap), started with the first bound."""
+    """The timer thread and its deadlines (a heap), started with the first bound and
+    ended after a while with none (as trio's own worker threads are: a thread left for
+    good makes every later ``os.fork()`` warn, on Python 3.12+)."""
+
+    #: Seconds the thread waits at most at a time: a bound of centuries (an accepted
+    #: grace of 1e10 s) made a longer wait overflow, and the thread died with every
+    #: later bound unended. It looks again instead.
+    LONGEST_WAIT = 3600.0
+    #: Seconds it stays with no bound before it ends.
+    IDLE = 10.0
 
     def __init__(self) -> None:
         self._changed = threading.Condition()
         self._due: list[tuple[float, int, _Timer]] = []
+        self._ended = 0  # (timers in the heap whose scope ended first)
         self._order = itertools.count()  # (ties: never compare timers)
         self._thread: threading.Thread | None = None
 
@@ -125,17 +138,33 @@ class _Timers:
             self._changed.notify()
         return timer
 
+    def end(self, timer: _Timer) -> None:
+        """The scope of ``timer`` has ended: it must not fire. Dropped when it comes up,
+        or, once most of the heap is such timers (short bounds behind a long one), all
+        at once."""
+        with self._changed:
+            timer.done = True
+            self._ended += 1
+            if self._ended > 64 and self._ended * 2 > len(self._due):
+                self._due = [entry for entry in self._due if not entry[2].done]
+                heapq.heapify(self._due)
+                self._ended = 0
+
     def _run(self) -> None:
+        # (run_sync_soon under our lock: the run takes no lock of ours, so no cycle.)
         with self._changed:
             while True:
                 while self._due and self._due[0][2].done:
-                    heapq.heappop(self._due)  # its scope ended first
+                    heapq.heappop(self._due)
+                    self._ended -= 1
                 if not self._due:
-                    self._changed.wait()
+                    if not self._changed.wait(self.IDLE) and not self._due:
+                        self._thread = None  # (the next bound starts another)
+                        return
                     continue
                 left = self._due[0][0] - time.monotonic()
                 if left > 0:
-                    self._changed.wait(left)
+                    self._changed.wait(min(left, self.LONGEST_WAIT))
                     continue
                 heapq.heappop(self._due)[2].fire()
 

@@ -2184,6 +2184,20 @@ MUTANTS = [
         "",
         "forked_child_gets_its_own_timer_thread",
     ),
+    (
+        "clock: the timer thread's wait not capped (a bound of centuries overflowed it)",
+        "_real_time.py",
+        "                    self._changed.wait(min(left, self.LONGEST_WAIT))\n",
+        "                    self._changed.wait(left)\n",
+        "centuries",
+    ),
+    (
+        "clock: the timer thread kept for good, with no bound left",
+        "_real_time.py",
+        "                        self._thread = None  # (the next bound starts another)\n                        return\n",
+        "                        continue\n",
+        "ends_with_no_bound_left",
+    ),
 ]
 
 
