@@ -52,7 +52,8 @@ class _TrioIO:
     def __init__(self, tree: ProcessTree) -> None:
         self._tree = tree
         self.keyboard_interrupt: KeyboardInterrupt | None = None
-        #: A mock clock's time is not the processes' (`_real_time`): bounds in real seconds.
+        #: A clock not trio's own (a mock one) keeps no real time (`_real_time`): bounds
+        #: in real seconds.
         self._virtual = clock_is_virtual()
         #: Whether cleanup has waited (each wait goes through `_kept`): a schedule point.
         self.scheduled = False
