@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import pytest
 
@@ -961,17 +961,23 @@ OUT_OF_FILE_DESCRIPTORS = OUT_OF_FDS_PRELUDE + textwrap.dedent(
 )
 
 
+def out_of_fds_at_a_tree_that_stops_on_sigterm(containment: str, tracked: Tracked) -> Any:
+    """`OUT_OF_FILE_DESCRIPTORS`' report on a shell that exits 0 on SIGTERM and its member
+    (both say their pids)."""
+    available(containment)
+    command = "trap 'exit 0' TERM; sleep 60 & echo $$ $!; wait"
+    return json.loads(
+        procs.run_python(OUT_OF_FILE_DESCRIPTORS, containment, command, env=tracked.env)
+    )
+
+
 @pytest.mark.parametrize("containment", ["cgroup", "subreaper", "group"])
 def test_out_of_file_descriptors_the_group_is_still_killed(
     tracked: Tracked, containment: str
 ) -> None:
     # Red before (subreaper): the listing that failed came before the killpg, so nothing
     # was signalled at all, yet the outcome listed every signal.
-    available(containment)
-    command = "trap 'exit 0' TERM; sleep 60 & echo $$ $!; wait"
-    report = json.loads(
-        procs.run_python(OUT_OF_FILE_DESCRIPTORS, containment, command, env=tracked.env)
-    )
+    report = out_of_fds_at_a_tree_that_stops_on_sigterm(containment, tracked)
     assert len(report["pids"]) == 2
     assert report["alive"] == []
     assert report["returncode"] == 0  # the stop signal got through: the shell's trap ran
@@ -995,11 +1001,7 @@ def test_out_of_file_descriptors_a_tree_not_seen_gone_is_not_said_to_run_on(
     # look at (listing it needs a descriptor), was said to be "still running" after the
     # grace, "still alive 2s after SIGKILL (uninterruptible sleep?)", and to have
     # "outlived SIGKILL": the reader was sent after a stuck process that never was.
-    available(containment)
-    command = "trap 'exit 0' TERM; sleep 60 & echo $$ $!; wait"
-    report = json.loads(
-        procs.run_python(OUT_OF_FILE_DESCRIPTORS, containment, command, env=tracked.env)
-    )
+    report = out_of_fds_at_a_tree_that_stops_on_sigterm(containment, tracked)
     assert report["alive"] == []  # (the premise: nothing ran on)
     assert report["error"] == "CleanupError", report["traceback"]
     assert report["cause"] == errno.EMFILE

@@ -91,7 +91,8 @@ class RealTimeScope:
 
 
 class _Timer:
-    """One bound: the run to hand its cancellation to, and whether its scope has ended."""
+    """One bound: the run to hand its cancellation to, and whether it is done with (its
+    scope ended first, or it fired)."""
 
     def __init__(self, scope: trio.CancelScope) -> None:
         self.scope = scope
@@ -99,11 +100,10 @@ class _Timer:
         self.done = False
 
     def fire(self) -> None:
-        if not self.done:
-            try:
-                self.token.run_sync_soon(self.scope.cancel)
-            except trio.RunFinishedError:
-                pass  # the run has ended, and the scope with it
+        try:
+            self.token.run_sync_soon(self.scope.cancel)
+        except trio.RunFinishedError:
+            pass  # the run has ended, and the scope with it
 
 
 class _Timers:
@@ -143,6 +143,8 @@ class _Timers:
         or, once most of the heap is such timers (short bounds behind a long one), all
         at once."""
         with self._changed:
+            if timer.done:
+                return  # (fired already, and out of the heap)
             timer.done = True
             self._ended += 1
             if self._ended > 64 and self._ended * 2 > len(self._due):
@@ -166,7 +168,9 @@ class _Timers:
                 if left > 0:
                     self._changed.wait(min(left, self.LONGEST_WAIT))
                     continue
-                heapq.heappop(self._due)[2].fire()
+                timer = heapq.heappop(self._due)[2]
+                timer.fire()
+                timer.done = True  # (out of the heap: its scope's end has nothing to drop)
 
 
 _timers = _Timers()

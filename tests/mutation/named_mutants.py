@@ -2173,8 +2173,8 @@ MUTANTS = [
     (
         "clock: a real-time bound's cancellation never handed to the run",
         "_real_time.py",
-        "                self.token.run_sync_soon(self.scope.cancel)\n",
-        "                pass\n",
+        "            self.token.run_sync_soon(self.scope.cancel)\n",
+        "            pass\n",
         "still_clock",
     ),
     (
