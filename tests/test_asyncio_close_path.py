@@ -723,6 +723,36 @@ def entered_in_one_loop_and_ended_in_the_next(contained: dict[str, Any]) -> tupl
     return said, tree.outcome.returncode
 
 
+@pytest.mark.parametrize("watched_first", [False, True], ids=["fresh", "watched"])
+@pytest.mark.parametrize("call", ["wait", "aclose"])
+def test_a_tree_is_refused_in_another_loop_while_its_own_is_open(
+    tracked: Tracked, contained: dict[str, Any], call: str, watched_first: bool
+) -> None:
+    # Red before (helper-43), for a tree never waited on in its own loop: wait() and
+    # aclose() ran in the other loop, whose waits on the first loop's streams and futures
+    # could never end; the refusal came only once wait() had been used in the first.
+    own = asyncio.new_event_loop()
+    scope = open_process_tree(["sleep", "60"], grace=0.5, **contained)
+    tree = own.run_until_complete(scope.__aenter__())
+    try:
+        if watched_first:
+            watching = own.create_task(tree.wait())
+            own.run_until_complete(asyncio.wait({watching}, timeout=0.01))
+            watching.cancel()
+
+        async def in_another_loop() -> None:
+            await getattr(tree, call)()
+
+        with pytest.raises(RuntimeError, match="in use in another event loop, still open"):
+            asyncio.run(in_another_loop())
+        assert tree.outcome is None  # nothing of the cleanup ran there
+    finally:
+        own.run_until_complete(scope.__aexit__(None, None, None))
+        own.close()
+    assert tree.outcome is not None
+    assert tracked.survivors() == []
+
+
 def test_a_cleanup_cut_off_by_its_loops_close_is_refused_in_another_loop_at_once(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:

@@ -47,7 +47,7 @@ async def fds_once_settled(**options: Any) -> set[int]:
     return procs.open_fds()
 
 
-def test_end_of_block_stops_the_whole_tree(
+def test_asyncio_end_of_block_stops_the_whole_tree(
     run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
 ) -> None:
     async def main() -> None:
@@ -81,7 +81,7 @@ def test_exception_in_block_propagates_unchanged(
     assert tracked.survivors() == []
 
 
-def test_cancellation_stops_the_whole_tree(
+def test_asyncio_cancellation_stops_the_whole_tree(
     run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
 ) -> None:
     async def main() -> None:
@@ -107,7 +107,7 @@ def test_cancellation_stops_the_whole_tree(
     assert tracked.survivors() == []
 
 
-def test_lingering_descendants_are_stopped_after_the_leader_exited(
+def test_asyncio_lingering_descendants_are_stopped_after_the_leader_exited(
     run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
 ) -> None:
     async def main() -> None:
@@ -159,7 +159,7 @@ def test_tree_ignoring_sigterm_is_killed_after_the_grace_with_a_warning(
 
 
 @pytest.mark.parametrize("containment", ["cgroup", "subreaper"])
-def test_an_escapee_gets_the_stop_signal_while_the_leader_ignores_it(
+def test_asyncio_an_escapee_gets_the_stop_signal_while_the_leader_ignores_it(
     run: Callable[..., Any], tracked: Tracked, containment: str
 ) -> None:
     # As in the trio test: the escapees' stop signal is not held back until the SIGKILL
@@ -196,7 +196,7 @@ def test_an_escapee_gets_the_stop_signal_while_the_leader_ignores_it(
     assert tracked.survivors() == []
 
 
-def test_cancellation_while_spawning_still_stops_the_tree(
+def test_asyncio_cancellation_while_spawning_still_stops_the_tree(
     run: Callable[..., Any],
     tracked: Tracked,
     contained: dict[str, Any],
@@ -273,7 +273,7 @@ def test_reading_returncode_never_reaps_and_send_signal_reaches_all(
     assert tracked.survivors() == []
 
 
-def test_run_process_tree_returns_output_and_checks(
+def test_run_process_tree_returns_output_and_raises_on_a_failed_exit(
     run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
 ) -> None:
     async def main() -> None:
@@ -422,7 +422,7 @@ def test_output_held_open_outside_the_group_is_read_for_a_bounded_time_with_a_wa
 
 
 @pytest.mark.parametrize("cancelled", list(INPUT_CASES))
-def test_close_stdin_step_runs_for_the_input_run_process_tree_fed(
+def test_asyncio_close_stdin_step_runs_for_the_input_run_process_tree_fed(
     run: Callable[..., Any],
     tracked: Tracked,
     tmp_path: Path,
@@ -569,7 +569,7 @@ def test_a_readers_pipe_an_escapee_holds_is_closed_with_its_tree(
     assert tracked.survivors() == []
 
 
-def test_full_pipe_nobody_reads_does_not_deadlock_cleanup(
+def test_asyncio_full_pipe_nobody_reads_does_not_deadlock_cleanup(
     run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
 ) -> None:
     async def main() -> None:
@@ -678,7 +678,7 @@ def test_a_tree_whose_streams_fail_to_connect_leaves_no_pipe_end_open(
 
 
 @pytest.mark.parametrize(("command", "kwargs", "error", "message"), BAD_REQUESTS)
-def test_bad_request_fails_early_and_leaks_nothing(
+def test_asyncio_bad_request_fails_early_and_leaks_nothing(
     command: Any, kwargs: dict[str, Any], error: type[Exception], message: str
 ) -> None:
     children, fds = procs.children_of_self(), procs.open_fds()
@@ -891,7 +891,7 @@ def test_anyio_merely_imported_costs_the_first_tree_no_backend_import(
     assert procs.run_python(code, env=tracked.env) == "False\n"
 
 
-def test_a_scope_entered_twice_at_once_starts_one_tree(
+def test_asyncio_a_scope_entered_twice_at_once_starts_one_tree(
     run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
 ) -> None:
     # Red before: both entries passed the check before either spawn was done, each
@@ -920,7 +920,7 @@ def test_a_scope_entered_twice_at_once_starts_one_tree(
     assert tracked.survivors() == []
 
 
-def test_a_scope_whose_spawn_failed_can_be_entered_again(
+def test_asyncio_a_scope_whose_spawn_failed_can_be_entered_again(
     run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any], tmp_path: Path
 ) -> None:
     # Nothing of the failed entry runs, so nothing stands in the way of another (red

@@ -99,6 +99,30 @@ async def test_cleanup_error_alone_reaches_the_caller_itself(
     assert tracked.survivors() == []
 
 
+async def test_a_release_that_fails_with_a_bug_still_reaps_the_leader(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # Red before: only an OSError out of the containment's release was kept; any other
+    # error skipped the rest of the cleanup: the leader was left unreaped (a zombie for
+    # good where init does not reap), its pidfd open, and no outcome was recorded.
+    bug = RuntimeError("a bug in release (injected)")
+    with pytest.raises(RuntimeError) as caught:
+        async with open_process_tree(SLEEPER, grace=0.2, **contained) as tree:
+            containment: Any = tree._core.containment
+            real_release = containment.release
+
+            def failing_release(**options: Any) -> None:
+                real_release(**options)  # (its cgroup goes all the same)
+                raise bug
+
+            containment.release = failing_release
+    assert caught.value is bug
+    assert tree._core.leader.reaped
+    assert tree._core.leader.pidfd == -1  # closed
+    assert tree.outcome is not None
+    assert tracked.survivors() == []
+
+
 class FailsToClose(InPlaceOfStdin):
     """Its aclose() fails."""
 

@@ -2616,7 +2616,7 @@ def test_a_stale_member_whose_main_thread_exited_is_swept_too(
     assert tracked.survivors() == []
 
 
-def test_version_is_exposed() -> None:
+def test_the_package_has_a_version() -> None:
     assert trio_proctree.__version__
 
 

@@ -793,3 +793,58 @@ def test_a_cancellation_requested_before_the_block_failed_is_not_delivered_again
     asyncio.run(main())
     assert steps == ["Flaky", "next step ran"]
     assert tracked.survivors() == []
+
+
+# Presses Ctrl-C as open_process_tree() is about to read the executable (the exec check),
+# then reports whether that synchronous setup ran to its end, what trio.run raised, and
+# what of the tree is left alive.
+INTERRUPTED_IN_THE_SETUP = procs.ALIVE_IN_A_CHILD + textwrap.dedent(
+    """
+    import json, os, signal, sys, trio
+    from trio_proctree import _spawn, open_process_tree
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # (as at a terminal)
+    reading = _spawn.refusal
+
+    def pressed_while_reading(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # (Python's handler runs before this returns)
+        return reading(*args, **kwargs)
+
+    _spawn.refusal = pressed_while_reading
+    set_up, pids = [], []
+
+    async def main():
+        scope = open_process_tree(["sleep", "60"], grace=0.2, containment=sys.argv[1])
+        set_up.append(True)
+        async with scope as tree:
+            pids.append(tree.pid)
+            await trio.sleep_forever()
+
+    try:
+        trio.run(main)
+        raised = None
+    except BaseException as exc:
+        raised = type(exc).__name__
+    print(json.dumps({
+        "set_up": bool(set_up),
+        "raised": raised,
+        "alive": [pid for pid in pids if alive(pid)],
+    }))
+    """
+)
+
+
+def test_a_ctrl_c_in_the_setup_waits_for_its_end_then_interrupts(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # Red before: trio raised the KeyboardInterrupt right inside open_process_tree()'s
+    # synchronous setup, which was not protected from it, and the exec check's file was
+    # left for the garbage collector to close (a ResourceWarning). Protected, the setup
+    # ends, and the interrupt comes at the next checkpoint, as a cancellation would.
+    report = json.loads(
+        procs.run_python(INTERRUPTED_IN_THE_SETUP, contained["containment"], env=tracked.env)
+    )
+    assert report["set_up"]
+    assert report["raised"] == "KeyboardInterrupt"
+    assert report["alive"] == []
+    assert tracked.survivors() == []

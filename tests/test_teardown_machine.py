@@ -26,6 +26,7 @@ from trio_proctree._teardown import (
     Finished,
     KillAll,
     LeaderLeft,
+    LeaderStep,
     SendSignal,
     Teardown,
     Unseen,
@@ -496,7 +497,7 @@ def test_a_tree_killed_by_the_program_that_could_not_be_looked_at_is_not_said_to
 # --- the policy values -------------------------------------------------------------------
 
 
-def test_defaults() -> None:
+def test_the_default_policy_is_sigterm_5s_then_sigkill_2s() -> None:
     assert Escalation.graceful() == Escalation.graceful(5.0, signal.SIGTERM) == Escalation()
     policy = Escalation()
     assert policy.steps == (Step(signal.SIGTERM, 5.0),)
@@ -624,7 +625,7 @@ def test_a_realtime_signal_stays_a_number() -> None:
     assert parse_signal(signal.SIGRTMIN + 1) == signal.SIGRTMIN + 1
 
 
-def test_signal_names_for_humans() -> None:
+def test_signals_are_named_as_people_know_them() -> None:
     assert signal_name(signal.SIGTERM) == "SIGTERM"
     assert signal_name(signal.SIGRTMIN + 1) == f"signal {signal.SIGRTMIN + 1}"
 
@@ -710,3 +711,22 @@ def test_resolve_policy_takes_shortcuts_or_a_policy_never_both() -> None:
         resolve_policy(5.0, signal.SIGINT, custom)
     with pytest.raises(ValueError, match="Escalation"):
         resolve_policy(5.0, signal.SIGTERM, "fast")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("returncode", "lost", "caught", "failed"),
+    [
+        (None, False, False, False),  # not gone yet
+        (None, True, False, True),  # reaped elsewhere, its status never seen
+        (0, False, False, False),  # exited: it had its chance
+        (3, True, False, False),  # a status seen before the loss counts
+        (-signal.SIGTERM, False, True, False),  # re-raised the step it handled
+        (-signal.SIGTERM, False, False, True),  # died of the step, no handler
+        (-signal.SIGSEGV, False, True, True),  # a crash, handler or not
+    ],
+)
+def test_a_leader_fails_its_step_only_by_dying_of_it_unhandled_or_crashing_or_being_lost(
+    returncode: int | None, lost: bool, caught: bool, failed: bool
+) -> None:
+    step = LeaderStep(signal.SIGTERM, caught)
+    assert step.failed(returncode, lost=lost) is failed

@@ -166,6 +166,8 @@ async def _run_with(options: RunOptions, terminal: Terminal | None) -> int:
                 stopping.set()
                 # Leaving the block stops whatever is still running: the whole escalation
                 # (cut short by a second stop request: `_answer`).
+            # The tree is gone: the task answering signals would wait for the next one
+            # for ever, and the nursery with it.
             answering.cancel_scope.cancel()
     assert tree.outcome is not None and tree.outcome.returncode is not None
     if requested:
@@ -200,6 +202,8 @@ async def _answer(
             # Ctrl-\\ where the tool's group has the terminal (run by a script), a kill
             # -QUIT or -USR1: the command's to act on (a JVM prints its threads and runs on,
             # a server reopens its logs), not this tool's death without its cleanup.
+            # To the group, as a terminal sends them to its foreground job: a daemon or an
+            # escapee that left it has left the job too.
             if tree.outcome is None:  # (not yet reaped: the leader pins the group id)
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(tree.pid, sig)

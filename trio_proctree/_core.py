@@ -16,8 +16,6 @@ import signal
 import time
 from typing import Protocol
 
-import attrs
-
 from ._cgroup import remove_home
 from ._containment import NEED_SCAN, RETRY_LATER, RETRY_PAUSE, Containment, ContainmentLost
 from ._escalation import Escalation, SignalLike, parse_signal, signal_name
@@ -33,6 +31,7 @@ from ._teardown import (
     Finished,
     KillAll,
     LeaderLeft,
+    LeaderStep,
     SendSignal,
     Teardown,
     Unseen,
@@ -191,7 +190,7 @@ class TreeCore:
                 # tree's orphans are recognised by it. A tree not known to be empty keeps
                 # its parent-death backstop armed.
                 self.containment.release(emptied=emptied)
-            except OSError as exc:
+            except Exception as exc:  # noqa: BLE001 - even a bug there must not skip the reap
                 errors.append(exc)
             self._cleaned_up = True
             returncode = self.leader.reap()  # after the last group signal, never before
@@ -370,32 +369,13 @@ class TreeCore:
         return True
 
     def _failed(self, step: LeaderStep) -> bool:
-        """Whether the leader, which alone had ``step``, is gone without a word that it
-        passed the step on: it died of the step's signal without a handler for it, or of
-        another signal (a crash), or other code reaped it before its status was seen.
-
-        One that exited with a status, or died of the step's signal that it had a handler
-        for (re-raised, its work done, as Python does with an uncaught KeyboardInterrupt),
-        had its chance: a server's main process may tell its workers to stop and leave
-        without waiting for them, and the step handed on would cut their work short. Nor
-        is the step handed on once the program killed the tree (``kill()``): the leader
-        died of that, and the rest is dying of it.
-        """
+        """Whether the leader, which alone had ``step``, is gone having failed it (see
+        `LeaderStep.failed`). Not once the program killed the tree (``kill()``): the
+        leader died of that, and the rest is dying of it."""
         if self._killed:
             return False  # the program's kill() meanwhile: the whole tree is dying of it
-        returncode = self.leader.poll()  # (the status seen before a loss, if one was)
-        if returncode is None:
-            return self.leader.lost
-        return returncode < 0 and not (step.caught and returncode == -step.signal)
-
-
-@attrs.frozen
-class LeaderStep:
-    """A step that went to the leader alone: its signal, and whether the leader had a
-    handler for it when it was sent."""
-
-    signal: int
-    caught: bool
+        # (The status seen before a loss, if one was.)
+        return step.failed(self.leader.poll(), lost=self.leader.lost)
 
 
 class TreeView:

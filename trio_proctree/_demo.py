@@ -144,6 +144,9 @@ async def kill_leader(run: _Run, scope: trio.CancelScope) -> None:
             await proc.wait()
         finally:
             proc.kill()
+            # Shielded, as a careful hand-rolled cleanup is: the scope is cancelled by
+            # now, and an unshielded wait would leave the leader unreaped (its row then
+            # counts a zombie, not the strategy's survivors).
             with trio.CancelScope(shield=True):
                 await proc.wait()
 
@@ -161,7 +164,7 @@ async def killpg(run: _Run, scope: trio.CancelScope) -> None:
             await proc.wait()
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
-            with trio.CancelScope(shield=True):
+            with trio.CancelScope(shield=True):  # (as in kill_leader)
                 await proc.wait()
 
 

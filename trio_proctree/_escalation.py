@@ -21,6 +21,11 @@ _NOT_STOP_SIGNALS = frozenset(
 #: still work.
 _SIGKILL = getattr(signal, "SIGKILL", None)
 
+DEFAULT_GRACE = 5.0
+#: The wait after SIGKILL when the policy gives none.
+DEFAULT_KILL_WAIT = 2.0
+DEFAULT_STOP_SIGNAL = signal.SIGTERM
+
 #: Every signal number this platform accepts, as plain ints. Asked once: each call of
 #: `signal.valid_signals` turns every number into an enum member (~60 us per tree spawned).
 _VALID_SIGNALS = frozenset(int(sig) for sig in signal.valid_signals())
@@ -211,7 +216,7 @@ class Escalation:
     """
 
     steps: tuple[Step, ...] = attrs.field(
-        default=(Step(signal.SIGTERM, 5.0),),
+        default=(Step(DEFAULT_STOP_SIGNAL, DEFAULT_GRACE),),
         converter=_as_steps,
     )
     close_stdin: float | None = attrs.field(default=None, converter=_optional_stdin_wait)
@@ -234,7 +239,9 @@ class Escalation:
         object.__setattr__(self, "kill_wait", wait)  # (frozen: set once, here)
 
     @classmethod
-    def graceful(cls, grace: float = 5.0, stop_signal: SignalLike = signal.SIGTERM) -> Escalation:
+    def graceful(
+        cls, grace: float = DEFAULT_GRACE, stop_signal: SignalLike = DEFAULT_STOP_SIGNAL
+    ) -> Escalation:
         """The common policy: ``stop_signal``, up to ``grace`` seconds, then SIGKILL.
         With SIGKILL as the stop signal there is no grace: the hard stop at once."""
         step = Step(stop_signal, parse_duration(grace, what="grace"))
@@ -261,12 +268,6 @@ def time_before_the_hard_stop(policy: Escalation, *, stdin_piped: bool) -> float
     waits = sum(step.wait for step in policy.graceful_steps)
     close_stdin = (policy.close_stdin or 0.0) if stdin_piped else 0.0
     return close_stdin + waits
-
-
-DEFAULT_GRACE = 5.0
-#: The wait after SIGKILL when the policy gives none.
-DEFAULT_KILL_WAIT = 2.0
-DEFAULT_STOP_SIGNAL = signal.SIGTERM
 
 
 def resolve_policy(

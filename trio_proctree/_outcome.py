@@ -47,6 +47,8 @@ class CleanupOutcome:
     #: were found and stopped, by cleanup or by a signal the program sent through the tree
     #: (``kill()``); a process group alone cannot see them. When the leader
     #: was reaped by someone else, the group is unknown and every member found counts.
+    #: An escapee that outlived the leader is counted in ``lingering_killed`` too: the
+    #: two overlap, and their sum can count a process twice.
     escapees_killed: int
     #: Seconds from the start of cleanup until the leader was reaped.
     duration: float

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import attrs
 
 #: After the tree is gone, how long `run_process_tree` keeps reading output pipes that
 #: something outside the tree still holds open (bounded, like Go's ``Cmd.WaitDelay``).
 PIPE_DRAIN_TIMEOUT = 1.0
+
+
+class HasFileno(Protocol):
+    """A file-like ``stdin`` for `run_process_tree`: what it has of the file is its number."""
+
+    def fileno(self) -> int: ...
 
 
 @attrs.frozen

@@ -50,6 +50,30 @@ class AwaitEmpty:
 
 
 @attrs.frozen
+class LeaderStep:
+    """A step that went to the leader alone: its signal, and whether the leader had a
+    handler for it when it was sent."""
+
+    signal: int
+    caught: bool
+
+    def failed(self, returncode: int | None, *, lost: bool) -> bool:
+        """Whether the leader, gone with ``returncode`` (None: not seen, ``lost`` if other
+        code reaped it), left without a word that it passed this step on: it died of the
+        step's signal without a handler for it, or of another signal (a crash), or was
+        reaped elsewhere before its status was seen.
+
+        One that exited with a status, or died of the step's signal that it had a handler
+        for (re-raised, its work done, as Python does with an uncaught KeyboardInterrupt),
+        had its chance: a server's main process may tell its workers to stop and leave
+        without waiting for them, and the step handed on would cut their work short.
+        """
+        if returncode is None:
+            return lost
+        return returncode < 0 and not (self.caught and returncode == -self.signal)
+
+
+@attrs.frozen
 class LeaderLeft:
     """The driver's answer to the wait after a step that went to the leader alone: the
     leader is gone, having failed the step (see `Step`), and left members running,

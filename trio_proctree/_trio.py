@@ -9,7 +9,7 @@ import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Generator, Iterator, Mapping
 from types import TracebackType
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import trio
 
@@ -24,7 +24,7 @@ from ._escalation import (
 )
 from ._outcome import chain_cleanup_error
 from ._real_time import bound, clock_is_virtual, now
-from ._run import PIPE_DRAIN_TIMEOUT, completed, plan_run
+from ._run import PIPE_DRAIN_TIMEOUT, HasFileno, completed, plan_run
 from ._spawn import Command, Spawned, SpawnPlan, plan_spawn
 
 if sys.version_info < (3, 11):  # pragma: no cover
@@ -33,10 +33,6 @@ if sys.version_info < (3, 11):  # pragma: no cover
 logger = logging.getLogger("trio_proctree")
 
 T = TypeVar("T")
-
-
-class HasFileno(Protocol):
-    def fileno(self) -> int: ...
 
 
 class _TrioIO:
@@ -333,6 +329,10 @@ class _TreeScope:
             await self._tree._aclose_under(exc)
 
 
+# Protected: a Ctrl-C raised inside the synchronous setup could land between an open()
+# of the exec check and its `with`, the file then left to the garbage collector (a
+# ResourceWarning); deferred, it comes at the next checkpoint, as a cancellation would.
+@trio.lowlevel.enable_ki_protection
 def open_process_tree(
     command: Command,
     *,
@@ -504,6 +504,8 @@ async def _run_to_end(  # noqa: PLR0917 - one private call site
                     tree._core.label,
                     PIPE_DRAIN_TIMEOUT,
                 )
+            # What is left would wait for ever: a reader on a pipe that a process outside
+            # the tree holds open, a feeder whose input the tree never read.
             nursery.cancel_scope.cancel()
 
 

@@ -49,7 +49,7 @@ from ._escalation import (
     resolve_policy,
 )
 from ._outcome import chain_cleanup_error
-from ._run import PIPE_DRAIN_TIMEOUT, completed, plan_run
+from ._run import PIPE_DRAIN_TIMEOUT, HasFileno, completed, plan_run
 from ._spawn import Command, Spawned, SpawnPlan, plan_spawn
 
 __all__ = ["ProcessTree", "open_process_tree", "run_process_tree"]
@@ -340,6 +340,9 @@ class ProcessTree(TreeView):
 
     def __init__(self, core: TreeCore) -> None:
         self._core = core
+        #: The event loop the tree belongs to: the one it started in, until that closes
+        #: (`_in_its_loop`).
+        self._loop = asyncio.get_running_loop()
         #: The leader's stdin, when it was ``subprocess.PIPE``.
         self.stdin: asyncio.StreamWriter | None = None
         #: The leader's stdout, when it was ``subprocess.PIPE``.
@@ -364,7 +367,11 @@ class ProcessTree(TreeView):
         """Wait for the leader to exit and return its exit status.
 
         The rest of the tree may still be running; the leader is not reaped until cleanup.
+
+        Raises:
+            RuntimeError: the tree is in use in another event loop, still open.
         """
+        self._in_its_loop()
         if self.returncode is None and not (self._core.leader.reaped or self._core.leader.lost):
             # asyncio.wait: a cancelled waiter must not cancel the future others share.
             await asyncio.wait({self._leader_exited()})
@@ -372,6 +379,16 @@ class ProcessTree(TreeView):
         if returncode is None:  # the leader was reaped by someone else
             raise self._exit_status_lost()
         return returncode
+
+    def _in_its_loop(self) -> None:
+        """Refuse the running loop while the tree's own is still open: its streams and
+        futures are that loop's, and a wait on them from this one would never end. Once
+        its own has closed (a fixture that outlived its test's loop), this one takes over.
+        """
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            _still_open(self._loop, self)
+            self._loop = loop
 
     def _leader_exited(self) -> asyncio.Future[None]:
         """A future set when the leader exits (the one reader on its pidfd)."""
@@ -427,6 +444,7 @@ class ProcessTree(TreeView):
     aclose = _inspected_as_async(aclose)
 
     def _start_cleanup(self) -> asyncio.Future[None]:
+        self._in_its_loop()
         loop = asyncio.get_running_loop()
         if self._cleanup is not None and not self._cleanup.done():
             began_in = self._cleanup.get_loop()
@@ -786,7 +804,7 @@ def open_process_tree(
 async def run_process_tree(
     command: Command,
     *,
-    stdin: bytes | bytearray | memoryview[int] | int | Any | None = b"",
+    stdin: bytes | bytearray | memoryview[int] | int | HasFileno | None = b"",
     capture_stdout: bool = False,
     capture_stderr: bool = False,
     check: bool = True,
@@ -864,6 +882,9 @@ async def run_process_tree(
                         PIPE_DRAIN_TIMEOUT,
                     )
     except BaseException as exc:
+        # Unshielded: the tree is gone by now, and the readers and feeder, cancelled, end
+        # within a loop round or two. A cancellation that comes meanwhile wins, as one
+        # does, with the exception in flight as its context.
         for error in await _end_io(io_tasks, taken):
             chain_cleanup_error(exc, error, label)
         raise

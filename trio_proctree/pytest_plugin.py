@@ -1,9 +1,10 @@
-"""A pytest plugin that fails tests which leave processes running (off by default).
+"""A pytest plugin that reports tests which leave processes running (off by default).
 
 Turn it on for a whole run with ``--check-process-leaks`` or ``check_process_leaks = true``
 in the ini file, or for one test with ``@pytest.mark.no_process_leaks``. After each checked
 test's teardown, every process the test started that is still alive (its call phase,
-against a snapshot taken just before it) fails the test, naming pids and command lines,
+against a snapshot taken just before it) is an error at the test's teardown (pytest counts
+the test as passed with an error, and the run fails), naming pids and command lines,
 and is killed, so the next test starts clean. (One still in its exit, killed at the test's
 end, say, is waited for instead: it never runs again.) Processes started by fixtures' setup are
 not counted, so a session-wide server started on first use is not taken for a leak; nor are
@@ -42,20 +43,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--check-process-leaks",
         action="store_true",
         default=False,
-        help="fail tests that leave processes running (and kill those processes)",
+        help="report an error for tests that leave processes running (and kill those processes)",
     )
     parser.addini(
         "check_process_leaks",
         type="bool",
         default=False,
-        help="fail tests that leave processes running (and kill those processes)",
+        help="report an error for tests that leave processes running (and kill those processes)",
     )
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "no_process_leaks: fail this test if it leaves a process running (trio_proctree)",
+        "no_process_leaks: an error for this test if it leaves a process running (trio_proctree)",
     )
     if _checking_everything(config):
         # Under a /proc of another pid namespace, this process's descendants would be read
