@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -750,6 +751,48 @@ def test_a_tree_is_refused_in_another_loop_while_its_own_is_open(
         own.run_until_complete(scope.__aexit__(None, None, None))
         own.close()
     assert tree.outcome is not None
+    assert tracked.survivors() == []
+
+
+@pytest.mark.parametrize("caller", ["sync code", "another thread", "another threads loop"])
+def test_aclose_called_outside_the_trees_loop_cleans_up_where_it_is_run(
+    tracked: Tracked, contained: dict[str, Any], caller: str
+) -> None:
+    # Red before (helper-46): called with no loop running (loop.run_until_complete(
+    # tree.aclose()), run_coroutine_threadsafe from a plain thread), aclose() raised "no
+    # running event loop" and the tree ran on; called in another thread's loop for
+    # run_coroutine_threadsafe (a Jupyter kernel, a GUI loop), it started the cleanup in
+    # that loop, and the wait from the tree's own never woke.
+    own = asyncio.new_event_loop()
+    runner = threading.Thread(target=own.run_forever)
+    scope = open_process_tree(["sleep", "60"], grace=0.5, **contained)
+    try:
+        if caller == "sync code":
+            tree = own.run_until_complete(scope.__aenter__())
+            own.run_until_complete(tree.aclose())
+        else:
+            runner.start()
+            tree = asyncio.run_coroutine_threadsafe(scope.__aenter__(), own).result(10)
+            if caller == "another thread":
+                asyncio.run_coroutine_threadsafe(tree.aclose(), own).result(10)
+            else:
+
+                async def in_its_own_loop() -> None:
+                    closing = asyncio.run_coroutine_threadsafe(tree.aclose(), own)
+                    await asyncio.wait_for(asyncio.wrap_future(closing), 10)
+
+                asyncio.run(in_its_own_loop())
+        assert tree.outcome is not None
+        assert tree.outcome.signals[0] == signal.SIGTERM
+    finally:
+        if runner.is_alive():
+            exiting = scope.__aexit__(None, None, None)
+            asyncio.run_coroutine_threadsafe(exiting, own).result(10)
+            own.call_soon_threadsafe(own.stop)
+            runner.join(10)
+        else:
+            own.run_until_complete(scope.__aexit__(None, None, None))
+        own.close()
     assert tracked.survivors() == []
 
 

@@ -939,3 +939,53 @@ def test_asyncio_a_scope_whose_spawn_failed_can_be_entered_again(
 
     run(main)
     assert tracked.survivors() == []
+
+
+def _connecting_a_pipe(task: asyncio.Task[Any]) -> bool:
+    """Whether ``task`` waits, somewhere down its awaits, in a pipe's connect."""
+    awaited: Any = task.get_coro()
+    while awaited is not None:
+        if getattr(getattr(awaited, "cr_code", None), "co_name", "") == "_closing_on_error":
+            return True
+        awaited = getattr(awaited, "cr_await", None)
+    return False
+
+
+def test_a_pipe_connect_cancelled_under_uvloop_is_not_closed_twice(
+    tracked: Tracked, contained: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    # uvloop closes the pipe's number itself when its connect is cancelled (a blanket
+    # "cancel every task", as asyncio.run's shutdown does). Red before (helper-46, 200 runs
+    # in 200): our file object closed that number again: EBADF, logged as a failed cleanup
+    # and carried by the CancelledError (or, had another thread taken the number
+    # meanwhile, that thread's file closed under it).
+    uvloop = pytest.importorskip("uvloop")
+    ended: list[BaseException] = []
+
+    async def holder() -> None:
+        async with open_process_tree(TWO_SLEEPS, stdout=subprocess.PIPE, **contained):
+            await asyncio.sleep(60)
+
+    async def main() -> None:
+        held = asyncio.create_task(holder())
+        for _ in range(100_000):
+            await asyncio.sleep(0)
+            if any(_connecting_a_pipe(task) for task in asyncio.all_tasks()):
+                break
+        else:
+            pytest.fail("the pipe's connect was never seen")
+        held.cancel()  # (the spawn's own task is cancelled with it, as at a shutdown)
+        for task in asyncio.all_tasks():
+            if task is not asyncio.current_task():
+                task.cancel()
+        try:
+            await held
+        except BaseException as exc:  # (what ended it is the point)
+            ended.append(exc)
+
+    uvloop.run(main())
+    [exc] = ended
+    assert isinstance(exc, asyncio.CancelledError)
+    assert exc.__cause__ is None  # no cleanup error rode along
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert tracked.survivors() == []

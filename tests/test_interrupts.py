@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import signal
 import subprocess
 import sys
@@ -848,3 +849,41 @@ def test_a_ctrl_c_in_the_setup_waits_for_its_end_then_interrupts(
     assert report["raised"] == "KeyboardInterrupt"
     assert report["alive"] == []
     assert tracked.survivors() == []
+
+
+def test_a_ctrl_c_raised_inside_the_cleanups_own_step_still_stops_the_tree_at_once(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # asyncio raises a second Ctrl-C wherever Python runs, here inside a log call of the
+    # escalation machine's, as the stop signal is about to go (helper-46: 3 runs in 40
+    # with real SIGINTs). Red before: the cleanup ended half done, the machine with it,
+    # and the whole tree ran on after asyncio.run had raised, until interpreter exit.
+    trees: list[trio_proctree.asyncio.ProcessTree] = []
+    pressed: list[bool] = []
+
+    class CtrlCInTheCleanup(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if not pressed and "sending SIGTERM" in record.getMessage():
+                pressed.append(True)
+                raise KeyboardInterrupt  # (what Python's SIGINT handler raises)
+
+    async def main() -> None:
+        async with open_process_tree(SLEEPS, grace=3.0, **contained) as tree:
+            trees.append(tree)
+
+    logger = logging.getLogger("trio_proctree")
+    handler, level = CtrlCInTheCleanup(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            asyncio.run(main())
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert pressed
+    assert tracked.survivors() == []  # gone before asyncio.run raised
+    outcome = trees[0].outcome
+    assert outcome is not None
+    assert outcome.signals[-1] == signal.SIGKILL
+    assert outcome.duration < 2  # of a 3 s grace: the hard stop at once

@@ -20,7 +20,7 @@ from ._cgroup import remove_home
 from ._containment import NEED_SCAN, RETRY_LATER, RETRY_PAUSE, Containment, ContainmentLost
 from ._escalation import Escalation, SignalLike, parse_signal, signal_name
 from ._leader import Leader
-from ._outcome import CleanupError, CleanupOutcome
+from ._outcome import CleanupError, CleanupOutcome, chain_cleanup_error
 from ._procfs import catches
 from ._spawn import Spawned, SpawnPlan
 from ._teardown import (
@@ -148,38 +148,50 @@ class TreeCore:
         errors: list[Exception] = []
         action: object = None
         hard_stop_failed = False  # (it failed, at least in part: said, not only outlived)
+        interrupt: KeyboardInterrupt | None = None
         try:
-            # A running leader is a running tree, and one call tells: the first step then
-            # goes out before the containment is asked anything (on a VM, each call that
-            # has not run lately costs tens of us, added to the tree's time to stop).
-            self.leader.poll()  # (asks the kernel; `exited` reads the answer)
-            alive = not self.leader.exited or await self._pending(io, errors) != []
-            action = teardown.start(tree_alive=alive)
-            # What an action leaves to the wait after it: when stdin was closed (the wait
-            # counts from there), and a step that went to the leader alone (the wait then
-            # tells of the leader's leaving without passing it on: `LeaderLeft`).
-            closed_stdin_at, leader_step = None, None
-            while not isinstance(action, Finished):
-                emptied: Answer = None
-                if isinstance(action, AwaitEmpty):
-                    emptied = await self._wait_empty(
-                        io, action, errors, since=closed_stdin_at, leader_step=leader_step
-                    )
-                    closed_stdin_at, leader_step = None, None
-                elif isinstance(action, CloseStdin):
-                    # The wait that follows counts from here: a stream the program put in
-                    # place of stdin, slow to close, spends it (never more than it).
-                    closed_stdin_at = io.now()
-                    within = self.policy.close_stdin or 0.0
-                    if (error := await io.close_stdin(within)) is not None:
-                        errors.append(error)
-                elif isinstance(action, SendSignal):
-                    leader_step = self._step(errors, action.signal, leader_only=action.leader_only)
-                elif isinstance(action, KillAll):  # pragma: no branch
-                    hard_stop_failed = not self._hard_stop(errors)
-                    # The machine's answer: False for a hard stop that did not go out.
-                    emptied = False if hard_stop_failed else None
-                action = teardown.send(emptied)
+            try:
+                # A running leader is a running tree, and one call tells: the first step then
+                # goes out before the containment is asked anything (on a VM, each call that
+                # has not run lately costs tens of us, added to the tree's time to stop).
+                self.leader.poll()  # (asks the kernel; `exited` reads the answer)
+                alive = not self.leader.exited or await self._pending(io, errors) != []
+                action = teardown.start(tree_alive=alive)
+                # What an action leaves to the wait after it: when stdin was closed (the wait
+                # counts from there), and a step that went to the leader alone (the wait then
+                # tells of the leader's leaving without passing it on: `LeaderLeft`).
+                closed_stdin_at, leader_step = None, None
+                while not isinstance(action, Finished):
+                    emptied: Answer = None
+                    if isinstance(action, AwaitEmpty):
+                        emptied = await self._wait_empty(
+                            io, action, errors, since=closed_stdin_at, leader_step=leader_step
+                        )
+                        closed_stdin_at, leader_step = None, None
+                    elif isinstance(action, CloseStdin):
+                        # The wait that follows counts from here: a stream the program put in
+                        # place of stdin, slow to close, spends it (never more than it).
+                        closed_stdin_at = io.now()
+                        within = self.policy.close_stdin or 0.0
+                        if (error := await io.close_stdin(within)) is not None:
+                            errors.append(error)
+                    elif isinstance(action, SendSignal):
+                        leader_step = self._step(
+                            errors, action.signal, leader_only=action.leader_only
+                        )
+                    elif isinstance(action, KillAll):  # pragma: no branch
+                        hard_stop_failed = not self._hard_stop(errors)
+                        # The machine's answer: False for a hard stop that did not go out.
+                        emptied = False if hard_stop_failed else None
+                    action = teardown.send(emptied)
+            except KeyboardInterrupt as exc:
+                # asyncio raises a Ctrl-C wherever Python runs, in this cleanup's steps too
+                # (trio holds it back: `_run_cleanup`). Left to go on, it ended the cleanup
+                # half done (and the escalation machine, if it landed in a log call of the
+                # machine's): the tree ran on until interpreter exit. Held instead: the hard
+                # stop now, as a Ctrl-C during a grace gives, and raised once it is done.
+                interrupt = exc
+                action, hard_stop_failed = await self._hard_stop_on_interrupt(io, teardown, errors)
         finally:
             emptied = isinstance(action, Finished) and action.emptied
             # Only now that the tree is empty (or beyond help) do our pipe ends go: closing
@@ -193,13 +205,7 @@ class TreeCore:
             except Exception as exc:  # noqa: BLE001 - even a bug there must not skip the reap
                 errors.append(exc)
             self._cleaned_up = True
-            returncode = self.leader.reap()  # after the last group signal, never before
-            if returncode is not None or self.leader.lost:
-                io.forget_fd(self.leader.pidfd)
-                # Never to be used again: -1 before the close, for a thread that reads it
-                # meanwhile (the net at interpreter exit may), not a number reused since.
-                pidfd, self.leader.pidfd = self.leader.pidfd, -1
-                os.close(pidfd)
+            returncode = self._reap_leader(io)
             if emptied:
                 _open_trees.discard(self)  # else the net at interpreter exit keeps it
             self._record = self._record_and_log(teardown, time.monotonic() - started, returncode)
@@ -207,10 +213,50 @@ class TreeCore:
             errors.insert(
                 0, self._outlived(errors, hard_stop_failed=hard_stop_failed, unseen=action.unseen)
             )
+        self._raise_what_failed(interrupt, errors)
+
+    def _reap_leader(self, io: LoopIO) -> int | None:
+        """Reap the leader (after the last group signal, never before), and close its
+        pidfd once it is reaped; its exit status, if seen."""
+        returncode = self.leader.reap()
+        if returncode is not None or self.leader.lost:
+            io.forget_fd(self.leader.pidfd)
+            # Never to be used again: -1 before the close, for a thread that reads it
+            # meanwhile (the net at interpreter exit may), not a number reused since.
+            pidfd, self.leader.pidfd = self.leader.pidfd, -1
+            os.close(pidfd)
+        return returncode
+
+    def _raise_what_failed(
+        self, interrupt: KeyboardInterrupt | None, errors: list[Exception]
+    ) -> None:
+        """Raise a Ctrl-C held during cleanup, carrying its errors (it wins, as over the
+        user's own exception); else the first error, the rest logged."""
+        if interrupt is not None:
+            for error in errors:
+                chain_cleanup_error(interrupt, error, self.label)
+            raise interrupt
         if errors:
             for extra in errors[1:]:
                 logger.error("%s: another cleanup error", self.label, exc_info=extra)
             raise errors[0]
+
+    async def _hard_stop_on_interrupt(
+        self, io: LoopIO, teardown: Teardown, errors: list[Exception]
+    ) -> tuple[Finished, bool]:
+        """SIGKILL to the tree and the wait for it to end, outside the escalation machine
+        (which a Ctrl-C raised inside it has ended); how that went, and whether the
+        SIGKILL failed to go out."""
+        logger.warning(
+            "%s: cleanup interrupted (Ctrl-C) in the middle of a step; sending SIGKILL to the tree",
+            self.label,
+        )
+        teardown.signals.append(signal.SIGKILL)
+        failed = not self._hard_stop(errors)
+        emptied = await self._wait_empty(
+            io, AwaitEmpty(self.policy.kill_wait, grace=False), errors, since=None
+        )
+        return Finished(emptied=emptied is True, unseen=isinstance(emptied, Unseen)), failed
 
     def _outlived(
         self, errors: list[Exception], *, hard_stop_failed: bool, unseen: bool

@@ -33,6 +33,7 @@ import os
 import subprocess
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Coroutine, Generator
 from types import TracebackType
 from typing import Any, TypeVar
@@ -431,6 +432,11 @@ class ProcessTree(TreeView):
         time left does, what this returns cannot wait: the cleanup runs on in its own task,
         and its error, if any, is logged.)
 
+        Called outside the tree's event loop (``asyncio.run_coroutine_threadsafe(
+        tree.aclose(), loop)`` from another thread, ``loop.run_until_complete(
+        tree.aclose())`` from sync code), the cleanup starts when what this returns first
+        runs, in the loop that runs it.
+
         Raises:
             asyncio.CancelledError: the caller was cancelled meanwhile (a cleanup error, if
                 any, is its ``__cause__``).
@@ -439,9 +445,21 @@ class ProcessTree(TreeView):
             CleanupError: processes of the tree outlived SIGKILL.
             OSError: signalling the tree failed.
         """
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None or (loop is not self._loop and not self._loop.is_closed()):
+            # Not in the tree's own loop: started here, the cleanup's task belonged to this
+            # loop (a wait on it from the tree's own never woke), or, with no loop running,
+            # it could not start at all. It starts where what this returns is run.
+            return self._start_then_await_cleanup()
         return self._await_cleanup(self._start_cleanup())
 
     aclose = _inspected_as_async(aclose)
+
+    async def _start_then_await_cleanup(self) -> None:
+        await self._await_cleanup(self._start_cleanup())
 
     def _start_cleanup(self) -> asyncio.Future[None]:
         self._in_its_loop()
@@ -520,7 +538,7 @@ class ProcessTree(TreeView):
         for name, fd in (("stdout", spawned.stdout), ("stderr", spawned.stderr)):
             if fd is not None:
                 reader = asyncio.StreamReader()
-                pipe = self._hand(fd, "rb")
+                pipe = self._hand(fd)
                 read_transport, _ = await _closing_on_error(
                     pipe, loop.connect_read_pipe(_protocol_for(reader), pipe)
                 )
@@ -528,16 +546,16 @@ class ProcessTree(TreeView):
                 self._read_transports[name] = (reader, read_transport)
         if spawned.stdin is not None:
             protocol = asyncio.StreamReaderProtocol(asyncio.StreamReader())
-            pipe = self._hand(spawned.stdin, "wb")
+            pipe = self._hand(spawned.stdin)
             write_transport, _ = await _closing_on_error(
                 pipe, loop.connect_write_pipe(lambda: protocol, pipe)
             )
             self.stdin = asyncio.StreamWriter(write_transport, protocol, None, loop)
 
-    def _hand(self, fd: int, mode: str) -> Any:
-        """A file object for a pipe end, which owns it from now on."""
+    def _hand(self, fd: int) -> _PipeEnd:
+        """A pipe end for a transport, which owns it from now on."""
         self._handed.add(fd)
-        return _pipe_file(fd, mode)
+        return _PipeEnd(fd)
 
     async def _close_unconnected(self, spawned: Spawned, exc: BaseException) -> None:
         """Stop a tree whose spawn was cancelled, or whose streams failed to connect, while
@@ -641,9 +659,55 @@ def _drain_into(reader: asyncio.StreamReader, transport: asyncio.BaseTransport) 
             left -= len(data)
 
 
-def _pipe_file(fd: int, mode: str) -> Any:
-    """A file object for our end of a pipe; the pipe transport owns (and closes) it."""
-    return os.fdopen(fd, mode, buffering=0)
+class _PipeEnd:
+    """Our end of a pipe, as the loops' pipe transports take it (``fileno()``,
+    ``close()``): the transport owns it once connected, and closes it.
+
+    Not a file object, because one cannot be let go without closing its number: uvloop
+    closes the number itself when a connect is cancelled, behind the object's back, and a
+    close after that failed (EBADF), or closed another file that took the number since.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._identity = _identity(fd)
+
+    @property
+    def closed(self) -> bool:
+        return self._fd < 0
+
+    def fileno(self) -> int:
+        if self._fd < 0:
+            raise ValueError("I/O operation on a closed pipe end")
+        return self._fd
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def close_if_still_ours(self) -> None:
+        """Close it, unless its number no longer names the pipe it did (closed by the
+        loop, and maybe taken by another file since): then only let it go."""
+        if self._fd >= 0 and _identity(self._fd) != self._identity:
+            self._fd = -1
+        self.close()
+
+    def __del__(self) -> None:
+        if self._fd >= 0:  # (as a file object does)
+            warnings.warn(
+                f"unclosed pipe end {self._fd}", ResourceWarning, stacklevel=2, source=self
+            )
+            self.close()
+
+
+def _identity(fd: int) -> tuple[int, int] | None:
+    """Which file ``fd`` names (device and inode); None for a number not open."""
+    try:
+        info = os.fstat(fd)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
 
 
 class _QueuedSpawn:
@@ -674,13 +738,13 @@ class _QueuedSpawn:
             return self._state == "dropped"
 
 
-async def _closing_on_error(pipe: Any, connecting: Coroutine[Any, Any, T]) -> T:
-    """Connect a pipe's file object to the loop; closed at once should that fail (else it
-    would stay open until the garbage collector met it)."""
+async def _closing_on_error(pipe: _PipeEnd, connecting: Coroutine[Any, Any, T]) -> T:
+    """Connect a pipe end to the loop; closed at once should that fail (else it would stay
+    open until the garbage collector met it), unless the loop closed it already."""
     try:
         return await connecting
     except BaseException:
-        pipe.close()
+        pipe.close_if_still_ours()
         raise
 
 

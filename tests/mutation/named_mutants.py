@@ -1456,8 +1456,8 @@ MUTANTS = [
     (
         "core: a leader's pidfd left open once its tree ended",
         "_core.py",
-        "                os.close(pidfd)",
-        "                pass",
+        "            os.close(pidfd)\n        return returncode",
+        "            pass\n        return returncode",
         "test_trees_started_one_after_another",
     ),
     (
@@ -2232,6 +2232,27 @@ MUTANTS = [
         "        return step.failed(self.leader.poll(), lost=self.leader.lost)",
         "        return self.leader.lost",
         "fails_its_step",
+    ),
+    (
+        "cleanup: a Ctrl-C raised inside its own steps ends it half done (asyncio)",
+        "_core.py",
+        "            except KeyboardInterrupt as exc:\n",
+        "            except ZeroDivisionError as exc:\n",
+        "inside_the_cleanups_own_step",
+    ),
+    (
+        "asyncio: a pipe that uvloop closed on a cancelled connect closed again",
+        "asyncio.py",
+        "        if self._fd >= 0 and _identity(self._fd) != self._identity:\n",
+        "        if False:\n",
+        "connect_cancelled_under_uvloop",
+    ),
+    (
+        "asyncio: aclose() outside the tree's loop starts the cleanup there and then",
+        "asyncio.py",
+        "        if loop is None or (loop is not self._loop and not self._loop.is_closed()):\n",
+        "        if False:\n",
+        "outside_the_trees_loop",
     ),
 ]
 
