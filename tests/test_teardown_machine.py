@@ -730,3 +730,20 @@ def test_a_leader_fails_its_step_only_by_dying_of_it_unhandled_or_crashing_or_be
 ) -> None:
     step = LeaderStep(signal.SIGTERM, caught)
     assert step.failed(returncode, lost=lost) is failed
+
+
+def test_a_ctrl_c_in_the_middle_of_a_step_turns_the_plan_into_the_hard_stop(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="trio_proctree")
+    teardown = Teardown(Escalation.graceful(3.0), label=LABEL, stdin_open=False)
+    assert teardown.start(tree_alive=True) == SendSignal(signal.SIGTERM)
+    assert teardown.interrupted() == KillAll()  # (the signal's wait skipped)
+    assert teardown.send(None) == AwaitEmpty(2.0, grace=False)
+    assert teardown.send(True) == Finished(emptied=True)
+    assert teardown.signals == [signal.SIGTERM, signal.SIGCONT, signal.SIGKILL]
+    assert not teardown.grace_expired
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{LABEL}: cleanup interrupted (Ctrl-C) in the middle of a step; sending SIGKILL to "
+        "the tree"
+    ]

@@ -24,6 +24,7 @@ from ._outcome import CleanupError, CleanupOutcome, chain_cleanup_error
 from ._procfs import catches
 from ._spawn import Spawned, SpawnPlan
 from ._teardown import (
+    Action,
     Answer,
     AwaitEmpty,
     CloseStdin,
@@ -150,48 +151,22 @@ class TreeCore:
         hard_stop_failed = False  # (it failed, at least in part: said, not only outlived)
         interrupt: KeyboardInterrupt | None = None
         try:
-            try:
-                # A running leader is a running tree, and one call tells: the first step then
-                # goes out before the containment is asked anything (on a VM, each call that
-                # has not run lately costs tens of us, added to the tree's time to stop).
-                self.leader.poll()  # (asks the kernel; `exited` reads the answer)
-                alive = not self.leader.exited or await self._pending(io, errors) != []
-                action = teardown.start(tree_alive=alive)
-                # What an action leaves to the wait after it: when stdin was closed (the wait
-                # counts from there), and a step that went to the leader alone (the wait then
-                # tells of the leader's leaving without passing it on: `LeaderLeft`).
-                closed_stdin_at, leader_step = None, None
-                while not isinstance(action, Finished):
-                    emptied: Answer = None
-                    if isinstance(action, AwaitEmpty):
-                        emptied = await self._wait_empty(
-                            io, action, errors, since=closed_stdin_at, leader_step=leader_step
-                        )
-                        closed_stdin_at, leader_step = None, None
-                    elif isinstance(action, CloseStdin):
-                        # The wait that follows counts from here: a stream the program put in
-                        # place of stdin, slow to close, spends it (never more than it).
-                        closed_stdin_at = io.now()
-                        within = self.policy.close_stdin or 0.0
-                        if (error := await io.close_stdin(within)) is not None:
-                            errors.append(error)
-                    elif isinstance(action, SendSignal):
-                        leader_step = self._step(
-                            errors, action.signal, leader_only=action.leader_only
-                        )
-                    elif isinstance(action, KillAll):  # pragma: no branch
-                        hard_stop_failed = not self._hard_stop(errors)
-                        # The machine's answer: False for a hard stop that did not go out.
-                        emptied = False if hard_stop_failed else None
-                    action = teardown.send(emptied)
-            except KeyboardInterrupt as exc:
-                # asyncio raises a Ctrl-C wherever Python runs, in this cleanup's steps too
-                # (trio holds it back: `_run_cleanup`). Left to go on, it ended the cleanup
-                # half done (and the escalation machine, if it landed in a log call of the
-                # machine's): the tree ran on until interpreter exit. Held instead: the hard
-                # stop now, as a Ctrl-C during a grace gives, and raised once it is done.
-                interrupt = exc
-                action, hard_stop_failed = await self._hard_stop_on_interrupt(io, teardown, errors)
+            # A running leader is a running tree, and one call tells: the first step then
+            # goes out before the containment is asked anything (on a VM, each call that
+            # has not run lately costs tens of us, added to the tree's time to stop).
+            self.leader.poll()  # (asks the kernel; `exited` reads the answer)
+            alive = not self.leader.exited or await self._pending(io, errors) != []
+            action = teardown.start(tree_alive=alive)
+            action, hard_stop_failed = await self._drive(io, teardown, action, errors)
+        except KeyboardInterrupt as exc:
+            # asyncio raises a Ctrl-C wherever Python runs, in this cleanup's steps too
+            # (trio holds it back: `_run_cleanup`). Left to go on, it ended the cleanup
+            # half done (and the escalation machine, if it landed in a log call of the
+            # machine's): the tree ran on until interpreter exit. Held instead: the hard
+            # stop now, as a Ctrl-C during a grace gives, and raised once it is done.
+            interrupt = exc
+            action = teardown.interrupted()
+            action, hard_stop_failed = await self._drive(io, teardown, action, errors)
         finally:
             emptied = isinstance(action, Finished) and action.emptied
             # Only now that the tree is empty (or beyond help) do our pipe ends go: closing
@@ -241,22 +216,38 @@ class TreeCore:
                 logger.error("%s: another cleanup error", self.label, exc_info=extra)
             raise errors[0]
 
-    async def _hard_stop_on_interrupt(
-        self, io: LoopIO, teardown: Teardown, errors: list[Exception]
+    async def _drive(
+        self, io: LoopIO, teardown: Teardown, action: Action, errors: list[Exception]
     ) -> tuple[Finished, bool]:
-        """SIGKILL to the tree and the wait for it to end, outside the escalation machine
-        (which a Ctrl-C raised inside it has ended); how that went, and whether the
-        SIGKILL failed to go out."""
-        logger.warning(
-            "%s: cleanup interrupted (Ctrl-C) in the middle of a step; sending SIGKILL to the tree",
-            self.label,
-        )
-        teardown.signals.append(signal.SIGKILL)
-        failed = not self._hard_stop(errors)
-        emptied = await self._wait_empty(
-            io, AwaitEmpty(self.policy.kill_wait, grace=False), errors, since=None
-        )
-        return Finished(emptied=emptied is True, unseen=isinstance(emptied, Unseen)), failed
+        """Perform ``action`` and each the escalation asks for next, until it is finished;
+        how it finished, and whether its hard stop failed (at least in part)."""
+        hard_stop_failed = False
+        # What an action leaves to the wait after it: when stdin was closed (the wait
+        # counts from there), and a step that went to the leader alone (the wait then
+        # tells of the leader's leaving without passing it on: `LeaderLeft`).
+        closed_stdin_at, leader_step = None, None
+        while not isinstance(action, Finished):
+            emptied: Answer = None
+            if isinstance(action, AwaitEmpty):
+                emptied = await self._wait_empty(
+                    io, action, errors, since=closed_stdin_at, leader_step=leader_step
+                )
+                closed_stdin_at, leader_step = None, None
+            elif isinstance(action, CloseStdin):
+                # The wait that follows counts from here: a stream the program put in
+                # place of stdin, slow to close, spends it (never more than it).
+                closed_stdin_at = io.now()
+                within = self.policy.close_stdin or 0.0
+                if (error := await io.close_stdin(within)) is not None:
+                    errors.append(error)
+            elif isinstance(action, SendSignal):
+                leader_step = self._step(errors, action.signal, leader_only=action.leader_only)
+            elif isinstance(action, KillAll):  # pragma: no branch
+                hard_stop_failed = not self._hard_stop(errors)
+                # The machine's answer: False for a hard stop that did not go out.
+                emptied = False if hard_stop_failed else None
+            action = teardown.send(emptied)
+        return action, hard_stop_failed
 
     def _outlived(
         self, errors: list[Exception], *, hard_stop_failed: bool, unseen: bool

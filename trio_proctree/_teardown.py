@@ -160,6 +160,18 @@ class Teardown:
             finished: Finished = done.value
             return finished
 
+    def interrupted(self) -> Action:
+        """The first action of the hard stop, in place of the rest of the plan: a Ctrl-C
+        was raised in the middle of a step (asyncio raises one wherever Python runs: in
+        the driver, or in one of this plan's own log calls, which ends the plan)."""
+        logger.warning(
+            "%s: cleanup interrupted (Ctrl-C) in the middle of a step; sending SIGKILL to the tree",
+            self.label,
+        )
+        self._plan.close()  # (what is left of it, if it still runs)
+        self._plan = self._hard_stop()
+        return next(self._plan)
+
     def _run(self) -> _Plan:
         policy = self.policy
         if self._killed:

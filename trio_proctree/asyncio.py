@@ -672,10 +672,6 @@ class _PipeEnd:
         self._fd = fd
         self._identity = _identity(fd)
 
-    @property
-    def closed(self) -> bool:
-        return self._fd < 0
-
     def fileno(self) -> int:
         if self._fd < 0:
             raise ValueError("I/O operation on a closed pipe end")

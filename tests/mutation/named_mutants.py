@@ -1925,8 +1925,8 @@ MUTANTS = [
     (
         "teardown: a hard stop that failed not told to the escalation",
         "_core.py",
-        "                    emptied = False if hard_stop_failed else None\n",
-        "                    emptied = None\n",
+        "                emptied = False if hard_stop_failed else None\n",
+        "                emptied = None\n",
         "hard_stop_that_failed_is_named",
     ),
     (
@@ -2236,8 +2236,8 @@ MUTANTS = [
     (
         "cleanup: a Ctrl-C raised inside its own steps ends it half done (asyncio)",
         "_core.py",
-        "            except KeyboardInterrupt as exc:\n",
-        "            except ZeroDivisionError as exc:\n",
+        "        except KeyboardInterrupt as exc:\n            # asyncio raises",
+        "        except ZeroDivisionError as exc:\n            # asyncio raises",
         "inside_the_cleanups_own_step",
     ),
     (
@@ -2253,6 +2253,13 @@ MUTANTS = [
         "        if loop is None or (loop is not self._loop and not self._loop.is_closed()):\n",
         "        if False:\n",
         "outside_the_trees_loop",
+    ),
+    (
+        "teardown: a Ctrl-C in the middle of a step starts the whole plan again",
+        "_teardown.py",
+        "        self._plan = self._hard_stop()\n        return next(self._plan)\n",
+        "        self._plan = self._run()\n        return next(self._plan)\n",
+        "middle_of_a_step or inside_the_cleanups_own_step",
     ),
 ]
 
