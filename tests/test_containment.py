@@ -35,6 +35,7 @@ import trio_proctree
 import trio_proctree.asyncio as aio
 from trio_proctree import (
     ContainmentUnavailable,
+    Escalation,
     ProcessTree,
     _cgroup,
     _orphans,
@@ -643,6 +644,88 @@ async def test_an_escapee_a_signal_of_the_program_finds_during_cleanup_gets_the_
     assert handled_after < grace / 2
     assert tree.outcome is not None
     assert tree.outcome.escapees_killed >= 2
+    assert tracked.survivors() == []
+
+
+# A member that leaves the tree's group (a daemon's setsid) once the containment has
+# tracked it: it reads a line from the tree's stdin (on fd 3: a background job's stdin is
+# /dev/null), then calls setsid and says so.
+LEAVES_THE_GROUP_WHEN_TOLD = (
+    "exec 3<&0; "
+    "sh -c 'read x <&3; exec setsid sh -c \"echo left; exec sleep 60\"' & "
+    "echo ready; wait"
+)
+
+
+async def test_a_member_that_left_the_group_after_it_was_tracked_gets_the_stop_signal(
+    tracked: Tracked, strong: str
+) -> None:
+    # Red before (helper-44): tracked as a member of the group (here by the program's
+    # signal; in the wild by a listing after the leader exited), then gone from it with
+    # setsid, it was signalled neither by the group's signal nor as an escapee: it sat
+    # out the whole grace, for the hard stop, and was counted as lingering, not escaped.
+    async with open_process_tree(
+        ["sh", "-c", LEAVES_THE_GROUP_WHEN_TOLD],
+        grace=5.0,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+        containment=strong,
+    ) as tree:
+        assert tree.stdin is not None and tree.stdout is not None
+        said = b""
+        while b"ready\n" not in said:
+            said += await tree.stdout.receive_some()
+        tree.send_signal(signal.SIGWINCH)  # (ignored by all; the tree's members tracked)
+        await tree.stdin.send_all(b"go\n")
+        while b"left\n" not in said:
+            said += await tree.stdout.receive_some()
+    assert tree.outcome is not None
+    assert tree.outcome.signals == (signal.SIGTERM, signal.SIGCONT)  # no SIGKILL needed
+    assert not tree.outcome.grace_expired
+    assert tree.outcome.escapees_killed == 1
+    assert tracked.survivors() == []
+
+
+# A member that outlives the leader and leaves the group on the first step's SIGUSR1
+# (its trap, run once the `wait` that the signal ends returns): by the second step it is
+# tracked as a member of the group, and out of it.
+LEAVES_THE_GROUP_ON_USR1 = (
+    "trap 'exec setsid sh -c \"echo left; exec sleep 60\"' USR1; echo ready; sleep 60 & wait"
+)
+
+
+async def test_a_member_that_left_the_group_between_two_steps_gets_the_second(
+    tracked: Tracked, strong: str
+) -> None:
+    # Red before (helper-44, a race there: ~12% of short trees with a setsid child took
+    # the whole grace): tracked in the group by the listing after the leader's exit, a
+    # member that then left it missed the group's signal and was not signalled as an
+    # escapee: the second step's grace ran out, for the hard stop.
+    policy = Escalation(steps=[(signal.SIGUSR1, 0.3), (signal.SIGTERM, 5.0)])
+    async with open_process_tree(
+        ["sh", "-c", 'sh -c "$0" &', LEAVES_THE_GROUP_ON_USR1],
+        escalation=policy,
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+        containment=strong,
+    ) as tree:
+        assert tree.stdout is not None
+        stdout = tree.stdout
+        said = b""
+        while b"ready\n" not in said:
+            said += await stdout.receive_some()
+        assert await tree.wait() == 0  # the leader is gone; its member runs on
+        tree.stdout = None  # (read below, as cleanup goes)
+    assert tree.outcome is not None
+    assert tree.outcome.signals == (signal.SIGUSR1, signal.SIGCONT, signal.SIGTERM, signal.SIGCONT)
+    assert not tree.outcome.grace_expired
+    assert tree.outcome.escapees_killed == 1
+    with trio.fail_after(5):
+        while b"left\n" not in said and (chunk := await stdout.receive_some()):
+            said += chunk
+    await stdout.aclose()
+    assert b"left\n" in said  # (the premise: it did leave the group)
     assert tracked.survivors() == []
 
 

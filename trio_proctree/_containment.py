@@ -773,6 +773,22 @@ class MemberTracking:
         self._raise_denied()
         return False
 
+    def _note_members_that_left(self) -> None:
+        """Count as escapees the tracked members that have left the tree's group since
+        they were tracked (a daemon's setsid): the group's signal misses them, and they
+        sat out the grace for the hard stop. Asked just before that signal: one that
+        leaves after it has had it (and must not get it twice: a handler would run twice).
+        """
+        leader = self.leader.pid  # (a group leader cannot leave its group)
+        for pid, fd in list(self._members.items()):
+            if pid == leader or pid in self._escapees:
+                continue
+            stat = read_stat(pid)
+            # Still alive after the read (its pidfd unreadable): the stat was its, not a
+            # recycled pid's.
+            if stat is not None and stat.pgid != leader and not exited(fd):
+                self._escapees.add(pid)
+
     def _wake_all(self) -> None:
         """SIGCONT to the group and to the escapees known, after a step for the leader
         alone (see `signal_leader_alone`)."""
@@ -783,7 +799,9 @@ class MemberTracking:
     def _signal_group(self, sig: int, *, pins: bool, wake: bool = False) -> None:
         """``sig`` to the tree's group: by its id while the leader pins it; else through
         the leader's pidfd (Linux 6.9+; on older kernels the listing confirms each member
-        and signals it through a pidfd of its own)."""
+        and signals it through a pidfd of its own). Members that have left the group are
+        counted as escapees first, for the caller to signal one by one."""
+        self._note_members_that_left()
         try:
             if pins:
                 self._group.signal_pinned(sig, wake=wake)

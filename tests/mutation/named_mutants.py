@@ -2261,6 +2261,13 @@ MUTANTS = [
         "        self._plan = self._run()\n        return next(self._plan)\n",
         "middle_of_a_step or inside_the_cleanups_own_step",
     ),
+    (
+        "containment: a member that left the group after it was tracked never signalled",
+        "_containment.py",
+        '        counted as escapees first, for the caller to signal one by one."""\n        self._note_members_that_left()\n',
+        '        counted as escapees first, for the caller to signal one by one."""\n',
+        "left_the_group_after or left_the_group_between",
+    ),
 ]
 
 
