@@ -22,12 +22,13 @@ import atexit
 import contextlib
 import errno
 import functools
+import logging
 import math
 import os
 import resource
 import signal
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Generator, Sequence
 
 import attrs
 import trio
@@ -68,11 +69,28 @@ class RunOptions:
 def run(options: RunOptions) -> int:
     """Run the command; its exit status (see the module's docstring). Ends this process
     by a signal where the command ended by one, or a stop request came."""
-    try:
-        returncode = trio.run(_run, options)
-    except (OSError, ContainmentUnavailable, NotImplementedError, CleanupError) as exc:
-        return _failed(options.command[0], exc)
+    with _warnings_named_as_the_tool():
+        try:
+            returncode = trio.run(_run, options)
+        except (OSError, ContainmentUnavailable, NotImplementedError, CleanupError) as exc:
+            return _failed(options.command[0], exc)
     return end_by(-returncode) if returncode < 0 else returncode
+
+
+@contextlib.contextmanager
+def _warnings_named_as_the_tool() -> Generator[None]:
+    """The library's warnings (a grace that ran out, say) on stderr as the tool's own
+    messages are, after its name: left to Python's last-resort handler, they came with
+    no name, and a CI log did not say which tool wrote them."""
+    handler = logging.StreamHandler()
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("trio-proctree: %(message)s"))
+    logger = logging.getLogger("trio_proctree")
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
 
 
 def _failed(name: str, exc: Exception) -> int:

@@ -2268,6 +2268,13 @@ MUTANTS = [
         '        counted as escapees first, for the caller to signal one by one."""\n',
         "left_the_group_after or left_the_group_between",
     ),
+    (
+        "run tool: the library's warnings on stderr without the tool's name",
+        "_cmd_run.py",
+        'logging.Formatter("trio-proctree: %(message)s")',
+        'logging.Formatter("%(message)s")',
+        "durations_take_timeouts_suffixes",
+    ),
 ]
 
 
