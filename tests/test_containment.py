@@ -2605,11 +2605,20 @@ def test_stale_cgroup_of_a_dead_owner_is_swept_and_its_processes_killed(
     # that came first removed the home before the process got in (it failed so, once).
     staging = os.path.join(parent, f"staging-{tracked.token}")
     os.mkdir(staging)
-    leftover = subprocess.Popen(
-        ["/bin/sh", "-c", _through_sh.JOIN_AND_EXEC, f"{staging}/cgroup.procs", "sleep", "60"],
-        env=tracked.env,
-        start_new_session=True,
+    # Slow to die: its 512 MiB take tens of ms to free once SIGKILL lands, so that a
+    # sweep that did not wait for the kill meets its cgroup still populated (a `sleep`
+    # died within the microseconds before the rmdir often enough: the mutant that skips
+    # the wait lived 2 runs in 3).
+    slow_to_die = (
+        "import os, time; b = b'x' * (512 << 20); os.write(1, b'ready\\n'); time.sleep(60)"
     )
+    leftover = subprocess.Popen(
+        ["/bin/sh", "-c", _through_sh.JOIN_AND_EXEC, f"{staging}/cgroup.procs",
+         *procs.python(), "-c", slow_to_die],
+        env=tracked.env,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )  # fmt: skip
     try:
         deadline = time.monotonic() + 5
         while not _cgroup._procs(staging):  # the wrapper joins the cgroup as it starts
@@ -2617,6 +2626,8 @@ def test_stale_cgroup_of_a_dead_owner_is_swept_and_its_processes_killed(
             time.sleep(0.001)
         moved_into(tree, leftover.pid, deadline)
         os.rmdir(staging)
+        assert leftover.stdout is not None
+        assert leftover.stdout.readline() == b"ready\n"  # (its memory in hand)
         _cgroup._sweep_stale_homes(parent)
         # Gone after one sweep, as a process that starts once after a crash sweeps once.
         # Red before: the sweep removed the killed cgroup before its member had died,
@@ -2627,6 +2638,8 @@ def test_stale_cgroup_of_a_dead_owner_is_swept_and_its_processes_killed(
         if leftover.poll() is None:  # pragma: no cover - only if the sweep failed
             leftover.kill()
             leftover.wait()
+        if leftover.stdout is not None:
+            leftover.stdout.close()
         if os.path.exists(staging):  # pragma: no cover - only if the join failed
             remove_cgroup(staging)
     assert os.path.exists(home.path)  # ours, alive, untouched
