@@ -2624,10 +2624,12 @@ def test_stale_cgroup_of_a_dead_owner_is_swept_and_its_processes_killed(
         while not _cgroup._procs(staging):  # the wrapper joins the cgroup as it starts
             assert time.monotonic() < deadline
             time.sleep(0.001)
+        assert leftover.stdout is not None
+        # Its memory in hand before it is moved: a sweep of another test worker's may
+        # kill it in the stale home at any moment (it did, while it still allocated).
+        assert leftover.stdout.readline() == b"ready\n"
         moved_into(tree, leftover.pid, deadline)
         os.rmdir(staging)
-        assert leftover.stdout is not None
-        assert leftover.stdout.readline() == b"ready\n"  # (its memory in hand)
         _cgroup._sweep_stale_homes(parent)
         # Gone after one sweep, as a process that starts once after a crash sweeps once.
         # Red before: the sweep removed the killed cgroup before its member had died,
