@@ -40,7 +40,6 @@ from typing import Any, TypeVar
 
 from ._begins_anyway import BeginsAnyway
 from ._choose import ContainmentChoice, choose_containment, start_tree
-from ._containment import Containment
 from ._core import TreeCore, TreeView
 from ._escalation import (
     DEFAULT_GRACE,
@@ -361,7 +360,8 @@ class ProcessTree(TreeView):
         self._waiters = 0
         self._error_reported = False  # a cleanup error goes to one caller, not to each
         self._rounds = _Rounds()
-        #: Our pipe ends handed to a stream (the rest are closed by `_close_unconnected`).
+        #: Our pipe ends handed to a stream, or closed (the rest are closed by
+        #: `_close_unconnected`).
         self._handed: set[int] = set()
 
     async def wait(self) -> int:
@@ -565,6 +565,9 @@ class ProcessTree(TreeView):
         its writers."""
         ends = (spawned.stdin, spawned.stdout, spawned.stderr)
         raw = [fd for fd in ends if fd is not None and fd not in self._handed]
+        # Marked ours no more before they are closed: a second call (`_QueuedSpawn.stop_under`
+        # after the spawn's own) must not close numbers that may name other files by then.
+        self._handed.update(raw)
         if spawned.stdin in raw:
             os.close(spawned.stdin)
             raw.remove(spawned.stdin)
@@ -707,24 +710,37 @@ def _identity(fd: int) -> tuple[int, int] | None:
 
 
 class _QueuedSpawn:
-    """A spawn for a worker thread, which can be dropped for as long as it waits for one.
+    """One tree's spawn, from the queue for a worker thread until the block has the tree.
 
     The default executor is small and shared (``to_thread``, DNS lookups): a spawn queued
     behind other work has forked nothing, so a cancellation then need not wait for it.
+
+    What the fork started is recorded here by the worker thread itself, which no Ctrl-C
+    interrupts: asyncio raises one wherever Python runs in the main thread, so at any line
+    of the setup after the fork, and from here it is found and stopped (`stop_under`).
     """
 
-    def __init__(self, plan: SpawnPlan, containment: ContainmentChoice) -> None:
-        self._plan, self._containment = plan, containment
+    def __init__(self, plan: SpawnPlan, policy: Escalation, containment: ContainmentChoice) -> None:
+        self._plan, self._policy, self._containment = plan, policy, containment
         self._lock = threading.Lock()
         self._state = "queued"  # then "forking" (a worker took it) or "dropped"
+        #: The leader's pipes and the running tree, once forked (set by the worker).
+        self.started: tuple[Spawned, TreeCore] | None = None
+        #: The task that waits for the worker and connects the pipes (`_TreeScope._start`).
+        self.starting: asyncio.Task[ProcessTree | None] | None = None
+        self._tree: ProcessTree | None = None
 
-    def run(self) -> tuple[Spawned, Containment] | None:
-        """In the worker thread: start the tree, unless the spawn was dropped meanwhile."""
+    def run(self) -> bool:
+        """In the worker thread: start the tree, unless the spawn was dropped meanwhile;
+        whether it started. (Also the tree's core is made here, which registers it with the
+        net at interpreter exit before the main thread has anything to lose.)"""
         with self._lock:
             if self._state == "dropped":
-                return None
+                return False
             self._state = "forking"
-        return start_tree(self._plan, self._containment)
+        spawned, containment = start_tree(self._plan, self._containment)
+        self.started = spawned, TreeCore(spawned, containment, self._plan, self._policy)
+        return True
 
     def drop(self) -> bool:
         """Drop the spawn if no worker has taken it yet: whether it will never start."""
@@ -732,6 +748,37 @@ class _QueuedSpawn:
             if self._state == "queued":
                 self._state = "dropped"
             return self._state == "dropped"
+
+    @property
+    def spawned(self) -> Spawned:
+        """The leader's pipes, once forked."""
+        assert self.started is not None
+        return self.started[0]
+
+    def tree(self) -> ProcessTree:
+        """The started tree, made once (in the loop's thread: it belongs to the loop)."""
+        assert self.started is not None
+        if self._tree is None:
+            self._tree = ProcessTree(self.started[1])
+        return self._tree
+
+    async def stop_under(self, exc: BaseException) -> None:
+        """Stop whatever of the tree started, once the task that starts it is done, while
+        ``exc`` propagates out of the setup."""
+        starting = self.starting
+        if starting is not None and not starting.done():
+            if self.drop():
+                return  # still queued: it will start nothing
+            # The fork is under way (or done, the pipes being connected): its task is
+            # waited for, bounded by that, as the tree it brings must be stopped.
+            await _through_cancellation(starting)
+        await self.stop_started(exc)
+
+    async def stop_started(self, exc: BaseException) -> None:
+        """Stop the tree if it started, while ``exc`` propagates (see
+        `ProcessTree._close_unconnected`; a second time, it waits for the first)."""
+        if self.started is not None:
+            await self.tree()._close_unconnected(self.spawned, exc)
 
 
 async def _closing_on_error(pipe: _PipeEnd, connecting: Coroutine[Any, Any, T]) -> T:
@@ -762,19 +809,18 @@ class _TreeScope:
         # task"): the worker thread forks all the same, so wait for it through that too, or
         # the process it starts is nobody's.
         cancelled = await _through_cancellation(forking)
-        started = forking.result()  # a failed spawn raises here
-        if started is None:
-            return None
-        spawned, containment = started
-        tree = ProcessTree(TreeCore(spawned, containment, self._plan, self._policy))
-        if cancelled is not None:
-            await tree._close_unconnected(spawned, cancelled)
-            raise cancelled
         try:
-            await tree._connect(spawned)
+            if not forking.result():  # (a failed spawn raises here)
+                return None
+            tree = spawn.tree()
+            if cancelled is None:
+                await tree._connect(spawn.spawned)
         except BaseException as exc:
-            await tree._close_unconnected(spawned, exc)
+            await spawn.stop_started(exc)
             raise
+        if cancelled is not None:
+            await spawn.stop_started(cancelled)
+            raise cancelled
         return tree
 
     async def __aenter__(self) -> ProcessTree:
@@ -783,31 +829,42 @@ class _TreeScope:
         if self._entered:
             raise RuntimeError("this open_process_tree() scope was already entered")
         self._entered = True
+        spawn = _QueuedSpawn(self._plan, self._policy, self._containment)
         try:
-            started = await self._spawn()
-        except BaseException:
-            # Nothing of it runs (a spawn that failed started nothing; a tree cancelled
-            # here was stopped): the scope may be entered again, as before it was.
+            self._tree = await self._spawn(spawn)
+        except BaseException as exc:
+            # A Ctrl-C may land on any line of the setup once the fork happened (asyncio
+            # raises it wherever Python runs): the tree it started was lost with it, and ran
+            # on after asyncio.run had raised, until interpreter exit. Stopped here (a tree
+            # whose spawn was cancelled or failed to connect was stopped already).
+            await spawn.stop_under(exc)
+            # Nothing of it runs (a spawn that failed started nothing): the scope may be
+            # entered again, as before it was.
             self._entered = False
             raise
-        self._tree = started
-        return started
+        return self._tree
 
-    async def _spawn(self) -> ProcessTree:
+    async def _spawn(self, spawn: _QueuedSpawn) -> ProcessTree:
         # The spawn runs in a task of its own, waited through cancellations: a cancellation
         # that arrives while the worker thread forks must not lose the process. It is
         # delivered once the tree is in hand, and the tree is stopped first.
-        spawn = _QueuedSpawn(self._plan, self._containment)
-        starting = asyncio.get_running_loop().create_task(self._start(spawn))
+        starting = spawn.starting = asyncio.get_running_loop().create_task(self._start(spawn))
         cancelled = await _through_cancellation(starting, drop=spawn.drop)
         if not starting.done():  # dropped while still queued: it will start nothing
             assert cancelled is not None
             raise cancelled
-        if cancelled is not None and not starting.cancelled() and starting.exception() is None:
-            tree = starting.result()
-            assert tree is not None
-            await tree._close_under(cancelled)
-            raise cancelled
+        if cancelled is not None and not starting.cancelled():
+            interrupt = starting.exception()
+            if interrupt is None:
+                tree = starting.result()
+                assert tree is not None
+                await tree._close_under(cancelled)
+                raise cancelled
+            if not isinstance(interrupt, Exception):
+                # A Ctrl-C (or SystemExit) in the spawn's task: asyncio raised it out of the
+                # loop at once, and this cancellation is the shutdown that followed; the
+                # task stopped its tree. It is no error of the spawn to chain here.
+                raise cancelled
         started = _settle(starting, cancelled, self._plan.label, report=True)
         assert started is not None
         return started

@@ -2275,6 +2275,34 @@ MUTANTS = [
         'logging.Formatter("%(message)s")',
         "durations_take_timeouts_suffixes",
     ),
+    (
+        "asyncio: a Ctrl-C as the block is handed its tree loses the tree",
+        "asyncio.py",
+        "            await spawn.stop_under(exc)\n",
+        "            pass\n",
+        "being_set_up",
+    ),
+    (
+        "asyncio: a Ctrl-C right after the fork loses the tree",
+        "asyncio.py",
+        "        except BaseException as exc:\n            await spawn.stop_started(exc)\n",
+        "        except BaseException as exc:\n            pass\n",
+        "being_set_up",
+    ),
+    (
+        "asyncio: a tree stopped twice during its setup closes its raw pipe ends twice",
+        "asyncio.py",
+        "        self._handed.update(raw)\n",
+        "        pass\n",
+        "being_set_up",
+    ),
+    (
+        "asyncio: a Ctrl-C in the spawn's task logged as a failed cleanup",
+        "asyncio.py",
+        "            if not isinstance(interrupt, Exception):\n",
+        "            if False:\n",
+        "being_set_up",
+    ),
 ]
 
 
