@@ -1482,13 +1482,13 @@ async def test_a_lost_watchdog_is_replaced_with_every_registration(
 HELD_BEFORE_SETUP = textwrap.dedent(
     """
     import sys, time, trio
-    from trio_proctree import _containment, open_process_tree
+    from trio_proctree import _group, open_process_tree
 
     def held(self, leader, register=True):
         print(leader.pid, flush=True)
         time.sleep(60)
 
-    _containment.ProcessGroupContainment.attach = held
+    _group.ProcessGroupContainment.attach = held
 
     async def main(containment):
         async with open_process_tree(["sleep", "60"], containment=containment):

@@ -21,6 +21,8 @@ from trio_proctree import (
     Step,
     _cgroup,
     _containment,
+    _group,
+    _member_tracking,
     _procfs,
     open_process_tree,
     run_process_tree,
@@ -257,8 +259,8 @@ def reaped_elsewhere_after_its_step(
             os.waitpid(leader.pid, 0)
         return went
 
-    monkeypatch.setattr(_containment, "signal_leader_alone", and_reaped_elsewhere)
-    monkeypatch.setattr(_cgroup, "signal_leader_alone", and_reaped_elsewhere)
+    for caller in (_group, _member_tracking, _cgroup):
+        monkeypatch.setattr(caller, "signal_leader_alone", and_reaped_elsewhere)
 
 
 async def said_through_cleanup(tree: Any, ready: int, *, stop_tree: bool = False) -> bytes:

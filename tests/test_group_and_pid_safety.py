@@ -27,13 +27,16 @@ from trio_proctree import (
     CleanupError,
     ContainmentLost,
     _cgroup,
-    _containment,
+    _group,
+    _member_tracking,
     _orphans,
+    _pidfd,
     _spawn,
     open_process_tree,
     run_process_tree,
 )
-from trio_proctree._containment import NEED_SCAN, ProcessGroupContainment
+from trio_proctree._containment import NEED_SCAN
+from trio_proctree._group import ProcessGroupContainment
 from trio_proctree._leader import Leader
 from trio_proctree._orphans import become_subreaper
 from trio_proctree._subreaper import SubreaperContainment
@@ -1084,8 +1087,8 @@ async def test_a_reaped_leaders_group_is_asked_about_once_a_listing_not_once_a_m
     available(containment)
     members = 40
     asked = 0
-    signal_group_of = _containment.signal_group_of
-    pin_process = _containment.pin_process
+    signal_group_of = _pidfd.signal_group_of
+    pin_process = _pidfd.pin_process
     pinned_for_the_listing = 0
 
     def counted(pidfd: int, sig: int) -> bool:
@@ -1115,9 +1118,10 @@ async def test_a_reaped_leaders_group_is_asked_about_once_a_listing_not_once_a_m
         await tree.stdin.aclose()
         os.waitpid(tree.pid, 0)  # noqa: ASYNC222 - it exits at once: "someone else" reaps it
         assert len(tracked.survivors()) == members
-        monkeypatch.setattr(_containment, "signal_group_of", counted)
+        monkeypatch.setattr(_group, "signal_group_of", counted)
         if pinning == "runs-out":
-            monkeypatch.setattr(_containment, "pin_process", running_out)
+            for caller in (_group, _member_tracking):
+                monkeypatch.setattr(caller, "pin_process", running_out)
             fds = procs.open_fds()
     assert tree.outcome is not None
     assert tree.outcome.lingering_killed == members

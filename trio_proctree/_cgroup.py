@@ -36,15 +36,9 @@ import attrs
 from . import _spawn_into_cgroup as direct_spawn
 from . import _watchdog as watchdog
 from ._after_fork import renewed_in_forked_child
-from ._containment import (
-    NEED_SCAN,
-    RETRY_LATER,
-    RETRY_PAUSE,
-    MemberTracking,
-    Pending,
-    signal_leader_alone,
-)
+from ._containment import NEED_SCAN, RETRY_LATER, RETRY_PAUSE, Pending, signal_leader_alone
 from ._leader import Leader
+from ._member_tracking import MemberTracking
 from ._pidfd import open_pidfd
 from ._procfs import ProcStat, boottime_offset, proc_hides_processes, read_file, read_stat
 from ._spawn import SpawnPlan, nothing_came_before, resolve_executable

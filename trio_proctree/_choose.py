@@ -10,7 +10,8 @@ import attrs
 
 from . import _watchdog as watchdog
 from ._cgroup import CgroupContainment, CgroupHome, CgroupUnavailable, cgroup_home
-from ._containment import Containment, ProcessGroupContainment
+from ._containment import Containment
+from ._group import ProcessGroupContainment
 from ._orphans import SubreaperUnavailable, check_subreaper_available
 from ._procfs import foreign_proc
 from ._spawn import Spawned, SpawnPlan, StartedUnwatched, spawn

@@ -23,7 +23,7 @@ import trio
 
 from ._choose import choose_containment
 from ._cmd_run import PASSED_ON
-from ._containment import pin_process, signal_pidfd
+from ._pidfd import pin_process, signal_pidfd
 from ._procfs import is_alive, read_stat
 from ._trio import open_process_tree
 

@@ -29,10 +29,10 @@ from typing import Any, Literal
 import attrs
 
 from ._after_fork import renewed_in_forked_child
-from ._containment import MemberTracking, exited
 from ._leader import is_unreaped_leader
+from ._member_tracking import MemberTracking
 from ._orphans import adopted_children, become_subreaper, children_of, exited_child
-from ._pidfd import open_pidfd
+from ._pidfd import exited, open_pidfd
 from ._procfs import ProcStat, read_environ, read_stat
 from ._spawn import SpawnPlan, inherited_environment
 from ._watchdog import is_watchdog

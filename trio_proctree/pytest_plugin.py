@@ -29,9 +29,8 @@ from collections.abc import Generator
 import pytest
 
 from . import _watchdog
-from ._containment import exited, pin_process, signal_pidfd
 from ._orphans import become_subreaper, children, descendants
-from ._pidfd import open_pidfd
+from ._pidfd import exited, open_pidfd, pin_process, signal_pidfd
 from ._procfs import command_line, foreign_proc, on_one_line, read_stat
 
 _SNAPSHOT = pytest.StashKey[set[tuple[int, int]]]()

@@ -81,7 +81,7 @@ MUTANTS = [
     ),
     (
         "cgroup: out of file descriptors while pinning a lost leader's listing, it fails",
-        "_containment.py",
+        "_member_tracking.py",
         "        except OSError:\n            self._unpin()\n",
         "        except OSError:\n            self._unpin()\n            raise\n",
         "test_a_reaped_leaders_group_is_asked_about_once and runs-out",
@@ -421,14 +421,14 @@ MUTANTS = [
     ),
     (
         "escalation: no SIGCONT to the tree after a leader-only step (group)",
-        "_containment.py",
+        "_group.py",
         "                self._signal(signal.SIGCONT)  # (see signal_leader_alone)\n",
         "                pass\n",
         "stopped_tree_is_woken and group",
     ),
     (
         "escalation: no SIGCONT to the tree after a leader-only step (cgroup, subreaper)",
-        "_containment.py",
+        "_member_tracking.py",
         "        self._signal_group(signal.SIGCONT, pins=self.leader.pins_group)\n",
         "        pass\n",
         "stopped_tree_is_woken and (cgroup or subreaper)",
@@ -473,7 +473,7 @@ MUTANTS = [
     ),
     (
         "watchdog: a failed spawn's members left running until we die",
-        "_containment.py",
+        "_member_tracking.py",
         "            elif not watchdog.kill_now(*self.backstop):\n",
         "            elif False:\n",
         "test_a_failed_spawn_whose_leader_had_started_a_member",
@@ -495,7 +495,7 @@ MUTANTS = [
     ),
     (
         "escalation: no SIGCONT after the stop signal",
-        "_containment.py",
+        "_group.py",
         "            if wake:\n                os.killpg(self._pgid, signal.SIGCONT)\n",
         "",
         "stopped",
@@ -523,7 +523,7 @@ MUTANTS = [
     ),
     (
         "group: no scan for members that outlive the leader",
-        "_containment.py",
+        "_group.py",
         "        if self._scan_after is None:\n            self._scan_after = time.monotonic_ns()\n            return NEED_SCAN",
         "        if self._scan_after is None:\n            return []",
         "lingering and group",
@@ -554,7 +554,7 @@ MUTANTS = [
     ),
     (
         "subreaper: escapees not sent the stop signal",
-        "_containment.py",
+        "_member_tracking.py",
         "            self._signal_escapees(found, earlier)\n"
         "        self._signal_escapees(self._escapees, step)",
         "            self._signal_escapees(found, earlier)\n        pass",
@@ -569,7 +569,7 @@ MUTANTS = [
     ),
     (
         "subreaper: an escapee found late misses the stop signal",
-        "_containment.py",
+        "_member_tracking.py",
         "            self._signal_escapees(new_escapees, self._sent)",
         "            pass",
         "started_during_the_stop and subreaper",
@@ -584,7 +584,7 @@ MUTANTS = [
     ),
     (
         "lingering: a member outliving the leader into SIGKILL not counted",
-        "_containment.py",
+        "_member_tracking.py",
         "        if self.leader.exited:\n            self._mark_lingering()\n",
         "",
         "outlives_the_stopped and cgroup",
@@ -681,7 +681,7 @@ MUTANTS = [
     ),
     (
         "subreaper: a failed listing loses the step for escapees found later",
-        "_containment.py",
+        "_member_tracking.py",
         "            # is to die, and must not sit out cleanup's wait for it until the hard stop.\n"
         "            self._sent.extend(step)\n",
         "            # is to die, and must not sit out cleanup's wait for it until the hard stop.\n"
@@ -720,7 +720,7 @@ MUTANTS = [
     ),
     (
         "subreaper: an escapee a program's signal finds gets only that signal",
-        "_containment.py",
+        "_member_tracking.py",
         "            self._signal_escapees(found, earlier)\n",
         "            pass\n",
         "program_finds_during_cleanup and subreaper",
@@ -734,7 +734,7 @@ MUTANTS = [
     ),
     (
         "subreaper: a member found after the program's kill is not given SIGKILL",
-        "_containment.py",
+        "_member_tracking.py",
         "        if escalation or sig == signal.SIGKILL:\n",
         "        if escalation:\n",
         "found_after_the_programs_kill and subreaper",
@@ -748,7 +748,7 @@ MUTANTS = [
     ),
     (
         "watchdog: a subreaper tree's group not registered",
-        "_containment.py",
+        "_member_tracking.py",
         "    backstop_needs_group = True\n",
         "    backstop_needs_group = False\n",
         "members_without_environment",
@@ -997,7 +997,7 @@ MUTANTS = [
     ),
     (
         "pidfd: an exited process is an error",
-        "_containment.py",
+        "_pidfd.py",
         "        signal.pidfd_send_signal(pidfd, sig)\n    except ProcessLookupError:\n        pass",
         "        signal.pidfd_send_signal(pidfd, sig)\n    except ProcessLookupError:\n        raise",
         "just_exited",
@@ -1069,7 +1069,7 @@ MUTANTS = [
     ),
     (
         "fds: a failed listing skips the group's signal",
-        "_containment.py",
+        "_member_tracking.py",
         "                # killpg needs none); the error is raised after it.\n"
         "                listing_failed = exc",
         "                # killpg needs none); the error is raised after it.\n                raise",
@@ -1259,7 +1259,7 @@ MUTANTS = [
     ),
     (
         "subreaper: the walk's pins dropped, each new member pinned again",
-        "_containment.py",
+        "_member_tracking.py",
         "        if (pinned := self._pinned.pop(pid, None)) is not None:",
         "        if (pinned := self._pinned.pop(pid, None)) is not None and False:",
         "test_a_subreaper_listing_reads_each_new_members_stat_once",
@@ -1287,14 +1287,14 @@ MUTANTS = [
     ),
     (
         "group: a reaped leader's group id trusted without asking its group",
-        "_containment.py",
+        "_group.py",
         "        if found and not self._leader.pins_group and not self.group_lives():",
         "        if found and not self._leader.pins_group and False:",
         "test_an_emptied_group_of_a_reaped_leader_is_never_taken_for_one_with_its_id",
     ),
     (
         "group: a reaped leader's group given up, not reached through its pidfd",
-        "_containment.py",
+        "_group.py",
         "        try:\n            signal_group_of(self._leader.pidfd, sig)",
         "        try:\n            raise OSError('mutant')\n            signal_group_of(self._leader.pidfd, sig)",
         "test_a_tree_whose_leader_was_reaped_elsewhere_is_still_stopped_gracefully",
@@ -1308,14 +1308,14 @@ MUTANTS = [
     ),
     (
         "subreaper: a listing that failed with pins in hand not taken again without them",
-        "_containment.py",
+        "_member_tracking.py",
         "                if not self._pinned:\n                    raise\n",
         "                raise\n",
         "test_short_of_file_descriptors_every_escapee_there_is_room_for_gets_the_stop_signal",
     ),
     (
         "group: a reaped leader's group signalled by its id",
-        "_containment.py",
+        "_group.py",
         "            signal_group_of(self._leader.pidfd, sig)\n            if wake:",
         "            os.killpg(self._pgid, sig)\n            if wake:",
         "test_an_emptied_group_of_a_reaped_leader_is_never_taken_for_one_with_its_id",
@@ -1343,28 +1343,28 @@ MUTANTS = [
     ),
     (
         "members: a reaped leader's group members taken for escapees",
-        "_containment.py",
+        "_member_tracking.py",
         "            if stat.pgid == leader.pid and (leader.pins_group or self._group_lives(listed=listed)):",
         "            if stat.pgid == leader.pid and leader.pins_group:",
         "test_a_reaped_leaders_group_member_is_stopped_as_a_member_not_an_escapee",
     ),
     (
         "members: a reaped leader's group not signalled through its pidfd",
-        "_containment.py",
+        "_member_tracking.py",
         "            else:\n                self._group.signal_through_leader(sig, wake=wake)",
         "            else:\n                return",
         "test_a_reaped_leaders_group_member_is_stopped_as_a_member_not_an_escapee",
     ),
     (
         "members: a refusal to signal the group raised before the hard stop",
-        "_containment.py",
+        "_member_tracking.py",
         "        self._signal_group(signal.SIGKILL, pins=pins)\n        self._sent.append(signal.SIGKILL)",
         "        self._signal_group(signal.SIGKILL, pins=pins)\n        self._raise_denied()",
         "test_a_group_of_another_user_is_still_hard_stopped_by_its_cgroup",
     ),
     (
         "members: a refusal to signal kept and never raised",
-        "_containment.py",
+        "_member_tracking.py",
         "        if denied is not None:\n            raise denied",
         "        if denied is not None:\n            pass",
         "test_a_group_of_another_user_is_still_hard_stopped_by_its_cgroup",
@@ -1399,21 +1399,21 @@ MUTANTS = [
     ),
     (
         "watchdog: the group of a leader reaped before its pidfd opened registered",
-        "_containment.py",
+        "_group.py",
         "        if lost or self.backstop:\n            return\n",
         "        if self.backstop:\n            return\n",
         "test_a_leader_reaped_before_its_pidfd_opened_is_no_group_for_the_watchdog",
     ),
     (
         "group: what a leader reaped before its pidfd opened left alone not said",
-        "_containment.py",
+        "_group.py",
         "                self._left_alone = max(self._left_alone, len(found))",
         "                pass",
         "test_a_leader_reaped_before_its_pidfd_opened_never_lends_its_group_a_strangers",
     ),
     (
         "members: a reaped leader's group member that died unseen left unreaped",
-        "_containment.py",
+        "_member_tracking.py",
         "            self._leader.pins_group or self._group.group_lives()\n        )",
         "            self._leader.pins_group\n        )",
         "test_a_reaped_leaders_group_member_that_died_unseen_is_reaped",
@@ -1441,7 +1441,7 @@ MUTANTS = [
     ),
     (
         "members: a reaped leader's group asked about once a member",
-        "_containment.py",
+        "_member_tracking.py",
         "        if not listed or self._lives_for_listed is None:",
         "        if True:",
         "test_a_reaped_leaders_group_is_asked_about_once_a_listing_not_once_a_member",
@@ -1641,7 +1641,7 @@ MUTANTS = [
     ),
     (
         "subreaper: the escapees a listing found before it failed get no signal",
-        "_containment.py",
+        "_member_tracking.py",
         "        except OSError:\n            self._signal_escapees(new_escapees, give)\n            raise",
         "        except OSError:\n            raise",
         "escapees_a_failed_listing_found and subreaper",
@@ -1655,7 +1655,7 @@ MUTANTS = [
     ),
     (
         "group: a member dying of the program's kill() counted as left behind by the leader",
-        "_containment.py",
+        "_group.py",
         "            # dying of it, and lingers only if still running at cleanup's hard stop.\n"
         "            self._stepped = True",
         "            # dying of it, and lingers only if still running at cleanup's hard stop.\n"
@@ -2015,7 +2015,7 @@ MUTANTS = [
     ),
     (
         "group: a member that left the group during cleanup still counted",
-        "_containment.py",
+        "_group.py",
         "        if stat is not None and stat.pgid != self._pgid:",
         "        if False:",
         "leaves_the_group_during_cleanup",
@@ -2036,14 +2036,14 @@ MUTANTS = [
     ),
     (
         "group: the backstop of a tree not known to be empty dropped at its release",
-        "_containment.py",
+        "_group.py",
         "        if emptied and self.backstop:  # (none where the containment's own covers the tree)",
         "        if self.backstop:  # (none where the containment's own covers the tree)",
         "outlived_its_cleanup_dies",
     ),
     (
         "tracking: the backstop of a tree not known to be empty dropped at its release",
-        "_containment.py",
+        "_member_tracking.py",
         "        reap_orphans(self._leader.pid, self._ours, parent_thread=self._leader.parent_thread)\n        if emptied:\n",
         "        reap_orphans(self._leader.pid, self._ours, parent_thread=self._leader.parent_thread)\n        if True:\n",
         "outlived_its_cleanup_dies",
@@ -2263,7 +2263,7 @@ MUTANTS = [
     ),
     (
         "containment: a member that left the group after it was tracked never signalled",
-        "_containment.py",
+        "_member_tracking.py",
         '        counted as escapees first, for the caller to signal one by one."""\n        self._note_members_that_left()\n',
         '        counted as escapees first, for the caller to signal one by one."""\n',
         "left_the_group_after or left_the_group_between",
