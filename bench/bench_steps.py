@@ -25,9 +25,10 @@ import trio
 from bench_teardown import COOPERATIVE, killpg_teardown, running
 
 import trio_proctree._cgroup as cgroup
-import trio_proctree._containment as containment
+import trio_proctree._cgroupfs as cgroupfs
 import trio_proctree._core as core
 import trio_proctree._leader as leader
+import trio_proctree._member_tracking as member_tracking
 from trio_proctree import open_process_tree
 
 marks: list[tuple[str, int]] = []
@@ -69,8 +70,8 @@ def timed_async(owner: Any, attribute: str, name: str) -> None:
 
 timed(os, "killpg", "killpg")
 timed(cgroup.CgroupContainment, "_populated", "cgroup.events")
-timed(cgroup, "_procs", "cgroup.procs")
-timed(containment.MemberTracking, "release", "release")
+timed(cgroupfs, "processes_in", "cgroup.procs")
+timed(member_tracking.MemberTracking, "release", "release")
 timed(leader.Leader, "reap", "reap")
 timed(leader.Leader, "poll", "waitid")
 timed(core.TreeCore, "_step", "step")

@@ -25,7 +25,7 @@ import trio.testing
 
 from trio_proctree import ContainmentUnavailable, open_process_tree
 from trio_proctree import _spawn_into_cgroup as direct_spawn
-from trio_proctree._cgroup import cgroup_home
+from trio_proctree._cgroup_home import cgroup_home
 from trio_proctree._choose import choose_containment
 from trio_proctree._orphans import children
 from trio_proctree._procfs import read_file, read_stat

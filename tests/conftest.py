@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import trio
 
-from trio_proctree import ContainmentUnavailable, _cgroup
+from trio_proctree import ContainmentUnavailable, _cgroupfs
 from trio_proctree._choose import choose_containment
 from trio_proctree._exec_check import binfmt_misc_handlers
 
@@ -128,8 +128,8 @@ def aside_from_other_homes() -> Iterator[str]:
         choose_containment("cgroup")
     except ContainmentUnavailable as exc:  # pragma: no cover - on machines without cgroups
         pytest.skip(str(exc))
-    mount = _cgroup.find_cgroup2_mount(_cgroup._read("/proc/self/mountinfo"))
-    own = _cgroup.own_cgroup(_cgroup._read("/proc/self/cgroup"))
+    mount = _cgroupfs.find_cgroup2_mount(_cgroupfs.read_text("/proc/self/mountinfo"))
+    own = _cgroupfs.own_cgroup(_cgroupfs.read_text("/proc/self/cgroup"))
     assert mount is not None and own is not None
     parent = os.path.join(mount, own.lstrip("/"))
     _remove_asides_of_the_gone(parent)

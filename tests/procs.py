@@ -425,7 +425,7 @@ def cgroup_in_ours(name: str, settings: Mapping[str, str] | None = None) -> Iter
     """A cgroup made inside this process's own (cgroup v2), with ``settings`` (file: value)
     written to it, for a child Python to move into. Removed after, with the cgroups made
     inside it, once its last member (that child's watchdog, say) has gone."""
-    from trio_proctree._cgroup import find_cgroup2_mount, own_cgroup  # noqa: PLC0415
+    from trio_proctree._cgroupfs import find_cgroup2_mount, own_cgroup  # noqa: PLC0415
 
     with open("/proc/self/mountinfo") as f:
         mount = find_cgroup2_mount(f.read())

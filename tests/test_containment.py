@@ -37,14 +37,16 @@ from trio_proctree import (
     ContainmentUnavailable,
     Escalation,
     ProcessTree,
-    _cgroup,
+    _cgroup_home,
+    _cgroupfs,
     _orphans,
     _procfs,
     _through_sh,
     open_process_tree,
     run_process_tree,
 )
-from trio_proctree._cgroup import CgroupContainment, find_cgroup2_mount, own_cgroup
+from trio_proctree._cgroup import CgroupContainment
+from trio_proctree._cgroupfs import find_cgroup2_mount, own_cgroup
 from trio_proctree._orphans import adopted_children, become_subreaper
 from trio_proctree._subreaper import SubreaperContainment
 
@@ -2058,7 +2060,7 @@ def remove_cgroup(cgroup: str) -> None:
     failure stands; the ``tracked`` fixture reports what outlived it)."""
     deadline = time.monotonic() + 5
     while os.path.exists(cgroup) and time.monotonic() < deadline:
-        for folder in sorted(_cgroup._all_dirs(cgroup), key=len, reverse=True):
+        for folder in sorted(_cgroupfs.all_dirs(cgroup), key=len, reverse=True):
             with contextlib.suppress(OSError):
                 os.rmdir(folder)
         if os.path.exists(cgroup) and procs.populated(cgroup):  # pragma: no cover
@@ -2290,13 +2292,13 @@ async def test_members_still_exiting_after_the_leader_are_waited_for_not_listed(
     # the 2 s above leave room for.
     monkeypatch.setattr(CgroupContainment, "NOTIFIES_AT_ONCE_AFTER", 0.0)
     listings: list[str] = []
-    listed = _cgroup._procs
+    listed = _cgroupfs.processes_in
 
     def listing(cgroup: str) -> list[int]:
         listings.append(cgroup)
         return listed(cgroup)
 
-    monkeypatch.setattr(_cgroup, "_procs", listing)
+    monkeypatch.setattr(_cgroupfs, "processes_in", listing)
     member = shlex.join([*procs.python(), "-c", SLOW_TO_EXIT])
     async with open_process_tree(
         ["sh", "-c", f"{member} & wait"],
@@ -2591,13 +2593,13 @@ def test_stale_cgroup_of_a_dead_owner_is_swept_and_its_processes_killed(
     tracked: Tracked, owner: str, image: str
 ) -> None:
     available("cgroup")
-    home = _cgroup.cgroup_home()
+    home = _cgroup_home.cgroup_home()
     parent = os.path.dirname(home.path)
     # A home whose owner is gone: pid 1 with a start time it never had. Or one this very
     # process made before it exec'd itself (same pid and start time, another image), whose
     # watchdog did not get to remove it.
     pid, start = (1, 999999999) if owner == "dead" else (os.getpid(), procs.starttime(os.getpid()))
-    name = f"trio_proctree-{_cgroup._pid_namespace()}-{pid}-{start}{image}"
+    name = f"trio_proctree-{_cgroup_home._pid_namespace()}-{pid}-{start}{image}"
     stale = os.path.join(parent, name)
     tree = os.path.join(stale, "tree-0")
     # The process starts in a cgroup no sweep looks at, and is moved into the stale home
@@ -2621,7 +2623,7 @@ def test_stale_cgroup_of_a_dead_owner_is_swept_and_its_processes_killed(
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 5
-        while not _cgroup._procs(staging):  # the wrapper joins the cgroup as it starts
+        while not _cgroupfs.processes_in(staging):  # the wrapper joins the cgroup as it starts
             assert time.monotonic() < deadline
             time.sleep(0.001)
         assert leftover.stdout is not None
@@ -2630,7 +2632,7 @@ def test_stale_cgroup_of_a_dead_owner_is_swept_and_its_processes_killed(
         assert leftover.stdout.readline() == b"ready\n"
         moved_into(tree, leftover.pid, deadline)
         os.rmdir(staging)
-        _cgroup._sweep_stale_homes(parent)
+        _cgroup_home._sweep_stale_homes(parent)
         # Gone after one sweep, as a process that starts once after a crash sweeps once.
         # Red before: the sweep removed the killed cgroup before its member had died,
         # failed, and left the home for a later process's sweep.
@@ -2668,7 +2670,7 @@ def test_a_stale_member_whose_main_thread_exited_is_swept_too(
     # it at its first tree.
     available("cgroup")
     parent = aside_from_other_homes  # (swept by this test alone)
-    stale = os.path.join(parent, f"trio_proctree-{_cgroup._pid_namespace()}-1-999999999")
+    stale = os.path.join(parent, f"trio_proctree-{_cgroup_home._pid_namespace()}-1-999999999")
     tree = os.path.join(stale, "tree-0")
     staging = os.path.join(parent, f"staging-{tracked.token}")  # (see the test above)
     os.mkdir(staging)
@@ -2697,7 +2699,7 @@ def test_a_stale_member_whose_main_thread_exited_is_swept_too(
         member.stdin.write(b"\n")
         member.stdin.flush()
         assert procs.wait_main_thread_gone(member.pid)
-        _cgroup._sweep_stale_homes(parent)
+        _cgroup_home._sweep_stale_homes(parent)
         assert select.select([pidfd], [], [], 1.0)[0] == [pidfd]
         assert member.wait(timeout=5) == -signal.SIGKILL
         assert not os.path.exists(stale)

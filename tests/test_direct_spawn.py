@@ -20,7 +20,7 @@ import pytest
 import trio
 
 from trio_proctree import _spawn_into_cgroup, open_process_tree, run_process_tree
-from trio_proctree._cgroup import find_cgroup2_mount, own_cgroup
+from trio_proctree._cgroupfs import find_cgroup2_mount, own_cgroup
 
 from . import procs
 from .conftest import Tracked

@@ -26,7 +26,7 @@ import trio
 from trio_proctree import (
     CleanupError,
     ContainmentLost,
-    _cgroup,
+    _cgroup_home,
     _group,
     _member_tracking,
     _orphans,
@@ -1435,7 +1435,7 @@ async def test_a_kept_cgroup_someone_put_a_process_in_serves_no_tree(tracked: Tr
     # no tree's. Red before (helper-26): the next tree got that cgroup, and its cleanup
     # sent the stranger SIGTERM and counted it as an escapee.
     available("cgroup")
-    home = _cgroup.cgroup_home()
+    home = _cgroup_home.cgroup_home()
     stranger = start_stranger(tracked.env)
     try:
         async with open_process_tree(["sleep", "60"], containment="cgroup", env=tracked.env):

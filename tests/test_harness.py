@@ -131,3 +131,17 @@ def test_every_named_mutant_still_applies_to_exactly_one_place() -> None:
         for name, path, original, _mutated, _tests in MUTANTS
     }
     assert {name: count for name, count in places.items() if count != 1} == {}
+
+
+def test_every_named_mutant_is_code_that_compiles() -> None:
+    # A mutant that is no longer valid Python (an indent that no longer matches the code
+    # it replaces) fails every test at import: "killed", and proving nothing.
+    broken = {}
+    for name, path, original, mutated, _tests in MUTANTS:
+        source = (ROOT / "trio_proctree" / path).read_text().replace(original, mutated, 1)
+        try:
+            compile(source, path, "exec")
+        except SyntaxError as exc:
+            broken[name] = str(exc)
+    assert len(MUTANTS) > 100
+    assert broken == {}

@@ -17,7 +17,14 @@ import pytest
 import trio
 
 import trio_proctree.asyncio
-from trio_proctree import _cgroup, _core, _leader, _orphans, open_process_tree, run_process_tree
+from trio_proctree import (
+    _cgroup_home,
+    _core,
+    _leader,
+    _orphans,
+    open_process_tree,
+    run_process_tree,
+)
 
 from . import procs
 from .conftest import Tracked
@@ -33,7 +40,7 @@ class Failed(Exception):
 
 def held() -> dict[str, set[Any]]:
     """What this process holds for trio_proctree's sake: any of it that grows is a leak."""
-    home = _cgroup._homes.get(os.getpid())
+    home = _cgroup_home._homes.get(os.getpid())
     cgroups = 0  # counted, not named: a cgroup that was killed is replaced, not reused
     if home is not None:
         with os.scandir(home.path) as entries:

@@ -21,7 +21,7 @@ from typing import IO, Any
 
 import pytest
 
-from trio_proctree import _cgroup, _watchdog, open_process_tree
+from trio_proctree import _cgroup_home, _cgroupfs, _watchdog, open_process_tree
 from trio_proctree._procfs import read_file
 
 from . import procs
@@ -131,10 +131,10 @@ def tree_in_a_pid_namespace(
 FORK_WHILE_A_LOCK_IS_HELD = textwrap.dedent(
     """
     import os, signal, sys, threading, trio
-    from trio_proctree import _cgroup, _orphans, _subreaper, _watchdog, run_process_tree
+    from trio_proctree import _cgroup_home, _orphans, _subreaper, _watchdog, run_process_tree
     from trio_proctree import _spawn_into_cgroup
 
-    module = {"watchdog": _watchdog, "cgroup": _cgroup, "orphans": _orphans,
+    module = {"watchdog": _watchdog, "cgroup": _cgroup_home, "orphans": _orphans,
               "subreaper": _subreaper, "direct": _spawn_into_cgroup}[sys.argv[1]]
     name = {"watchdog": "_lock", "cgroup": "_home_lock", "orphans": "_lock",
             "subreaper": "_no_environment_lock", "direct": "_proving"}[sys.argv[1]]
@@ -243,13 +243,15 @@ def test_a_home_whose_owner_runs_in_another_time_namespace_is_never_swept(
             try:
                 tree = holder.stdout.readline().decode().strip()
                 deadline = time.monotonic() + 5
-                while not (members := _cgroup._procs(tree)):  # its leader joins as it starts
+                while not (
+                    members := _cgroupfs.processes_in(tree)
+                ):  # its leader joins as it starts
                     assert time.monotonic() < deadline, tree
                     time.sleep(0.001)
                 assert len(members) == 1  # its sleep
                 pidfd = os.pidfd_open(members[0])
                 try:
-                    _cgroup._sweep_stale_homes(os.path.dirname(os.path.dirname(tree)))
+                    _cgroup_home._sweep_stale_homes(os.path.dirname(os.path.dirname(tree)))
                     # A cgroup.kill would land in microseconds; its pidfd stays unreadable.
                     assert select.select([pidfd], [], [], 0.2)[0] == []
                 finally:
@@ -271,19 +273,19 @@ def test_a_home_made_in_another_pid_namespace_is_never_swept(
     # taken for a dead owner's and its running tree was killed.
     with tree_in_a_pid_namespace(tracked, aside_from_other_homes) as (holder, tree):
         assert holder.stdin is not None
-        members = _cgroup._procs(tree)
+        members = _cgroupfs.processes_in(tree)
         assert len(members) == 1  # its sleep, by its pid here
         home = os.path.dirname(tree)
-        trees = sorted(_cgroup._subdirs(home))
+        trees = sorted(_cgroupfs.subdirs(home))
         assert len(trees) == 2  # (the one kept empty, too)
         pidfd = os.pidfd_open(members[0])
         try:
-            _cgroup._sweep_stale_homes(os.path.dirname(home))
+            _cgroup_home._sweep_stale_homes(os.path.dirname(home))
             # A cgroup.kill would land in microseconds; its pidfd stays unreadable.
             assert select.select([pidfd], [], [], 0.2)[0] == []
         finally:
             os.close(pidfd)
-        assert sorted(_cgroup._subdirs(home)) == trees  # not even the empty one removed
+        assert sorted(_cgroupfs.subdirs(home)) == trees  # not even the empty one removed
         holder.stdin.write(b"\n")
         holder.stdin.close()
         assert holder.wait(timeout=30) == 0
@@ -301,32 +303,34 @@ def test_a_home_of_an_ended_pid_namespace_is_swept(
     # stale (red before: homes of other namespaces were never swept, and piled up). Its
     # trees died with the namespace: a process found in one since was put there by
     # someone else, and is left alone, with the home.
-    if os.stat("/proc/self/ns/pid").st_ino != _cgroup.INITIAL_PID_NAMESPACE:  # pragma: no cover
+    if (
+        os.stat("/proc/self/ns/pid").st_ino != _cgroup_home.INITIAL_PID_NAMESPACE
+    ):  # pragma: no cover
         pytest.skip("only the initial pid namespace sees every process")
     with tree_in_a_pid_namespace(tracked, aside_from_other_homes) as (holder, tree):
         home = os.path.dirname(tree)
         [init] = procs.children_of(holder.pid)  # the namespace's Python, its pid 1
-        [watchdog] = procs.children_of(init) - set(_cgroup._procs(tree))
+        [watchdog] = procs.children_of(init) - set(_cgroupfs.processes_in(tree))
         # (Started by this test, by pid, as they are seen from here.)
         assert procs.wait_exited(watchdog, kill=True)
         assert procs.wait_exited(init, kill=True)  # the kernel kills the rest with it
         assert holder.wait(timeout=30) != 0
     assert os.path.isdir(home)  # left behind: nothing was there to remove it
     if since == "nothing":
-        _cgroup._sweep_stale_homes(os.path.dirname(home))
+        _cgroup_home._sweep_stale_homes(os.path.dirname(home))
         assert not os.path.exists(home)
     else:
         with procs.killed_on_failure(subprocess.Popen(["sleep", "60"])) as moved_in:
             try:
                 with open(os.path.join(tree, "cgroup.procs"), "w") as procs_file:
                     procs_file.write(str(moved_in.pid))
-                _cgroup._sweep_stale_homes(os.path.dirname(home))
+                _cgroup_home._sweep_stale_homes(os.path.dirname(home))
                 # (A cgroup.kill would land in microseconds.)
                 assert not procs.wait_exited(moved_in.pid, within=0.2)
                 assert os.path.isdir(tree)
             finally:
                 moved_in.kill()  # (and waited for, as the with block ends)
-        _cgroup._sweep_stale_homes(os.path.dirname(home))  # (empty now: it goes)
+        _cgroup_home._sweep_stale_homes(os.path.dirname(home))  # (empty now: it goes)
         assert not os.path.exists(home)
     assert tracked.survivors() == []
 
@@ -340,11 +344,13 @@ def test_under_a_proc_that_hides_processes_no_pid_namespace_is_taken_for_ended(
     # live owner's home swept (found in review). Then every namespace is taken for live.
     if shutil.which("unshare") is None:  # pragma: no cover - util-linux is everywhere
         pytest.skip("needs unshare(1)")
-    if os.stat("/proc/self/ns/pid").st_ino != _cgroup.INITIAL_PID_NAMESPACE:  # pragma: no cover
+    if (
+        os.stat("/proc/self/ns/pid").st_ino != _cgroup_home.INITIAL_PID_NAMESPACE
+    ):  # pragma: no cover
         pytest.skip("only the initial pid namespace sees every process")
     look = (
-        "from trio_proctree import _cgroup; "
-        "print(_cgroup._live_pid_namespaces().__contains__(0))"  # (no namespace has inode 0)
+        "from trio_proctree import _cgroup_home; "
+        "print(_cgroup_home._live_pid_namespaces().__contains__(0))"  # (no namespace has inode 0)
     )
     child = subprocess.run(
         [
@@ -450,9 +456,9 @@ def test_a_subreaper_that_execs_itself_still_reaps_its_trees_orphans(
 def until_no_home_of(pid: int, within: float) -> list[str]:
     """The cgroup homes of ``pid`` (beside ours) still there after waiting up to ``within``."""
     with open("/proc/self/mountinfo") as f:
-        mount = _cgroup.find_cgroup2_mount(f.read())
+        mount = _cgroupfs.find_cgroup2_mount(f.read())
     with open("/proc/self/cgroup") as f:
-        here = _cgroup.own_cgroup(f.read())
+        here = _cgroupfs.own_cgroup(f.read())
     assert mount is not None and here is not None
     parent = os.path.join(mount, here.lstrip("/"))
     deadline = time.monotonic() + within
@@ -649,8 +655,8 @@ HOLDS_A_CGROUP_TREE = textwrap.dedent(
 def private_cgroup() -> Iterator[str]:
     """A cgroup of the test's own beside this process's, removed at the end: a process in
     it keeps its home there, where no other process's sweep looks."""
-    mount = _cgroup.find_cgroup2_mount(read_file("/proc/self/mountinfo").decode())
-    own = _cgroup.own_cgroup(read_file("/proc/self/cgroup").decode())
+    mount = _cgroupfs.find_cgroup2_mount(read_file("/proc/self/mountinfo").decode())
+    own = _cgroupfs.own_cgroup(read_file("/proc/self/cgroup").decode())
     assert mount is not None and own is not None
     path = os.path.join(mount, own.lstrip("/"), f"test-private-{procs.new_token()}")
     os.mkdir(path)
@@ -1385,9 +1391,9 @@ def test_in_a_cgroup_namespace_that_hides_our_cgroup_auto_does_not_pick_cgroup(
         pytest.skip("needs unshare(1)")
     # The namespace's root must be a cgroup below the mount's root: a cgroup of our own.
     with open("/proc/self/mountinfo") as f:
-        mount = _cgroup.find_cgroup2_mount(f.read())
+        mount = _cgroupfs.find_cgroup2_mount(f.read())
     with open("/proc/self/cgroup") as f:
-        here = _cgroup.own_cgroup(f.read())
+        here = _cgroupfs.own_cgroup(f.read())
     assert mount is not None and here is not None
     private = os.path.join(mount, here.lstrip("/"), f"cgroupns-{tracked.token}")
     os.mkdir(private)
@@ -1403,7 +1409,7 @@ def test_in_a_cgroup_namespace_that_hides_our_cgroup_auto_does_not_pick_cgroup(
         deadline = time.monotonic() + 5  # its watchdog leaves once it has seen it exit
         while procs.populated(private) and time.monotonic() < deadline:
             time.sleep(0.01)  # a stranger's exit: no event to wait on
-        for inner in sorted(_cgroup._all_dirs(private), key=len, reverse=True):
+        for inner in sorted(_cgroupfs.all_dirs(private), key=len, reverse=True):
             os.rmdir(inner)
     if child.returncode != 0 and b"unshare" in child.stderr:  # pragma: no cover - not root
         pytest.skip(f"cannot make a cgroup namespace: {child.stderr!r}")
@@ -1708,7 +1714,7 @@ async def test_a_kept_cgroup_someone_else_removed_is_passed_over(tracked: Tracke
     # cgroup.events, missing once removed, and the next tree's spawn failed with that
     # FileNotFoundError.
     available("cgroup")
-    home = _cgroup.cgroup_home()
+    home = _cgroup_home.cgroup_home()
     async with open_process_tree(["true"], containment="cgroup", env=tracked.env):
         pass
     os.rmdir(home._free[-1])  # an empty kept cgroup, removed by a cleaner of cgroups

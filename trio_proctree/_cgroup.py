@@ -1,13 +1,7 @@
 """cgroup v2 containment: every tree in a cgroup of its own, which no descendant can leave.
 
 A process group misses descendants that call ``setsid()``; a cgroup keeps them all. Each
-process that uses trio_proctree gets one directory inside its own cgroup,
-``trio_proctree-<pid namespace>-<pid>-<starttime>-<image>``, and each tree a
-``tree-<n>`` cgroup inside that. ``<image>`` is new each time the process starts or
-execs itself: the watchdog of a former image, still killing and removing that image's
-trees (members can take a while to die) and then its home, never meets the new one's.
-The watchdog removes the home should the process die without removing it; the homes of
-owners that died anyway are swept.
+tree gets a cgroup in its process's home (`._cgroup_home`).
 
 The leader is placed in its cgroup before the user's program runs, without ``preexec_fn``
 (unsafe in a threaded program, and trio spawns from worker threads): with glibc 2.41 or
@@ -21,560 +15,29 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import itertools
 import logging
 import os
 import select
 import signal
-import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
+from . import _cgroupfs as cgroupfs
 from . import _spawn_into_cgroup as direct_spawn
-from . import _watchdog as watchdog
-from ._after_fork import renewed_in_forked_child
+from ._cgroup_home import CgroupHome
 from ._containment import NEED_SCAN, RETRY_LATER, RETRY_PAUSE, Pending, signal_leader_alone
 from ._leader import Leader
 from ._member_tracking import MemberTracking
 from ._pidfd import open_pidfd
-from ._procfs import ProcStat, boottime_offset, proc_hides_processes, read_file, read_stat
+from ._procfs import ProcStat
 from ._spawn import SpawnPlan, nothing_came_before, resolve_executable
 from ._spawn_into_cgroup import IntoCgroup
 from ._through_sh import wrapped
 
 logger = logging.getLogger("trio_proctree")
-
-_HOME_PREFIX = "trio_proctree-"
-
-
-def _unescape_mount_path(field: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as octal (\040 ...).
-    return field.encode().decode("unicode_escape")
-
-
-def find_cgroup2_mount(mountinfo: str) -> str | None:
-    """Where the cgroup v2 hierarchy is mounted: ``/sys/fs/cgroup`` on pure v2 hosts,
-    ``/sys/fs/cgroup/unified`` on hybrid ones. None if it is not mounted where our own
-    cgroup path (as /proc/self/cgroup gives it) can be found under it.
-
-    That takes a mount of the hierarchy's root as our cgroup namespace sees it (mountinfo
-    root ``/``). In a cgroup namespace whose mount was made outside it (``unshare
-    --cgroup``, say), the root shows as ``/..``: the mount holds cgroups above our
-    namespace's root, whose names we cannot know, so our own cannot be found in it.
-    """
-    for line in mountinfo.splitlines():
-        before, _, after = line.partition(" - ")
-        fields = before.split(" ")
-        if after.split(" ", 1)[0] == "cgroup2" and fields[3] == "/":
-            return _unescape_mount_path(fields[4])
-    return None
-
-
-def own_cgroup(proc_self_cgroup: str) -> str | None:
-    """Our cgroup v2 path (``/user.slice/...``), from the ``0::`` line of /proc/self/cgroup."""
-    for line in proc_self_cgroup.splitlines():
-        if line.startswith("0::"):
-            return line[3:]
-    return None
-
-
-def _read(path: str) -> str:
-    return read_file(path).decode()
-
-
-def _populated(events: str) -> bool:
-    """Whether a cgroup holds a live process, from its ``cgroup.events`` file (the path)."""
-    # One short read: the file is two short lines, ``populated`` the first (read_file's
-    # loop and its 64 KiB buffer cost more than the answer, on the path that ends a tree).
-    fd = os.open(events, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return os.read(fd, 64).startswith(b"populated 1")
-    finally:
-        os.close(fd)
-
-
-def _open_if_plentiful(path: str) -> int:
-    """``path`` opened for reading, while file descriptors are plentiful; else -1.
-
-    Plentiful: the lowest free descriptor, which the kernel hands out, is below half the
-    soft limit. Past that, a descriptor held per tree would be one the program may need:
-    500 trees must run under the common soft limit of 1024, each holding its leader's
-    pidfd (and its pipes, if any).
-    """
-    import resource  # noqa: PLC0415 - Unix only: importing the package must work on Windows
-
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:  # out of file descriptors, say
-        return -1
-    if fd < resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2:
-        return fd
-    os.close(fd)
-    return -1
-
-
-def _remove_inner(cgroup: str) -> bool:
-    """Remove the cgroups members made inside ``cgroup``, deepest first: True if none is
-    left (one a member still runs in stays)."""
-    inner = _all_dirs(cgroup)[1:]
-    for folder in sorted(inner, key=len, reverse=True):
-        with contextlib.suppress(OSError):
-            os.rmdir(folder)
-    return not (inner and _subdirs(cgroup))
-
-
-#: The settings a member may change in its own cgroup, as a new cgroup has them: a tree
-#: cgroup has only the core files (its home enables no controllers). ``cgroup.type``
-#: cannot change while the cgroup has processes; ``cgroup.pressure`` is absent where
-#: pressure accounting is off.
-NEW_CGROUP_SETTINGS = {
-    "cgroup.freeze": b"0",
-    "cgroup.max.depth": b"max",
-    "cgroup.max.descendants": b"max",
-    "cgroup.pressure": b"1",
-}
-
-
-def _as_new(cgroup: str) -> bool:
-    """Whether an emptied cgroup's settings are still those of a new one."""
-    for name, new in NEW_CGROUP_SETTINGS.items():
-        try:
-            if read_file(os.path.join(cgroup, name), made_whole=True).strip() != new:
-                return False
-        except FileNotFoundError:
-            if name != "cgroup.pressure":
-                return False
-    return True
-
-
-def _procs(cgroup: str) -> list[int]:
-    """Every process in the cgroup and in the cgroups a member may have made inside it."""
-    try:
-        pids = [int(pid) for pid in read_file(os.path.join(cgroup, "cgroup.procs")).split()]
-    except FileNotFoundError:
-        return []  # removed meanwhile
-    for inner in _subdirs(cgroup):
-        pids.extend(_procs(inner))
-    return pids
-
-
-def _main_thread_gone(cgroup: str) -> list[int]:
-    """Processes in the cgroup (or in those inside it) whose main thread has exited while
-    their other threads run on: ``cgroup.procs`` lists them, ``cgroup.threads`` does not
-    list that thread (nor any exited one)."""
-    try:
-        processes = read_file(os.path.join(cgroup, "cgroup.procs")).split()
-        threads = set(read_file(os.path.join(cgroup, "cgroup.threads")).split())
-    except FileNotFoundError:
-        return []  # removed meanwhile
-    found = [int(pid) for pid in processes if pid not in threads]
-    for inner in _subdirs(cgroup):
-        found.extend(_main_thread_gone(inner))
-    return found
-
-
-def _kill(cgroup: str) -> None:
-    fd = os.open(os.path.join(cgroup, "cgroup.kill"), os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        os.write(fd, b"1")
-    finally:
-        os.close(fd)
-
-
-def _kill_main_thread_gone(cgroup: str) -> None:
-    """SIGKILL, through pidfds, each process in ``cgroup`` whose main thread has exited
-    while others run on: ``cgroup.kill`` sends its SIGKILL to that exited thread alone,
-    where nothing takes it. (Each pidfd is opened first, then the process proven to be
-    in the cgroup, so that a pid recycled meanwhile is never hit.)"""
-    mount = find_cgroup2_mount(_read("/proc/self/mountinfo"))
-    if mount is None:
-        return
-    relative = "/" + os.path.relpath(cgroup, mount)
-    for pid in _main_thread_gone(cgroup):
-        try:
-            fd = os.pidfd_open(pid)
-        except OSError:
-            continue  # gone meanwhile (or out of file descriptors: the wait tells)
-        try:
-            if in_cgroup(pid, relative):
-                signal.pidfd_send_signal(fd, signal.SIGKILL)
-        except OSError:
-            pass  # exited meanwhile
-        finally:
-            os.close(fd)
-
-
-@attrs.define
-class CgroupHome:
-    """This process's directory of tree cgroups.
-
-    Emptied tree cgroups are kept for the next tree: an empty cgroup whose settings a
-    member did not change is as good as a new one for a leader that joins it, and reusing
-    it saves a mkdir when a tree starts and an rmdir when it ends (~57 us; checking the
-    settings costs ~40 us of it, in the spawn's worker thread). Where leaders start
-    directly in their cgroup, one that ``cgroup.kill`` was written to is not reused (see
-    `give_back`): it is removed when the next tree starts, in the spawn's worker thread,
-    not on the path that ends a tree.
-    """
-
-    path: str
-    #: The path as /proc/PID/cgroup shows it, for telling members from strangers.
-    relative: str
-    _free: list[str] = attrs.field(factory=list[str])
-    _retired: list[str] = attrs.field(factory=list[str])
-    _counter: Iterator[int] = attrs.field(factory=itertools.count)
-    _lock: threading.Lock = attrs.field(factory=threading.Lock)
-
-    #: How many emptied tree cgroups are kept for reuse: enough for a program that runs
-    #: a hundred trees at a time and starts them again (an empty cgroup costs the kernel a
-    #: few kB; each one beyond this costs an rmdir on the path that ends its tree and a
-    #: mkdir when the next starts, ~55 us each measured with 100 trees).
-    KEEP = 128
-
-    def take_tree(self) -> tuple[str, bool]:
-        """An empty tree cgroup: (its path, whether it served a tree before)."""
-        # Retired cgroups go whenever a tree starts, not only when none is kept: else one
-        # a member froze stayed, unused, for as long as spares were left.
-        with self._lock:
-            retired, self._retired = self._retired, []
-        for tree in retired:
-            _remove_inner(tree)
-            with contextlib.suppress(OSError):  # (a cgroup inside it would not go: left)
-                os.rmdir(tree)
-        while True:
-            with self._lock:
-                if not self._free:
-                    break
-                kept = self._free.pop()
-            # A member of its last tree may have made cgroups inside it: they go before it
-            # serves again (they are empty, as that tree was).
-            if not _remove_inner(kept):
-                logger.warning("cgroup %s still has cgroups inside; leaving it", kept)
-                continue
-            # Or someone put a process in it since (root, or a member of another tree
-            # moving itself): no tree's, it would be the next tree's member, and stopped.
-            # Or changed its settings: frozen, it would freeze the next leader for good;
-            # with a depth or descendant limit, refuse the next program's own cgroups.
-            # Then it serves no more (a new one is made for the next tree).
-            try:
-                populated = _populated(os.path.join(kept, "cgroup.events"))
-                as_new = _as_new(kept)
-            except FileNotFoundError as exc:  # (removed by someone else)
-                logger.warning("cgroup %s cannot be read (%s); leaving it", kept, exc)
-                continue
-            except OSError:
-                # Out of file descriptors, say: unseen, it is as good as it was. Dropped,
-                # it would stay empty until we exit, and one more would be made for each
-                # spawn that ran out. It stays kept; this spawn fails, as it would anyway.
-                with self._lock:
-                    self._free.append(kept)
-                raise
-            if populated:
-                logger.warning("cgroup %s has a process in it no tree started; leaving it", kept)
-                with self._lock:
-                    self._retired.append(kept)  # (removed once that process has gone)
-                continue
-            if as_new:
-                return kept, True
-            try:
-                os.rmdir(kept)
-            except OSError as exc:  # (joined meanwhile, say: left, as one with cgroups inside)
-                logger.warning("cgroup %s could not be removed (%s); leaving it", kept, exc)
-        while True:
-            with self._lock:
-                path = os.path.join(self.path, f"tree-{next(self._counter)}")
-            try:
-                os.mkdir(path)
-            except FileExistsError:  # pragma: no cover - a name made by someone else
-                continue
-            except OSError as exc:
-                raise CgroupUnavailable(_why_no_tree_cgroup(self.path, exc)) from exc
-            return path, False
-
-    def give_back(self, tree: str, *, killed: bool) -> None:
-        """Keep an empty tree cgroup for reuse (or remove it, when enough are kept).
-
-        ``killed``: ``cgroup.kill`` was written to it (or may have been: a leader started
-        in it directly was killed at birth). Linux kills a child created directly in such
-        a cgroup (see `_spawn_into_cgroup._prove`), so where leaders start that way it is
-        not reused. (A member may write ``cgroup.kill`` too, unknown to us: a leader that
-        dies of it at birth is caught, and started through /bin/sh, which can still join.)
-        """
-        with self._lock:
-            if not (killed and direct_spawn.available()):
-                if len(self._free) < self.KEEP:
-                    self._free.append(tree)
-                    return
-            elif len(self._retired) < self.KEEP:
-                self._retired.append(tree)
-                return
-        if not _remove_inner(tree):
-            logger.warning("cgroup %s still has cgroups inside; leaving it", tree)
-            return
-        os.rmdir(tree)
-
-    def remove(self) -> None:
-        """Remove the kept cgroups and the home itself (at interpreter exit)."""
-        with self._lock:
-            free, self._free, self._retired = self._free + self._retired, [], []
-        for tree in free:
-            _remove_inner(tree)
-            with contextlib.suppress(OSError):
-                os.rmdir(tree)
-        with contextlib.suppress(OSError):
-            os.rmdir(self.path)  # fails, rightly, while some tree is still open
-
-
-class CgroupUnavailable(Exception):
-    """Why cgroup containment cannot be used here (the message says)."""
-
-
-def _why_no_tree_cgroup(home: str, error: OSError) -> str:
-    """What stopped a tree's cgroup from being made in ``home``, for the user."""
-    why = f"cannot create a tree cgroup in {home}: {error.strerror}"
-    if error.errno == errno.EAGAIN:
-        # Linux says EAGAIN for a cgroup one level too deep, or one too many.
-        why += (
-            " (the cgroup.max.depth or cgroup.max.descendants of that cgroup or of one "
-            "above it is reached)"
-        )
-    return why
-
-
-_home_lock = threading.Lock()
-renewed_in_forked_child(globals(), "_home_lock")
-
-
-def cgroup_home() -> CgroupHome:
-    """This process's home for tree cgroups, created on first use.
-
-    Raises:
-        CgroupUnavailable: no writable cgroup v2 hierarchy is delegated to us.
-    """
-    with _home_lock:
-        pid = os.getpid()  # a forked child gets a home of its own
-        if pid not in _homes:
-            _homes[pid] = _make_home(pid)
-        return _homes[pid]
-
-
-_homes: dict[int, CgroupHome] = {}
-
-
-def remove_home() -> None:
-    """Remove this process's home, if it made one and no tree is left in it (at exit)."""
-    with _home_lock:
-        home = _homes.pop(os.getpid(), None)
-    if home is not None:
-        home.remove()
-
-
-def _make_home(pid: int) -> CgroupHome:
-    mount = find_cgroup2_mount(_read("/proc/self/mountinfo"))
-    if mount is None:
-        raise CgroupUnavailable("no cgroup v2 hierarchy is mounted")
-    own = own_cgroup(_read("/proc/self/cgroup"))
-    if own is None:
-        raise CgroupUnavailable("this process is in no cgroup v2 cgroup")
-    parent = os.path.normpath(os.path.join(mount, own.lstrip("/")))
-    # Making a cgroup needs the directory; moving a process into it needs the common
-    # ancestor's cgroup.procs (ours) writable too.
-    for needed in (parent, os.path.join(parent, "cgroup.procs")):
-        if not os.access(needed, os.W_OK):
-            raise CgroupUnavailable(f"{needed} is not writable (not delegated to us)")
-    stat = read_stat(pid)
-    assert stat is not None
-    _sweep_stale_homes(parent)
-    while True:
-        image = os.urandom(4).hex()
-        name = f"{_HOME_PREFIX}{_pid_namespace()}-{pid}-{_started(stat)}-{image}"
-        path = os.path.join(parent, name)
-        try:
-            os.mkdir(path)
-        except FileExistsError:  # pragma: no cover - a token drawn twice
-            continue
-        except OSError as exc:
-            raise CgroupUnavailable(f"cannot create a cgroup under {parent}: {exc}") from exc
-        break
-    if not os.path.exists(os.path.join(path, "cgroup.kill")):
-        os.rmdir(path)
-        raise CgroupUnavailable("cgroup.kill is missing (needs Linux 5.14 or newer)")
-    # Should this process die without removing it (SIGKILL), the watchdog removes it after
-    # the trees it kills; registered once, before any tree of it starts.
-    watchdog.register(f"home {path}")
-    relative = "/" + os.path.join(own.strip("/"), name)
-    return CgroupHome(path, relative.replace("//", "/"))
-
-
-#: The initial pid namespace's inode (``PROC_PID_INIT_INO``): the same on every boot.
-INITIAL_PID_NAMESPACE = 0xEFFFFFFC
-
-
-def _pid_namespace() -> int:
-    """Our pid namespace, by inode: a home's pid means something only inside it."""
-    return os.stat("/proc/self/ns/pid").st_ino
-
-
-def _started(stat: ProcStat) -> int:
-    """A process's start time as a process outside any time namespace sees it: the one
-    that names a home. /proc shows each reader boot time moved by its own namespace's
-    offset; an owner and a sweeper in different ones would else never agree, and the
-    sweep would take a live owner's home for a dead one's and kill its trees."""
-    return stat.starttime - (boottime_offset() or 0)
-
-
-def _may_be_owner(stat: ProcStat, named: int) -> bool:
-    """Whether the live process ``stat`` may be the owner whose start time names a home:
-    within a tick (an offset that is no whole number of ticks rounds the two views
-    apart), or at all, where our own offset cannot be told. (A dead owner's pid taken by
-    another process within a tick of its start leaves a stale home unswept: never the
-    other way round.)"""
-    offset = boottime_offset()
-    return offset is None or abs(stat.starttime - offset - named) <= 1
-
-
-#: Seconds a sweep waits for a stale tree it killed to empty (~1.5 ms, measured).
-STALE_KILL_WAIT = 0.5
-
-
-def _until_emptied(cgroup: str, within: float) -> bool:
-    """Block up to ``within`` seconds until ``cgroup`` holds no live process; whether it
-    came to that. Woken by each change of its ``cgroup.events`` (no polling)."""
-    fd = os.open(os.path.join(cgroup, "cgroup.events"), os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        changed = select.poll()
-        changed.register(fd, select.POLLPRI)  # (kernfs: a change since the last read)
-        deadline = time.monotonic() + within
-        while os.pread(fd, 64, 0).startswith(b"populated 1"):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            changed.poll(remaining * 1000)
-        return True
-    finally:
-        os.close(fd)
-
-
-def _sweep_stale_homes(parent: str) -> None:
-    """Remove the homes of processes that died without cleaning up (crashed, SIGKILLed).
-
-    What still runs in them outlived its owner: the parent-death backstop should have
-    killed it, and this does, before removing the directories. A home of this very
-    process but not its current one was made by an image it exec'd away from, and is
-    stale too. A home made in another pid namespace is looked at only once that
-    namespace has no process left (`_live_pid_namespaces`): until then its owner may
-    well be alive, under a pid that means nothing (or someone else) here.
-    """
-    try:
-        entries = os.listdir(parent)
-    except OSError:
-        return
-    namespace = _pid_namespace()
-    live_namespaces: set[int] | None = None
-    for name in entries:
-        if not name.startswith(_HOME_PREFIX):
-            continue
-        fields = name[len(_HOME_PREFIX) :].split("-")
-        if len(fields) not in (3, 4):  # (3: named before homes had an image token)
-            continue
-        try:
-            ns_text, pid_text, start_text = fields[:3]
-            home_namespace, owner, start = int(ns_text), int(pid_text), int(start_text)
-        except ValueError:
-            continue  # not a home of ours (nor of this version)
-        home = os.path.join(parent, name)
-        if home_namespace != namespace:
-            if live_namespaces is None:
-                live_namespaces = _live_pid_namespaces()
-            if home_namespace in live_namespaces:
-                continue  # (or it cannot be told: every namespace is then taken for live)
-            # Every process of it has died, its owner with them: its trees died with them
-            # (a namespace's processes die with its init), and what may have been put in
-            # their cgroups since is not its.
-        elif (stat := read_stat(owner)) is not None and _may_be_owner(stat, start):
-            current = _homes.get(owner)
-            if owner != os.getpid() or (current is not None and current.path == home):
-                continue  # its owner still runs
-            # This process made it before it exec'd itself: that image's trees died with
-            # its watchdog, which removes the home too, unless it was stopped first.
-        for tree in _subdirs(home):
-            try:
-                if _populated(os.path.join(tree, "cgroup.events")):
-                    if home_namespace != namespace:
-                        continue  # (left, with the home: not its owner's)
-                    logger.warning("killing what outlived its owner in %s", tree)
-                    _kill(tree)
-                    _kill_main_thread_gone(tree)
-                    # A cgroup goes only once empty, and its members die in a moment: not
-                    # waited for, the home stayed until some later process swept again.
-                    _until_emptied(tree, within=STALE_KILL_WAIT)
-                _remove_inner(tree)  # (kept cgroups keep what members made, until reused)
-                os.rmdir(tree)
-            except OSError as exc:
-                logger.debug("cannot remove stale cgroup %s yet: %s", tree, exc)
-        try:
-            os.rmdir(home)
-        except OSError:
-            continue
-        logger.debug("removed stale cgroup home %s", home)
-
-
-class _AllNamespaces(set[int]):
-    """Stands for every pid namespace: none can be told ended."""
-
-    def __contains__(self, namespace: object) -> bool:
-        return True
-
-
-def _live_pid_namespaces() -> set[int]:
-    """The pid namespaces (by inode) with a process in them.
-
-    Only the initial namespace sees every process (with /proc its own: checked before
-    any tree starts), and only through a /proc that hides none (no ``hidepid``), to a
-    reader that may look at every process's namespace (root); otherwise every namespace
-    is taken for live. A namespace lives exactly while its init does, and its init is in
-    it: a process of a namespace nested in it shows that one, but cannot outlive the
-    init of ours.
-    """
-    if _pid_namespace() != INITIAL_PID_NAMESPACE or proc_hides_processes():
-        return _AllNamespaces()
-    found: set[int] = {INITIAL_PID_NAMESPACE}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:  # (out of file descriptors, say)
-        return _AllNamespaces()
-    for entry in entries:
-        if not entry.isdigit() or entry == "1":  # (init is in ours: it may be unreadable)
-            continue
-        try:
-            found.add(os.stat(f"/proc/{entry}/ns/pid").st_ino)
-        except (FileNotFoundError, ProcessLookupError):
-            continue  # exited and reaped
-        except OSError:
-            return _AllNamespaces()  # (not ours to look at)
-    return found
-
-
-def _subdirs(path: str) -> list[str]:
-    """The cgroups directly inside ``path`` (members may make some)."""
-    try:
-        if os.stat(path).st_nlink <= 2:  # a directory's link count is 2 + its subdirectories
-            return []
-        return [entry.path for entry in os.scandir(path) if entry.is_dir(follow_symlinks=False)]
-    except OSError:
-        return []
-
-
-def in_cgroup(pid: int, relative: str) -> bool:
-    """Whether ``pid`` is in the cgroup with this /proc/PID/cgroup path, or below it."""
-    try:
-        path = own_cgroup(_read(f"/proc/{pid}/cgroup"))
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return path is not None and (path == relative or path.startswith(relative + "/"))
 
 
 class CgroupContainment(MemberTracking):
@@ -618,7 +81,7 @@ class CgroupContainment(MemberTracking):
         #: that ends most teardowns is then one pread, where opening the file costs ~0.1 ms
         #: on a VM right after the tree's exit, and needs no new file descriptor then.
         #: (-1: not held; read by path.)
-        self._events_fd = _open_if_plentiful(self._events)
+        self._events_fd = cgroupfs.open_if_plentiful(self._events)
         #: Whether cgroup.kill was written (by us), or a direct start in it was refused.
         self._killed = False
         self._direct = False
@@ -702,21 +165,21 @@ class CgroupContainment(MemberTracking):
             self._killed = True
 
     def _list_members(self) -> list[int]:
-        return _procs(self.path)
+        return cgroupfs.processes_in(self.path)
 
     def _confirm_escapee(self, pid: int, stat: ProcStat) -> bool:
-        return in_cgroup(pid, self._relative)
+        return cgroupfs.in_cgroup(pid, self._relative)
 
     def _ours(self, stat: ProcStat) -> bool:
         # A zombie still names the cgroup it died in.
-        return super()._ours(stat) or in_cgroup(stat.pid, self._relative)
+        return super()._ours(stat) or cgroupfs.in_cgroup(stat.pid, self._relative)
 
     def _hard_kill(self) -> None:
         # cgroup.kill reaches every member, escapees included, and no fork can race it...
         self._killed = True
         self._survey_due, self.ask_again_within = False, None  # (no listing needed for it)
         try:
-            _kill(self.path)
+            cgroupfs.kill(self.path)
         except FileNotFoundError:
             if os.path.isdir(self.path):
                 raise
@@ -727,7 +190,7 @@ class CgroupContainment(MemberTracking):
         # such member gets one through its pidfd. (Best effort: out of file descriptors,
         # say, the wait for the tree to empty tells.)
         try:
-            for pid in _main_thread_gone(self.path):
+            for pid in cgroupfs.main_thread_gone(self.path):
                 fd = self._members.get(pid)
                 if fd is None and (fd := self._open_member(pid)) is not None:
                     self._members[pid] = fd
@@ -1037,7 +500,7 @@ class CgroupContainment(MemberTracking):
     def _populated(self) -> bool:
         try:
             if self._events_fd < 0:
-                return _populated(self._events)
+                return cgroupfs.populated(self._events)
             # (kernfs writes the file anew for every read from its start.)
             return os.pread(self._events_fd, 64, 0).startswith(b"populated 1")
         except OSError as exc:
@@ -1096,10 +559,3 @@ class CgroupContainment(MemberTracking):
         # Cgroups that members made inside ours are removed when it is next taken, in the
         # spawn's worker thread, not on the path that ends a tree (`CgroupHome.take_tree`).
         self._home.give_back(self.path, killed=self._killed)
-
-
-def _all_dirs(path: str) -> list[str]:
-    found = [path]
-    for inner in _subdirs(path):
-        found.extend(_all_dirs(inner))
-    return found

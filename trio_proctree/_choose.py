@@ -9,7 +9,8 @@ from collections.abc import Callable
 import attrs
 
 from . import _watchdog as watchdog
-from ._cgroup import CgroupContainment, CgroupHome, CgroupUnavailable, cgroup_home
+from ._cgroup import CgroupContainment
+from ._cgroup_home import CgroupHome, CgroupUnavailable, cgroup_home
 from ._containment import Containment
 from ._group import ProcessGroupContainment
 from ._orphans import SubreaperUnavailable, check_subreaper_available

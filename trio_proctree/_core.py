@@ -16,7 +16,7 @@ import signal
 import time
 from typing import Protocol
 
-from ._cgroup import remove_home
+from ._cgroup_home import remove_home
 from ._containment import NEED_SCAN, RETRY_LATER, RETRY_PAUSE, Containment, ContainmentLost
 from ._escalation import Escalation, SignalLike, parse_signal, signal_name
 from ._leader import Leader

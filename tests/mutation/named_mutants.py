@@ -88,21 +88,21 @@ MUTANTS = [
     ),
     (
         "cgroup: homes of other pid namespaces never swept, even once they ended",
-        "_cgroup.py",
+        "_cgroup_home.py",
         "    found: set[int] = {INITIAL_PID_NAMESPACE}\n",
         "    return _AllNamespaces()\n    found: set[int] = {INITIAL_PID_NAMESPACE}\n",
         "test_a_home_of_an_ended_pid_namespace_is_swept",
     ),
     (
         "cgroup: a /proc that hides processes trusted to show every live pid namespace",
-        "_cgroup.py",
+        "_cgroup_home.py",
         "    if _pid_namespace() != INITIAL_PID_NAMESPACE or proc_hides_processes():\n",
         "    if _pid_namespace() != INITIAL_PID_NAMESPACE:\n",
         "test_under_a_proc_that_hides_processes",
     ),
     (
         "cgroup: what was put in an ended pid namespace's home is killed by the sweep",
-        "_cgroup.py",
+        "_cgroup_home.py",
         "                    if home_namespace != namespace:\n"
         "                        continue  # (left, with the home: not its owner's)\n",
         "",
@@ -236,21 +236,21 @@ MUTANTS = [
     ),
     (
         "fork: the cgroup home's lock kept as the parent held it",
-        "_cgroup.py",
+        "_cgroup_home.py",
         'renewed_in_forked_child(globals(), "_home_lock")\n',
         "",
         "forked_while and cgroup",
     ),
     (
         "sweep: start times compared as each time namespace shows them",
-        "_cgroup.py",
+        "_cgroup_home.py",
         "    return stat.starttime - (boottime_offset() or 0)\n",
         "    return stat.starttime\n",
         "time_namespace and 1000",
     ),
     (
         "sweep: an owner's start time rounded a tick apart taken for another's",
-        "_cgroup.py",
+        "_cgroup_home.py",
         "    return offset is None or abs(stat.starttime - offset - named) <= 1\n",
         "    return offset is None or abs(stat.starttime - offset - named) <= 0\n",
         "time_namespace and half",
@@ -265,8 +265,8 @@ MUTANTS = [
     ),
     (
         "sweep: a member whose main thread exited left to cgroup.kill alone",
-        "_cgroup.py",
-        "                    _kill_main_thread_gone(tree)\n",
+        "_cgroup_home.py",
+        "                    cgroupfs.kill_main_thread_gone(tree)\n",
         "",
         "stale_member_whose",
     ),
@@ -531,7 +531,7 @@ MUTANTS = [
     (
         "cgroup: hard stop without cgroup.kill",
         "_cgroup.py",
-        "        _kill(self.path)\n",
+        "        cgroupfs.kill(self.path)\n",
         "        pass\n",
         "ignoring_the_stop_signal and cgroup",
     ),
@@ -644,8 +644,8 @@ MUTANTS = [
     (
         "cgroup: cgroup.events opened for each check (a new fd at teardown)",
         "_cgroup.py",
-        "            if self._events_fd < 0:\n                return _populated(self._events)",
-        "            if True:\n                return _populated(self._events)",
+        "            if self._events_fd < 0:\n                return cgroupfs.populated(self._events)",
+        "            if True:\n                return cgroupfs.populated(self._events)",
         "ends_with_its_leader_ends_cleanly",
     ),
     (
@@ -658,7 +658,7 @@ MUTANTS = [
     ),
     (
         "cgroup: cgroup.events held open however few file descriptors are left",
-        "_cgroup.py",
+        "_cgroupfs.py",
         "    if fd < resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2:\n",
         "    if True:\n",
         "by_the_hundred",
@@ -978,7 +978,7 @@ MUTANTS = [
     ),
     (
         "cgroup: a later image of the process reuses its former home",
-        "_cgroup.py",
+        "_cgroup_home.py",
         "        image = os.urandom(4).hex()\n"
         '        name = f"{_HOME_PREFIX}{_pid_namespace()}-{pid}-{_started(stat)}-{image}"\n'
         "        path = os.path.join(parent, name)\n"
@@ -1020,14 +1020,14 @@ MUTANTS = [
     ),
     (
         "sweep: homes of another pid namespace taken for stale",
-        "_cgroup.py",
+        "_cgroup_home.py",
         "        if home_namespace != namespace:\n            if live_namespaces is None:",
         "        if False:\n            if live_namespaces is None:",
         "another_pid_namespace",
     ),
     (
         "sweep: a former image's home left for good",
-        "_cgroup.py",
+        "_cgroup_home.py",
         "            if owner != os.getpid() or (current is not None and current.path == home):\n",
         "            if True:\n",
         "stale_cgroup_of_a_dead_owner",
@@ -1077,14 +1077,14 @@ MUTANTS = [
     ),
     (
         "direct start: a killed tree's cgroup reused [glibc]",
-        "_cgroup.py",
+        "_cgroup_home.py",
         "            if not (killed and direct_spawn.available()):",
         "            if True:",
         "starts_after_the_one_before_was_killed",
     ),
     (
         "direct start: no emptied cgroup reused [glibc]",
-        "_cgroup.py",
+        "_cgroup_home.py",
         "            if not (killed and direct_spawn.available()):",
         "            if not direct_spawn.available():",
         "emptied_without_a_kill",
@@ -1141,7 +1141,7 @@ MUTANTS = [
     (
         "cgroup: hard stop by cgroup.kill alone (misses a main thread's exit)",
         "_cgroup.py",
-        "            for pid in _main_thread_gone(self.path):",
+        "            for pid in cgroupfs.main_thread_gone(self.path):",
         "            for pid in []:",
         "main_thread_exited_is_still_stopped and cgroup-True",
     ),
@@ -1513,8 +1513,8 @@ MUTANTS = [
     ),
     (
         "cgroup: a kept cgroup serves again whatever a member set in it",
-        "_cgroup.py",
-        "                as_new = _as_new(kept)\n",
+        "_cgroup_home.py",
+        "                as_new = cgroupfs.as_new(kept)\n",
         "                as_new = True\n",
         "settings_a_member_changed",
     ),
@@ -1548,7 +1548,7 @@ MUTANTS = [
     ),
     (
         "cgroup: the sweep removes a killed stale cgroup before its members died",
-        "_cgroup.py",
+        "_cgroup_home.py",
         "                    _until_emptied(tree, within=STALE_KILL_WAIT)",
         "                    pass",
         "stale_cgroup",
@@ -1769,7 +1769,7 @@ MUTANTS = [
     ),
     (
         "cgroup: a kept cgroup someone put a process in given to the next tree",
-        "_cgroup.py",
+        "_cgroup_home.py",
         '            if populated:\n                logger.warning("cgroup %s has a process',
         '            if False:\n                logger.warning("cgroup %s has a process',
         "kept_cgroup_someone_put_a_process_in",
@@ -1853,7 +1853,7 @@ MUTANTS = [
     ),
     (
         "cgroup: a kept cgroup someone else removed failing the next tree's spawn",
-        "_cgroup.py",
+        "_cgroup_home.py",
         "            except FileNotFoundError as exc:  # (removed by someone else)",
         "            except ZeroDivisionError as exc:  # (removed by someone else)",
         "someone_else_removed_is_passed_over",
@@ -1903,14 +1903,14 @@ MUTANTS = [
     ),
     (
         "cgroup: a kept cgroup that cannot be looked at (no descriptor left) dropped",
-        "_cgroup.py",
+        "_cgroup_home.py",
         "                with self._lock:\n                    self._free.append(kept)\n                raise\n",
         "                continue\n",
         "cannot_be_looked_at_stays_kept",
     ),
     (
         "cgroup: a tree cgroup that cannot be made failing with mkdir's bare error",
-        "_cgroup.py",
+        "_cgroup_home.py",
         "                raise CgroupUnavailable(_why_no_tree_cgroup(self.path, exc)) from exc",
         "                raise",
         "no_tree_cgroup_can_be_made",
