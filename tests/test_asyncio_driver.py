@@ -920,6 +920,18 @@ def test_asyncio_a_scope_entered_twice_at_once_starts_one_tree(
     assert tracked.survivors() == []
 
 
+def test_asyncio_a_scope_never_entered_refuses_to_be_left(
+    run: Callable[..., Any], tracked: Tracked
+) -> None:
+    async def main() -> None:
+        scope = open_process_tree(["true"], env=tracked.env)
+        message = r"^this open_process_tree\(\) scope was never entered$"
+        with pytest.raises(RuntimeError, match=message):
+            await scope.__aexit__(None, None, None)
+
+    run(main)
+
+
 def test_asyncio_a_scope_whose_spawn_failed_can_be_entered_again(
     run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any], tmp_path: Path
 ) -> None:

@@ -457,6 +457,12 @@ async def test_a_scope_entered_twice_at_once_starts_one_tree(
     assert tracked.survivors() == []
 
 
+async def test_a_scope_never_entered_refuses_to_be_left(tracked: Tracked) -> None:
+    scope = open_process_tree(["true"], env=tracked.env)
+    with pytest.raises(RuntimeError, match=r"^this open_process_tree\(\) scope was never entered$"):
+        await scope.__aexit__(None, None, None)
+
+
 async def test_a_scope_whose_spawn_failed_can_be_entered_again(
     tracked: Tracked, contained: dict[str, Any], tmp_path: Path
 ) -> None:

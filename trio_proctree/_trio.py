@@ -322,7 +322,9 @@ class _TreeScope:
     ) -> None:
         # None, not bool: type checkers then know that the block's exception always goes
         # on, so a function that returns from inside the block is not "missing a return".
-        assert self._tree is not None
+        if self._tree is None:
+            # (An exit stack misused, say: an assert said nothing, and is gone under -O.)
+            raise RuntimeError("this open_process_tree() scope was never entered")
         if exc is None:
             await self._tree._cleanup_then_cancellation()
         else:
