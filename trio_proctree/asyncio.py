@@ -60,6 +60,12 @@ T = TypeVar("T")
 
 #: Cleanup tasks still running: the loop keeps only weak references to tasks.
 _cleanups: set[asyncio.Task[None]] = set()
+#: Seconds between looks at a worker's own word that its fork is done, while the loop's
+#: future for it is not (`_QueuedSpawn.until_forked`).
+LOST_RESULT_CHECK = 0.05
+#: Seconds between looks at a worker still forking, once a Ctrl-C has left the setup
+#: (`_QueuedSpawn.stop_under`).
+FORK_CHECK = 0.001
 
 
 def _anyio_shield() -> contextlib.AbstractContextManager[Any]:
@@ -221,7 +227,9 @@ def _settle(
     """
     error = None if future.cancelled() else future.exception()
     if cancelled is not None:
-        if error is not None and report:
+        if isinstance(error, Exception) and report:
+            # (Not a Ctrl-C: a task that raised one sent it out of the loop at once, and
+            # this cancellation is the shutdown that followed. No error to chain.)
             chain_cleanup_error(cancelled, error, label)
         raise cancelled
     if error is not None and not report:
@@ -498,8 +506,9 @@ class ProcessTree(TreeView):
             cleaned.set_result(None)
             return
         cleaned.set_exception(error)
-        if self._waiters == 0:
-            # Nobody is waiting to be told: say it here, never lose it.
+        if self._waiters == 0 and isinstance(error, Exception):
+            # Nobody is waiting to be told: say it here, never lose it. (A Ctrl-C the
+            # cleanup raised once the tree was gone left the loop: no failure to tell.)
             logger.error("%s: cleanup failed", self._core.label, exc_info=error)
         cleaned.exception()  # retrieved: reported here or to the callers
 
@@ -522,7 +531,9 @@ class ProcessTree(TreeView):
         finally:
             self._waiters -= 1
         error = None if task.cancelled() else task.exception()
-        if error is not None and not self._error_reported:
+        if isinstance(error, Exception) and not self._error_reported:
+            # (Not a Ctrl-C the cleanup held and raised once the tree was gone: asyncio
+            # sent that out of the loop from the cleanup's task. No failed cleanup.)
             self._error_reported = True
             chain_cleanup_error(exc, error, self._core.label)
         # A cancellation that arrived meanwhile does not replace ``exc``: ``exc`` is what the
@@ -726,6 +737,11 @@ class _QueuedSpawn:
         self._state = "queued"  # then "forking" (a worker took it) or "dropped"
         #: The leader's pipes and the running tree, once forked (set by the worker).
         self.started: tuple[Spawned, TreeCore] | None = None
+        #: Set by the worker once it is done with the spawn, started or failed: its word,
+        #: where the future the loop gives may never be (see `until_forked`).
+        self.worker_done = threading.Event()
+        #: The worker's error, if the spawn failed.
+        self.failure: BaseException | None = None
         #: The task that waits for the worker and connects the pipes (`_TreeScope._start`).
         self.starting: asyncio.Task[ProcessTree | None] | None = None
         self._tree: ProcessTree | None = None
@@ -734,13 +750,19 @@ class _QueuedSpawn:
         """In the worker thread: start the tree, unless the spawn was dropped meanwhile;
         whether it started. (Also the tree's core is made here, which registers it with the
         net at interpreter exit before the main thread has anything to lose.)"""
-        with self._lock:
-            if self._state == "dropped":
-                return False
-            self._state = "forking"
-        spawned, containment = start_tree(self._plan, self._containment)
-        self.started = spawned, TreeCore(spawned, containment, self._plan, self._policy)
-        return True
+        try:
+            with self._lock:
+                if self._state == "dropped":
+                    return False
+                self._state = "forking"
+            spawned, containment = start_tree(self._plan, self._containment)
+            self.started = spawned, TreeCore(spawned, containment, self._plan, self._policy)
+            return True
+        except BaseException as exc:
+            self.failure = exc
+            raise
+        finally:
+            self.worker_done.set()
 
     def drop(self) -> bool:
         """Drop the spawn if no worker has taken it yet: whether it will never start."""
@@ -762,16 +784,60 @@ class _QueuedSpawn:
             self._tree = ProcessTree(self.started[1])
         return self._tree
 
+    async def until_forked(self, forking: asyncio.Future[bool]) -> asyncio.CancelledError | None:
+        """Wait for the worker's fork, whatever cancellations arrive; the last one, if any.
+
+        Woken by ``forking``, the loop's future for it, as a rule. But a Ctrl-C can land in
+        the loop's own callback that copies the worker's result into that future: the copy
+        is lost and the future never done (helper-47: the shutdown then waited for it for
+        ever, the tree running all the while). So the worker's own word is looked at too,
+        every `LOST_RESULT_CHECK` seconds: once it is done and its future still is not a
+        check later, its result was lost on the way, and this wait ends all the same.
+        """
+        cancelled = None
+        lost_unless_done_by = None
+        with _anyio_shield():  # (as in _through_cancellation)
+            while not forking.done():
+                if self.worker_done.is_set():
+                    now = forking.get_loop().time()
+                    if lost_unless_done_by is None:
+                        lost_unless_done_by = now + LOST_RESULT_CHECK
+                    elif now >= lost_unless_done_by:
+                        break
+                try:
+                    await asyncio.wait({forking}, timeout=LOST_RESULT_CHECK)
+                except asyncio.CancelledError as exc:
+                    cancelled = exc
+        if forking.done() and not forking.cancelled():
+            forking.exception()  # (its error, if any, is raised from `outcome`: retrieved)
+        return cancelled
+
+    def outcome(self) -> bool:
+        """Whether the worker started the tree; its error, if it failed, is raised."""
+        if self.failure is not None:
+            raise self.failure
+        return self.started is not None
+
     async def stop_under(self, exc: BaseException) -> None:
-        """Stop whatever of the tree started, once the task that starts it is done, while
-        ``exc`` propagates out of the setup."""
+        """Stop whatever of the tree started, once the worker and the task that starts it
+        are done with it, while ``exc`` propagates out of the setup."""
         starting = self.starting
-        if starting is not None and not starting.done():
+        if starting is not None and starting is not asyncio.current_task() and not starting.done():
             if self.drop():
                 return  # still queued: it will start nothing
             # The fork is under way (or done, the pipes being connected): its task is
             # waited for, bounded by that, as the tree it brings must be stopped.
             await _through_cancellation(starting)
+        if not self.drop():
+            # A worker took the spawn, and may still fork: the interrupt can land before
+            # the spawn's task has anything to wait on (a new executor's Thread.start()
+            # waits for its thread after the spawn is queued: where most real Ctrl-Cs in
+            # the setup landed, helper-47). Looked at in short pauses, as nothing else
+            # is sure to say it: this path only, for the length of one fork.
+            with _anyio_shield():
+                while not self.worker_done.is_set():
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.sleep(FORK_CHECK)
         await self.stop_started(exc)
 
     async def stop_started(self, exc: BaseException) -> None:
@@ -804,19 +870,19 @@ class _TreeScope:
     async def _start(self, spawn: _QueuedSpawn) -> ProcessTree | None:
         """The started tree; None if the spawn was dropped before a worker took it."""
         loop = asyncio.get_running_loop()
-        forking = loop.run_in_executor(None, spawn.run)
-        # This task itself may be cancelled (asyncio.run's shutdown, a blanket "cancel every
-        # task"): the worker thread forks all the same, so wait for it through that too, or
-        # the process it starts is nobody's.
-        cancelled = await _through_cancellation(forking)
         try:
-            if not forking.result():  # (a failed spawn raises here)
+            forking = loop.run_in_executor(None, spawn.run)
+            # This task itself may be cancelled (asyncio.run's shutdown, a blanket "cancel
+            # every task"): the worker thread forks all the same, so wait for it through
+            # that too, or the process it starts is nobody's.
+            cancelled = await spawn.until_forked(forking)
+            if not spawn.outcome():  # (a failed spawn raises here)
                 return None
             tree = spawn.tree()
             if cancelled is None:
                 await tree._connect(spawn.spawned)
         except BaseException as exc:
-            await spawn.stop_started(exc)
+            await spawn.stop_under(exc)
             raise
         if cancelled is not None:
             await spawn.stop_started(cancelled)
@@ -853,18 +919,11 @@ class _TreeScope:
         if not starting.done():  # dropped while still queued: it will start nothing
             assert cancelled is not None
             raise cancelled
-        if cancelled is not None and not starting.cancelled():
-            interrupt = starting.exception()
-            if interrupt is None:
-                tree = starting.result()
-                assert tree is not None
-                await tree._close_under(cancelled)
-                raise cancelled
-            if not isinstance(interrupt, Exception):
-                # A Ctrl-C (or SystemExit) in the spawn's task: asyncio raised it out of the
-                # loop at once, and this cancellation is the shutdown that followed; the
-                # task stopped its tree. It is no error of the spawn to chain here.
-                raise cancelled
+        if cancelled is not None and not starting.cancelled() and starting.exception() is None:
+            tree = starting.result()
+            assert tree is not None
+            await tree._close_under(cancelled)
+            raise cancelled
         started = _settle(starting, cancelled, self._plan.label, report=True)
         assert started is not None
         return started

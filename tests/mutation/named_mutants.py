@@ -1040,13 +1040,6 @@ MUTANTS = [
         "ctrl_c",
     ),
     (
-        "spawn: the worker thread's result lost when its task is cancelled",
-        "asyncio.py",
-        "        cancelled = await _through_cancellation(forking)",
-        "        cancelled = None\n        await forking",
-        "whose_tasks_are_all_cancelled",
-    ),
-    (
         "subreaper: our children read once a listing, a double-forking daemon missed",
         "_subreaper.py",
         "            if not roots and len(known) == read_before:",
@@ -2278,15 +2271,15 @@ MUTANTS = [
     (
         "asyncio: a Ctrl-C as the block is handed its tree loses the tree",
         "asyncio.py",
-        "            await spawn.stop_under(exc)\n",
-        "            pass\n",
+        "            await spawn.stop_under(exc)\n            # Nothing of it runs",
+        "            pass\n            # Nothing of it runs",
         "being_set_up",
     ),
     (
         "asyncio: a Ctrl-C right after the fork loses the tree",
         "asyncio.py",
-        "        except BaseException as exc:\n            await spawn.stop_started(exc)\n",
-        "        except BaseException as exc:\n            pass\n",
+        "            await spawn.stop_under(exc)\n            raise\n        if cancelled",
+        "            pass\n            raise\n        if cancelled",
         "being_set_up",
     ),
     (
@@ -2299,9 +2292,30 @@ MUTANTS = [
     (
         "asyncio: a Ctrl-C in the spawn's task logged as a failed cleanup",
         "asyncio.py",
-        "            if not isinstance(interrupt, Exception):\n",
-        "            if False:\n",
+        "        if isinstance(error, Exception) and report:\n",
+        "        if error is not None and report:\n",
         "being_set_up",
+    ),
+    (
+        "asyncio: a Ctrl-C while the spawn is handed to a worker thread loses the tree",
+        "asyncio.py",
+        "        if not self.drop():\n",
+        "        if False:\n",
+        "handed_to_a_worker",
+    ),
+    (
+        "asyncio: a fork's result lost in the loop hangs the shutdown",
+        "asyncio.py",
+        "                    elif now >= lost_unless_done_by:\n",
+        "                    elif False:\n",
+        "loses_the_forks",
+    ),
+    (
+        "asyncio: a Ctrl-C the cleanup raised chained and logged as a failed cleanup",
+        "asyncio.py",
+        "        if isinstance(error, Exception) and not self._error_reported:\n",
+        "        if error is not None and not self._error_reported:\n",
+        "is_no_cleanup_failure",
     ),
 ]
 
