@@ -1131,3 +1131,37 @@ def test_a_ctrl_c_inside_the_cleanup_of_a_failing_block_is_no_cleanup_failure(
     ours = [r for r in caplog.records if r.name == "trio_proctree"]
     assert [r.getMessage() for r in ours if r.levelno >= logging.ERROR] == []
     assert any("sending SIGKILL" in r.getMessage() for r in ours)  # (the hard stop at once)
+
+
+def test_a_ctrl_c_in_the_callback_that_settles_a_cleanup_does_not_hang_its_waiters(
+    tracked: Tracked, contained: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A Ctrl-C can land in the cleanup task's done-callback, which settles the future the
+    # tree's waiters wait on (helper-47, once in 2,716 runs): the callback never ran. Red
+    # before: every waiter, and so the shutdown that followed, waited for ever.
+    original = trio_proctree.asyncio.ProcessTree._cleanup_done
+    interrupted: list[bool] = []
+
+    def interrupted_once(tree: Any, task: asyncio.Task[None]) -> None:
+        if not interrupted:
+            interrupted.append(True)
+            raise KeyboardInterrupt
+        original(tree, task)
+
+    monkeypatch.setattr(trio_proctree.asyncio.ProcessTree, "_cleanup_done", interrupted_once)
+    trees: list[trio_proctree.asyncio.ProcessTree] = []
+
+    async def main() -> None:
+        async with open_process_tree(SLEEPS, grace=0.3, **contained) as tree:
+            trees.append(tree)
+
+    loop = asyncio.new_event_loop()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            loop.run_until_complete(main())
+        assert interrupted
+    finally:
+        assert _shut_down(loop, within=10) == set()
+        loop.close()
+    assert tracked.survivors() == []
+    assert trees[0].outcome is not None

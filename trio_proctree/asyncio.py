@@ -122,13 +122,17 @@ async def _through_cancellation(
     rounds: _Rounds | None = None,
     *,
     drop: Callable[[], bool] | None = None,
+    settled_by: tuple[asyncio.Future[Any], Callable[[Any], None]] | None = None,
 ) -> asyncio.CancelledError | None:
     """Wait until ``future`` is done, whatever cancellations arrive; the last one, if any.
 
     ``asyncio.wait`` neither cancels the future when we are cancelled (the cleanup goes on)
     nor raises its exception (we decide below which error the caller gets). ``drop``: on a
     cancellation, whether the work behind ``future`` can be dropped instead of awaited
-    (then this returns at once, ``future`` not done).
+    (then this returns at once, ``future`` not done). ``settled_by``: the task whose
+    done-callback (given) settles ``future``; a Ctrl-C can land in that callback, which
+    then never settles it (helper-47: every waiter, and the shutdown, waited for ever), so
+    the task is watched too, and the callback called here if it did not do its work.
     """
     cancelled = None
     if drop is not None:
@@ -141,12 +145,17 @@ async def _through_cancellation(
             cancelled = exc
             if drop():
                 return cancelled
+    waits = {future} if settled_by is None else {future, settled_by[0]}
     with _anyio_shield():
         while not future.done():
             if rounds is not None:
                 rounds.count += 1
             try:
-                await asyncio.wait({future})
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                if settled_by is not None and settled_by[0].done() and not future.done():
+                    await asyncio.sleep(0)  # (its callback, run next as a rule, settles it)
+                    if not future.done():
+                        settled_by[1](settled_by[0])
             except asyncio.CancelledError as exc:
                 cancelled = exc
     anyio = _anyio_in_use()
@@ -498,6 +507,8 @@ class ProcessTree(TreeView):
         _cleanups.discard(task)
         cleaned = self._cleaned
         assert cleaned is not None
+        if cleaned.done():  # (settled already by a waiter: see _through_cancellation)
+            return
         if task.cancelled():  # pragma: no cover - the cleanup absorbs every cancellation
             cleaned.cancel()
             return
@@ -512,10 +523,15 @@ class ProcessTree(TreeView):
             logger.error("%s: cleanup failed", self._core.label, exc_info=error)
         cleaned.exception()  # retrieved: reported here or to the callers
 
+    def _settler(self) -> tuple[asyncio.Future[Any], Callable[[Any], None]]:
+        """The cleanup's task and the callback that settles what waiters wait on."""
+        assert self._cleanup is not None
+        return self._cleanup, self._cleanup_done
+
     async def _await_cleanup(self, task: asyncio.Future[None]) -> None:
         self._waiters += 1
         try:
-            cancelled = await _through_cancellation(task, self._rounds)
+            cancelled = await _through_cancellation(task, self._rounds, settled_by=self._settler())
         finally:
             self._waiters -= 1
         report, self._error_reported = not self._error_reported, True
@@ -527,7 +543,7 @@ class ProcessTree(TreeView):
         requested = _cancellations_requested()
         self._waiters += 1
         try:
-            cancelled = await _through_cancellation(task, self._rounds)
+            cancelled = await _through_cancellation(task, self._rounds, settled_by=self._settler())
         finally:
             self._waiters -= 1
         error = None if task.cancelled() else task.exception()

@@ -59,7 +59,7 @@ MUTANTS = [
     (
         "close: asyncio.shield instead of asyncio.wait",
         "asyncio.py",
-        "                await asyncio.wait({future})",
+        "                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)",
         "                await asyncio.shield(future)",
         "test_close_path_reports_nothing",
     ),
@@ -2316,6 +2316,13 @@ MUTANTS = [
         "        if isinstance(error, Exception) and not self._error_reported:\n",
         "        if error is not None and not self._error_reported:\n",
         "is_no_cleanup_failure",
+    ),
+    (
+        "asyncio: a Ctrl-C in the callback that settles a cleanup hangs its waiters",
+        "asyncio.py",
+        "                        settled_by[1](settled_by[0])\n",
+        "                        pass\n",
+        "settles_a_cleanup",
     ),
 ]
 
