@@ -8,16 +8,17 @@ It times one spawn and reap of ``/bin/true``, in turns, by:
 - ``sh-join``: the same through ``/bin/sh``, which writes its pid into a cgroup and then
   ``exec``\\ s the command (what cgroup containment does on glibc before 2.41);
 - ``paused``: glibc's ``posix_spawn`` (no extra ``exec``), whose child waits in its file
-  actions, before its ``exec``, while another thread moves it into the cgroup.
+  actions, before its ``exec``, while a thread started for it moves it into the cgroup;
+- ``paused-1``: the same, moved by one long-lived placing thread.
 
 The pause is two FIFOs. The child opens ``arrived`` for writing and closes it (the thread
 holding its read end sees POLLHUP: the child is there), then opens ``release`` for
 reading, which blocks until a writer comes. The thread finds the child among the
 spawning thread's children (the one that has not exec'd yet), writes its pid into
-``cgroup.procs``, then opens ``release`` for writing. Here a thread is started per spawn;
-a long-lived placing thread would save that start. Stop 34's runs, on the development
-machine under other load: ``sh-join`` 1.90-1.99x ``popen`` in sums, ``paused``
-1.18-1.39x (1.05x in one run of a first version with a long-lived placing thread).
+``cgroup.procs``, then opens ``release`` for writing. Stop 34's runs on the development
+machine, medians (sums are swayed by the other load it had): ``sh-join`` 1.92-2.0x
+``popen``, ``paused`` 1.44-4.2x (a thread's start costs most under load), ``paused-1``
+1.12-1.26x.
 
     python bench/bench_spawn_routes.py [--rounds N]
 """
@@ -28,6 +29,7 @@ import argparse
 import contextlib
 import ctypes
 import os
+import queue
 import select
 import statistics
 import subprocess
@@ -124,8 +126,18 @@ def _fifos() -> Iterator[tuple[str, str]]:
         os.rmdir(folder)
 
 
-def paused_spawn(procs: str, fifos: tuple[str, str]) -> int:
-    """``/bin/true`` started with ``posix_spawn``, moved into the cgroup before its exec."""
+_placements: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+
+
+def _placing_thread() -> None:
+    """The long-lived placing thread (``paused-1``): one placement after the other."""
+    while True:
+        _placements.get()()
+
+
+def paused_spawn(procs: str, fifos: tuple[str, str], *, long_lived: bool = False) -> int:
+    """``/bin/true`` started with ``posix_spawn``, moved into the cgroup before its exec by
+    a thread started for it, or by the ``long_lived`` placing thread."""
     arrived, release = fifos
     actions, attr = _Opaque(), _Opaque()
     a, t = ctypes.byref(actions), ctypes.byref(attr)
@@ -140,13 +152,22 @@ def paused_spawn(procs: str, fifos: tuple[str, str]) -> int:
     argv = (ctypes.c_char_p * 2)(TRUE.encode(), None)
     watching = os.open(arrived, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     placed: list[int] = []
-    placer = threading.Thread(
-        target=_place, args=(threading.get_native_id(), watching, release, procs, placed)
-    )
-    placer.start()
+    done = threading.Event()
+    spawner = threading.get_native_id()
+
+    def placement() -> None:
+        try:
+            _place(spawner, watching, release, procs, placed)
+        finally:
+            done.set()
+
+    if long_lived:
+        _placements.put(placement)
+    else:
+        threading.Thread(target=placement).start()
     pid = ctypes.c_int()
     error = LIBC.posix_spawn(ctypes.byref(pid), TRUE.encode(), a, t, argv, ENVIRON.value)
-    placer.join()
+    done.wait()
     os.close(watching)
     LIBC.posix_spawn_file_actions_destroy(a)
     LIBC.posix_spawnattr_destroy(t)
@@ -184,7 +205,9 @@ def main() -> None:
                     ).wait
                 ),
                 "paused": lambda: _reaper(paused_spawn(procs, fifos)),
+                "paused-1": lambda: _reaper(paused_spawn(procs, fifos, long_lived=True)),
             }
+            threading.Thread(target=_placing_thread, daemon=True).start()
             pid = paused_spawn(procs, fifos)  # (proven to land in the cgroup, once)
             with open(f"/proc/{pid}/cgroup") as where:
                 landed = own_cgroup(where.read()) or ""
@@ -197,12 +220,13 @@ def main() -> None:
                     times[name].append(timed(spawn))
     finally:
         os.rmdir(cgroup)
-    base = sum(times["popen"])
-    print(f"spawn + reap of {TRUE}, {rounds} rounds taking turns:")
+    base, base_median = sum(times["popen"]), statistics.median(times["popen"])
+    print(f"spawn + reap of {TRUE}, {rounds} rounds taking turns (ratios: sums, medians):")
     for name, spent in times.items():
+        median = statistics.median(spent)
         print(
-            f"  {name:8} median {statistics.median(spent) * 1e3:6.3f} ms   "
-            f"sum {sum(spent) * 1e3:7.1f} ms   {sum(spent) / base:5.2f}x popen"
+            f"  {name:8} median {median * 1e3:6.3f} ms   sum {sum(spent) * 1e3:7.1f} ms   "
+            f"{sum(spent) / base:5.2f}x {median / base_median:5.2f}x popen"
         )
 
 
