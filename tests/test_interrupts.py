@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import gc
 import json
 import logging
 import signal
@@ -15,6 +16,8 @@ import textwrap
 import threading
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures.thread import BrokenThreadPool
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -1165,3 +1168,115 @@ def test_a_ctrl_c_in_the_callback_that_settles_a_cleanup_does_not_hang_its_waite
         loop.close()
     assert tracked.survivors() == []
     assert trees[0].outcome is not None
+
+
+def _broken_at_its_start() -> None:
+    raise RuntimeError("initializer failed")
+
+
+def test_a_spawn_the_executor_fails_without_running_raises_the_executors_error(
+    tracked: Tracked,
+) -> None:
+    # An executor can fail (or cancel) queued work without running it: a thread
+    # initializer that raises, shutdown(cancel_futures=True). Red before (helper-49): the
+    # spawn's task took "not run" for "dropped", and the setup failed on a bare assert
+    # (under python -O, the block ran with no tree).
+    async def main() -> None:
+        asyncio.get_running_loop().set_default_executor(
+            concurrent.futures.ThreadPoolExecutor(max_workers=1, initializer=_broken_at_its_start)
+        )
+        async with open_process_tree(["sleep", "60"], env=tracked.env):
+            pytest.fail("entered with no tree")  # pragma: no cover
+
+    with pytest.raises(BrokenThreadPool):
+        asyncio.run(main())
+    assert tracked.survivors() == []
+
+
+def test_a_result_taken_for_lost_is_still_retrieved_when_it_comes(
+    tracked: Tracked, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The worker says it is done before the executor hands its result to the loop; a
+    # worker thread descheduled in between (a loaded machine) makes the spawn's task take
+    # the result for lost. Red before (helper-49): the spawn's error, raised from the
+    # worker's own record, came to the loop's future later, unread, and asyncio logged
+    # "Future exception was never retrieved".
+    original = trio_proctree.asyncio._QueuedSpawn.run
+
+    def late_to_hand_back(spawn: trio_proctree.asyncio._QueuedSpawn) -> bool:
+        try:
+            return original(spawn)
+        finally:
+            time.sleep(0.3)  # (past two checks for a lost result)
+
+    monkeypatch.setattr(trio_proctree.asyncio._QueuedSpawn, "run", late_to_hand_back)
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+
+    async def main() -> None:
+        scope = open_process_tree(["true"], cwd=workdir, env=tracked.env)
+        workdir.rmdir()  # gone by the time the worker spawns: its error
+        with pytest.raises(FileNotFoundError):
+            async with scope:
+                pytest.fail("entered with no working directory")  # pragma: no cover
+        await asyncio.sleep(0.5)  # (the late result arrives meanwhile)
+
+    unraisable: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: unraisable.append(record.getMessage())  # type: ignore[method-assign]
+    asyncio_log = logging.getLogger("asyncio")
+    asyncio_log.addHandler(handler)
+    try:
+        asyncio.run(main())
+        gc.collect()
+    finally:
+        asyncio_log.removeHandler(handler)
+    assert not [m for m in unraisable if "never retrieved" in m]
+    assert tracked.survivors() == []
+
+
+def test_a_ctrl_c_as_a_cancelled_spawn_stops_its_tree_is_held_until_it_is_stopped(
+    tracked: Tracked, contained: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The spawn's task, cancelled while the worker forked (a blanket "cancel every
+    # task"), stops the tree it gets; a Ctrl-C landing as that stop begins (here as its
+    # cleanup's loop plumbing is made) must be held like one anywhere else in the setup.
+    # Red before (helper-49): it left with the tree running, until the loop's shutdown.
+    forked = threading.Event()
+    original_run = trio_proctree.asyncio._QueuedSpawn.run
+
+    def slow_to_hand_back(spawn: trio_proctree.asyncio._QueuedSpawn) -> bool:
+        started = original_run(spawn)
+        forked.set()
+        time.sleep(0.1)  # (the cancellation comes meanwhile)
+        return started
+
+    monkeypatch.setattr(trio_proctree.asyncio._QueuedSpawn, "run", slow_to_hand_back)
+    original_io = trio_proctree.asyncio._AsyncioIO.__init__
+    pressed: list[bool] = []
+
+    def interrupted_once(io: Any, tree: Any) -> None:
+        original_io(io, tree)
+        if not pressed:
+            pressed.append(True)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(trio_proctree.asyncio._AsyncioIO, "__init__", interrupted_once)
+
+    async def main() -> None:
+        entering = asyncio.get_running_loop().create_task(_sleeping_in_a_tree(contained))
+        while not forked.is_set():
+            await asyncio.sleep(0.005)
+        cancel_every_other_task()
+        await entering
+
+    loop = asyncio.new_event_loop()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            loop.run_until_complete(main())
+        assert pressed
+        assert tracked.survivors() == []
+    finally:
+        assert _shut_down(loop, within=10) == set()
+        loop.run_until_complete(loop.shutdown_default_executor())
+        loop.close()

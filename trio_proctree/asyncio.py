@@ -62,10 +62,10 @@ T = TypeVar("T")
 _cleanups: set[asyncio.Task[None]] = set()
 #: Seconds between looks at a worker's own word that its fork is done, while the loop's
 #: future for it is not (`_QueuedSpawn.until_forked`).
-LOST_RESULT_CHECK = 0.05
+_LOST_RESULT_CHECK = 0.05
 #: Seconds between looks at a worker still forking, once a Ctrl-C has left the setup
 #: (`_QueuedSpawn.stop_under`).
-FORK_CHECK = 0.001
+_FORK_CHECK = 0.001
 
 
 def _anyio_shield() -> contextlib.AbstractContextManager[Any]:
@@ -377,9 +377,9 @@ class ProcessTree(TreeView):
         self._waiters = 0
         self._error_reported = False  # a cleanup error goes to one caller, not to each
         self._rounds = _Rounds()
-        #: Our pipe ends handed to a stream, or closed (the rest are closed by
+        #: Our pipe ends let go of: handed to a stream, or closed (the rest are closed by
         #: `_close_unconnected`).
-        self._handed: set[int] = set()
+        self._let_go: set[int] = set()
 
     async def wait(self) -> int:
         """Wait for the leader to exit and return its exit status.
@@ -581,7 +581,7 @@ class ProcessTree(TreeView):
 
     def _hand(self, fd: int) -> _PipeEnd:
         """A pipe end for a transport, which owns it from now on."""
-        self._handed.add(fd)
+        self._let_go.add(fd)
         return _PipeEnd(fd)
 
     async def _close_unconnected(self, spawned: Spawned, exc: BaseException) -> None:
@@ -591,10 +591,10 @@ class ProcessTree(TreeView):
         stdout and stderr after the tree has stopped: closed first, they would SIGPIPE
         its writers."""
         ends = (spawned.stdin, spawned.stdout, spawned.stderr)
-        raw = [fd for fd in ends if fd is not None and fd not in self._handed]
+        raw = [fd for fd in ends if fd is not None and fd not in self._let_go]
         # Marked ours no more before they are closed: a second call (`_QueuedSpawn.stop_under`
         # after the spawn's own) must not close numbers that may name other files by then.
-        self._handed.update(raw)
+        self._let_go.update(raw)
         if spawned.stdin in raw:
             os.close(spawned.stdin)
             raw.remove(spawned.stdin)
@@ -736,6 +736,12 @@ def _identity(fd: int) -> tuple[int, int] | None:
     return info.st_dev, info.st_ino
 
 
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """Mark a future's error retrieved (it reached its caller another way)."""
+    if not future.cancelled():
+        future.exception()
+
+
 class _QueuedSpawn:
     """One tree's spawn, from the queue for a worker thread until the block has the tree.
 
@@ -807,8 +813,12 @@ class _QueuedSpawn:
         the loop's own callback that copies the worker's result into that future: the copy
         is lost and the future never done (helper-47: the shutdown then waited for it for
         ever, the tree running all the while). So the worker's own word is looked at too,
-        every `LOST_RESULT_CHECK` seconds: once it is done and its future still is not a
-        check later, its result was lost on the way, and this wait ends all the same.
+        every `_LOST_RESULT_CHECK` seconds (also while the spawn waits in a busy executor's
+        queue): once it is done and its future still is not a check later, its result is
+        taken for lost, and this wait ends all the same. A guess, which a worker thread
+        descheduled between its word and its result also makes true: what `outcome` says
+        comes from the worker's own record all the same, and a result that comes after
+        all is retrieved then (else asyncio logs "Future exception was never retrieved").
         """
         cancelled = None
         lost_unless_done_by = None
@@ -817,19 +827,25 @@ class _QueuedSpawn:
                 if self.worker_done.is_set():
                     now = forking.get_loop().time()
                     if lost_unless_done_by is None:
-                        lost_unless_done_by = now + LOST_RESULT_CHECK
+                        lost_unless_done_by = now + _LOST_RESULT_CHECK
                     elif now >= lost_unless_done_by:
                         break
                 try:
-                    await asyncio.wait({forking}, timeout=LOST_RESULT_CHECK)
+                    await asyncio.wait({forking}, timeout=_LOST_RESULT_CHECK)
                 except asyncio.CancelledError as exc:
                     cancelled = exc
-        if forking.done() and not forking.cancelled():
+        if not forking.done():
+            forking.add_done_callback(_retrieved)
+        elif not forking.cancelled():
             forking.exception()  # (its error, if any, is raised from `outcome`: retrieved)
         return cancelled
 
-    def outcome(self) -> bool:
-        """Whether the worker started the tree; its error, if it failed, is raised."""
+    def outcome(self, forking: asyncio.Future[bool]) -> bool:
+        """Whether the worker started the tree; its error, if it failed, is raised, and so
+        is the executor's, if it failed (or cancelled) the spawn without running it: a
+        thread initializer that raised, ``shutdown(cancel_futures=True)``."""
+        if not self.worker_done.is_set():
+            forking.result()  # (done: `until_forked` waited for it)
         if self.failure is not None:
             raise self.failure
         return self.started is not None
@@ -853,7 +869,7 @@ class _QueuedSpawn:
             with _anyio_shield():
                 while not self.worker_done.is_set():
                     with contextlib.suppress(asyncio.CancelledError):
-                        await asyncio.sleep(FORK_CHECK)
+                        await asyncio.sleep(_FORK_CHECK)
         await self.stop_started(exc)
 
     async def stop_started(self, exc: BaseException) -> None:
@@ -892,17 +908,19 @@ class _TreeScope:
             # every task"): the worker thread forks all the same, so wait for it through
             # that too, or the process it starts is nobody's.
             cancelled = await spawn.until_forked(forking)
-            if not spawn.outcome():  # (a failed spawn raises here)
+            if not spawn.outcome(forking):  # (a failed spawn raises here)
                 return None
             tree = spawn.tree()
-            if cancelled is None:
-                await tree._connect(spawn.spawned)
+            if cancelled is not None:
+                # Stopped here, in the handler's reach: a Ctrl-C during this stop is held
+                # as anywhere else in the setup (helper-49), and the handler's own stop
+                # then waits for this one.
+                await spawn.stop_started(cancelled)
+                raise cancelled  # noqa: TRY301 - (see above)
+            await tree._connect(spawn.spawned)
         except BaseException as exc:
             await spawn.stop_under(exc)
             raise
-        if cancelled is not None:
-            await spawn.stop_started(cancelled)
-            raise cancelled
         return tree
 
     async def __aenter__(self) -> ProcessTree:

@@ -2278,14 +2278,14 @@ MUTANTS = [
     (
         "asyncio: a Ctrl-C right after the fork loses the tree",
         "asyncio.py",
-        "            await spawn.stop_under(exc)\n            raise\n        if cancelled",
-        "            pass\n            raise\n        if cancelled",
+        "            await spawn.stop_under(exc)\n            raise\n        return tree",
+        "            pass\n            raise\n        return tree",
         "being_set_up",
     ),
     (
         "asyncio: a tree stopped twice during its setup closes its raw pipe ends twice",
         "asyncio.py",
-        "        self._handed.update(raw)\n",
+        "        self._let_go.update(raw)\n",
         "        pass\n",
         "being_set_up",
     ),
@@ -2323,6 +2323,20 @@ MUTANTS = [
         "                        settled_by[1](settled_by[0])\n",
         "                        pass\n",
         "settles_a_cleanup",
+    ),
+    (
+        "asyncio: a spawn the executor failed without running it taken for dropped",
+        "asyncio.py",
+        "            forking.result()  # (done:",
+        "            pass  # (done:",
+        "executor_fails",
+    ),
+    (
+        "asyncio: a late result taken for lost never retrieved",
+        "asyncio.py",
+        "            forking.add_done_callback(_retrieved)\n",
+        "            pass\n",
+        "taken_for_lost",
     ),
 ]
 
