@@ -15,7 +15,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from concurrent.futures.thread import BrokenThreadPool
 from pathlib import Path
 from typing import Any
@@ -878,29 +878,12 @@ def test_a_ctrl_c_raised_inside_the_cleanups_own_step_still_stops_the_tree_at_on
     # with real SIGINTs). Red before: the cleanup ended half done, the machine with it,
     # and the whole tree ran on after asyncio.run had raised, until interpreter exit.
     trees: list[trio_proctree.asyncio.ProcessTree] = []
-    pressed: list[bool] = []
-
-    class CtrlCInTheCleanup(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            if not pressed and "sending SIGTERM" in record.getMessage():
-                pressed.append(True)
-                raise KeyboardInterrupt  # (what Python's SIGINT handler raises)
 
     async def main() -> None:
         async with open_process_tree(SLEEPS, grace=3.0, **contained) as tree:
             trees.append(tree)
 
-    logger = logging.getLogger("trio_proctree")
-    handler, level = CtrlCInTheCleanup(), logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            asyncio.run(main())
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
-    assert pressed
+    _ctrl_c_as_the_stop_signal_goes(main)
     assert tracked.survivors() == []  # gone before asyncio.run raised
     outcome = trees[0].outcome
     assert outcome is not None
@@ -942,6 +925,51 @@ def _interrupt_at_the_end_of(
     return raised
 
 
+@contextlib.contextmanager
+def _loop_run_by_hand() -> Iterator[asyncio.AbstractEventLoop]:
+    """A loop the test runs by hand (a program that does not shut its loop down sees an
+    interrupt as it surfaces); afterwards, what asyncio.run would do next: every task left
+    cancelled and run to its end (within 10 s: more is a hang, and the test fails), the
+    default executor shut down, the loop closed."""
+    loop = asyncio.new_event_loop()
+    try:
+        yield loop
+    finally:
+        left = asyncio.all_tasks(loop)
+        for task in left:
+            task.cancel()
+        if left:
+            _, pending = loop.run_until_complete(asyncio.wait(left, timeout=10))
+            assert pending == set()
+        loop.run_until_complete(loop.shutdown_default_executor())
+        loop.close()
+
+
+def _ctrl_c_as_the_stop_signal_goes(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run ``main`` with a Ctrl-C raised inside the cleanup's own code, in a log call of
+    the escalation machine's as the stop signal is about to go (what Python's SIGINT
+    handler raises, where asyncio lets it land); it must leave asyncio.run."""
+    pressed: list[bool] = []
+
+    class CtrlCInTheCleanup(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if not pressed and "sending SIGTERM" in record.getMessage():
+                pressed.append(True)
+                raise KeyboardInterrupt
+
+    logger = logging.getLogger("trio_proctree")
+    handler, level = CtrlCInTheCleanup(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            asyncio.run(main())
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert pressed
+
+
 async def _sleeping_in_a_tree(contained: dict[str, Any]) -> None:
     async with open_process_tree(SLEEPS, grace=0.3, stdout=subprocess.PIPE, **contained):
         await asyncio.sleep(60)  # pragma: no cover - the interrupt comes before
@@ -974,20 +1002,11 @@ def test_a_ctrl_c_while_the_tree_is_being_set_up_stops_it_before_it_is_raised(
     # held until the tree is stopped, as in the cleanup: a program that runs its loop by
     # hand, and does not shut it down, sees the interrupt once nothing of the tree runs.
     raised = _interrupt_at_the_end_of(monkeypatch, owner, name, awaited=awaited)
-    loop = asyncio.new_event_loop()
-    try:
+    with _loop_run_by_hand() as loop:
         with pytest.raises(KeyboardInterrupt):
             loop.run_until_complete(_sleeping_in_a_tree(contained))
         assert raised == [True]
         assert tracked.survivors() == []
-    finally:
-        # What asyncio.run would do next (our test must leave nothing pending behind).
-        left = asyncio.all_tasks(loop)
-        for task in left:
-            task.cancel()
-        if left:
-            loop.run_until_complete(asyncio.wait(left))
-        loop.close()
     # Stopped once, quietly: its pipe ends closed once (a second close hits a number that
     # may name another file by then), the interrupt not called a failed cleanup.
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
@@ -1026,18 +1045,6 @@ def _raise_keyboard_interrupt() -> None:
     raise KeyboardInterrupt
 
 
-def _shut_down(loop: asyncio.AbstractEventLoop, within: float) -> set[asyncio.Task[Any]]:
-    """What asyncio.run does once its main task ended: cancel every task left and run the
-    loop until they are done (here for ``within`` seconds at most); the tasks not done."""
-    left = asyncio.all_tasks(loop)
-    for task in left:
-        task.cancel()
-    if not left:
-        return set()
-    _, pending = loop.run_until_complete(asyncio.wait(left, timeout=within))
-    return pending
-
-
 def test_a_ctrl_c_while_the_spawn_is_handed_to_a_worker_thread_stops_the_tree_first(
     tracked: Tracked, contained: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1057,17 +1064,12 @@ def test_a_ctrl_c_while_the_spawn_is_handed_to_a_worker_thread_stops_the_tree_fi
     monkeypatch.setattr(
         concurrent.futures.ThreadPoolExecutor, "_adjust_thread_count", queued_then_interrupted
     )
-    loop = asyncio.new_event_loop()
-    try:
+    with _loop_run_by_hand() as loop:
         with pytest.raises(KeyboardInterrupt):
             loop.run_until_complete(_sleeping_in_a_tree(contained))
         assert interrupted
         # Held until the tree it started is stopped, as everywhere in the setup.
         assert tracked.survivors() == []
-    finally:
-        assert _shut_down(loop, within=10) == set()
-        loop.run_until_complete(loop.shutdown_default_executor())
-        loop.close()
 
 
 def test_a_ctrl_c_that_loses_the_forks_result_in_the_loop_still_stops_the_tree(
@@ -1088,15 +1090,10 @@ def test_a_ctrl_c_that_loses_the_forks_result_in_the_loop_still_stops_the_tree(
         original(source, destination)
 
     monkeypatch.setattr(asyncio.futures, "_copy_future_state", lost_on_the_way)
-    loop = asyncio.new_event_loop()
-    try:
+    with _loop_run_by_hand() as loop:
         with pytest.raises(KeyboardInterrupt):
             loop.run_until_complete(_sleeping_in_a_tree(contained))
         assert lost
-    finally:
-        assert _shut_down(loop, within=10) == set()
-        loop.run_until_complete(loop.shutdown_default_executor())
-        loop.close()
     assert tracked.survivors() == []
 
 
@@ -1107,29 +1104,11 @@ def test_a_ctrl_c_inside_the_cleanup_of_a_failing_block_is_no_cleanup_failure(
     # gone; asyncio sends it out of the loop from there. Red before: while the block's
     # own error propagated, it was also chained onto that error and logged as "cleanup
     # of ... failed while Flaky was propagating" (helper-47: 15 runs in 350).
-    pressed: list[bool] = []
-
-    class CtrlCInTheCleanup(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            if not pressed and "sending SIGTERM" in record.getMessage():
-                pressed.append(True)
-                raise KeyboardInterrupt  # (what Python's SIGINT handler raises)
-
     async def main() -> None:
         async with open_process_tree(SLEEPS, grace=3.0, **contained):
             raise Flaky
 
-    logger = logging.getLogger("trio_proctree")
-    handler, level = CtrlCInTheCleanup(), logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            asyncio.run(main())
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
-    assert pressed
+    _ctrl_c_as_the_stop_signal_goes(main)
     assert tracked.survivors() == []
     ours = [r for r in caplog.records if r.name == "trio_proctree"]
     assert [r.getMessage() for r in ours if r.levelno >= logging.ERROR] == []
@@ -1158,14 +1137,10 @@ def test_a_ctrl_c_in_the_callback_that_settles_a_cleanup_does_not_hang_its_waite
         async with open_process_tree(SLEEPS, grace=0.3, **contained) as tree:
             trees.append(tree)
 
-    loop = asyncio.new_event_loop()
-    try:
+    with _loop_run_by_hand() as loop:
         with pytest.raises(KeyboardInterrupt):
             loop.run_until_complete(main())
         assert interrupted
-    finally:
-        assert _shut_down(loop, within=10) == set()
-        loop.close()
     assert tracked.survivors() == []
     assert trees[0].outcome is not None
 
@@ -1194,7 +1169,10 @@ def test_a_spawn_the_executor_fails_without_running_raises_the_executors_error(
 
 
 def test_a_result_taken_for_lost_is_still_retrieved_when_it_comes(
-    tracked: Tracked, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    tracked: Tracked,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # The worker says it is done before the executor hands its result to the loop; a
     # worker thread descheduled in between (a loaded machine) makes the spawn's task take
@@ -1221,17 +1199,9 @@ def test_a_result_taken_for_lost_is_still_retrieved_when_it_comes(
                 pytest.fail("entered with no working directory")  # pragma: no cover
         await asyncio.sleep(0.5)  # (the late result arrives meanwhile)
 
-    unraisable: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: unraisable.append(record.getMessage())  # type: ignore[method-assign]
-    asyncio_log = logging.getLogger("asyncio")
-    asyncio_log.addHandler(handler)
-    try:
-        asyncio.run(main())
-        gc.collect()
-    finally:
-        asyncio_log.removeHandler(handler)
-    assert not [m for m in unraisable if "never retrieved" in m]
+    asyncio.run(main())
+    gc.collect()
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
     assert tracked.survivors() == []
 
 
@@ -1270,13 +1240,8 @@ def test_a_ctrl_c_as_a_cancelled_spawn_stops_its_tree_is_held_until_it_is_stoppe
         cancel_every_other_task()
         await entering
 
-    loop = asyncio.new_event_loop()
-    try:
+    with _loop_run_by_hand() as loop:
         with pytest.raises(KeyboardInterrupt):
             loop.run_until_complete(main())
         assert pressed
         assert tracked.survivors() == []
-    finally:
-        assert _shut_down(loop, within=10) == set()
-        loop.run_until_complete(loop.shutdown_default_executor())
-        loop.close()

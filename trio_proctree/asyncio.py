@@ -933,10 +933,11 @@ class _TreeScope:
         try:
             self._tree = await self._spawn(spawn)
         except BaseException as exc:
-            # A Ctrl-C may land on any line of the setup once the fork happened (asyncio
-            # raises it wherever Python runs): the tree it started was lost with it, and ran
-            # on after asyncio.run had raised, until interpreter exit. Stopped here (a tree
-            # whose spawn was cancelled or failed to connect was stopped already).
+            # A cancellation, or a Ctrl-C on any line of the setup once the fork happened
+            # (asyncio raises it wherever Python runs): whatever the spawn started is
+            # stopped here, before it goes on (a tree the spawn's task stopped already,
+            # having failed to connect it, is waited for). Lost with a Ctrl-C, it ran on
+            # after asyncio.run had raised, until interpreter exit.
             await spawn.stop_under(exc)
             # Nothing of it runs (a spawn that failed started nothing): the scope may be
             # entered again, as before it was.
@@ -947,16 +948,11 @@ class _TreeScope:
     async def _spawn(self, spawn: _QueuedSpawn) -> ProcessTree:
         # The spawn runs in a task of its own, waited through cancellations: a cancellation
         # that arrives while the worker thread forks must not lose the process. It is
-        # delivered once the tree is in hand, and the tree is stopped first.
+        # raised once the tree is in hand, and `__aenter__` stops the tree first.
         starting = spawn.starting = asyncio.get_running_loop().create_task(self._start(spawn))
         cancelled = await _through_cancellation(starting, drop=spawn.drop)
         if not starting.done():  # dropped while still queued: it will start nothing
             assert cancelled is not None
-            raise cancelled
-        if cancelled is not None and not starting.cancelled() and starting.exception() is None:
-            tree = starting.result()
-            assert tree is not None
-            await tree._close_under(cancelled)
             raise cancelled
         started = _settle(starting, cancelled, self._plan.label, report=True)
         assert started is not None

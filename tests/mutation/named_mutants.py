@@ -2273,7 +2273,7 @@ MUTANTS = [
         "asyncio.py",
         "            await spawn.stop_under(exc)\n            # Nothing of it runs",
         "            pass\n            # Nothing of it runs",
-        "being_set_up",
+        "being_set_up or cancellation_while_spawning",
     ),
     (
         "asyncio: a Ctrl-C right after the fork loses the tree",
