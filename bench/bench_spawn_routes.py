@@ -1,6 +1,6 @@
 """What a leader's way into its cgroup costs, where glibc cannot create it there (before 2.41).
 
-A prototype for the next step of the spawn benchmark, not a route the library takes yet.
+A prototype, measured and set aside: the library does not take the paused route (below).
 It times one spawn and reap of ``/bin/true``, in turns, by:
 
 - ``popen``: `subprocess.Popen` in a new session, in no cgroup of its own (the killpg
@@ -18,7 +18,27 @@ spawning thread's children (the one that has not exec'd yet), writes its pid int
 ``cgroup.procs``, then opens ``release`` for writing. Stop 34's runs on the development
 machine, medians (sums are swayed by the other load it had): ``sh-join`` 1.92-2.0x
 ``popen``, ``paused`` 1.44-4.2x (a thread's start costs most under load), ``paused-1``
-1.12-1.26x.
+1.12-1.26x; stop 35, idle: 1.89x, 1.45x and 1.26x.
+
+Why the library does not take it (stop 35 built it as a route, ``paused-1``'s design,
+and measured it in ``bench_teardown.py``'s 100 concurrent trees):
+
+- **It was slower there, not faster**: 1.48-1.56x the killpg baseline (1.96-1.99x in
+  runs taking turns with the floors below), against 1.33-1.35x through ``/bin/sh``.
+  One thread makes every move, one after the other, and each of its system calls gives
+  up Python's GIL and must win it back from the threads starting the other trees (its
+  mean move took ~0.6 ms, its median 48 us);
+  ``/bin/sh`` makes its move in the child, outside our process. Making the moves with
+  the GIL held (ctypes ``PyDLL``) was slower still: a move may wait for an RCU grace
+  period, and the whole process waited with it.
+- **The move is the floor, whoever makes it**: the killpg baseline with each leader
+  moved into a cgroup by hand (``moved_killpg_many`` in ``bench_teardown.py``, one
+  ``cgroup.procs`` write each, nothing else) comes to 1.10-1.30x on its own, at or above
+  the 1.1x bound. Only a leader created in its cgroup (glibc 2.41) avoids it.
+- **A FIFO that serves two spawns releases the wrong child**: a child waits in its file
+  actions holding a copy of every descriptor we had when it was cloned, the writer that
+  let another child go included; a child next paused on that FIFO found a writer there
+  and went on, unmoved (103 of 500 in one run). Each pause needs FIFOs of its own.
 
     python bench/bench_spawn_routes.py [--rounds N]
 """
