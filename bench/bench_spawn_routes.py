@@ -31,10 +31,10 @@ and measured it in ``bench_teardown.py``'s 100 concurrent trees):
   ``/bin/sh`` makes its move in the child, outside our process. Making the moves with
   the GIL held (ctypes ``PyDLL``) was slower still: a move may wait for an RCU grace
   period, and the whole process waited with it.
-- **The move is the floor, whoever makes it**: the killpg baseline with each leader
-  moved into a cgroup by hand (``moved_killpg_many`` in ``bench_teardown.py``, one
-  ``cgroup.procs`` write each, nothing else) comes to 1.10-1.30x on its own, at or above
-  the 1.1x bound. Only a leader created in its cgroup (glibc 2.41) avoids it.
+- **The move is not what costs most**: the killpg baseline with each leader moved into
+  a cgroup by a thread beside the spawns (``moved_killpg_many`` in ``bench_teardown.py``)
+  comes to 1.05-1.17x; holding the leader until it is moved costs the rest, here a round
+  of wake-ups through one thread that must win the GIL, for ``/bin/sh`` an exec.
 - **A FIFO that serves two spawns releases the wrong child**: a child waits in its file
   actions holding a copy of every descriptor we had when it was cloned, the writer that
   let another child go included; a child next paused on that FIFO found a writer there
