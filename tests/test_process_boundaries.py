@@ -826,6 +826,78 @@ def test_a_watchdog_whose_cgroup_someone_else_removes_does_not_sleep_out_its_bou
         assert not os.path.exists(tree)
 
 
+#: Joins the cgroup whose cgroup.procs is its argument holding 1 GiB, written (its exit,
+#: freeing it, takes tens of ms: 30-60 ms here), says so, and waits.
+JOINS_AND_DIES_SLOWLY = (
+    "import os, sys, time; b = bytearray(1 << 30); b[::4096] = b'x' * (1 << 18); "
+    "open(sys.argv[1], 'w').write(str(os.getpid())); print(1, flush=True); time.sleep(60)"
+)
+
+
+def _exiting(pid: int) -> bool | None:
+    """Whether ``pid`` is exiting and still in its cgroup (not yet a zombie); None once it
+    is a zombie."""
+    data = read_file(f"/proc/{pid}/stat")
+    fields = data[data.rindex(b")") + 2 :].split()
+    if fields[0] == b"Z":
+        return None
+    return bool(int(fields[6]) & 0x4)  # PF_EXITING
+
+
+def test_a_watchdog_kills_a_process_that_joins_its_killed_cgroup_while_it_empties(
+    tracked: Tracked,
+) -> None:
+    # After its parent died, the watchdog kills each cgroup, then kills it again every 5 ms
+    # until it is empty, for a process that joins late (a leader on its way in through
+    # /bin/sh). The kernel tells nothing of a join into a cgroup that is still populated
+    # (here by a member freeing 1 GiB as it exits), nor of that member's end (the joiner
+    # keeps it populated): a watchdog that waited on cgroup.events alone slept out its
+    # whole bound, 2 s, and left the joiner running. Red with that mutant every time:
+    # unlike the test above, nothing here hangs on the kernel's 10 ms notice timer.
+    available("cgroup")
+    with private_cgroup() as cgroup:
+        tree = os.path.join(cgroup, "tree")
+        os.mkdir(tree)
+        watchdog = subprocess.Popen(
+            [*procs.python(), "-I", "-S", "-c", _watchdog._WATCHDOG],
+            stdin=subprocess.PIPE,
+            start_new_session=True,
+            env=tracked.env,
+        )
+        member = subprocess.Popen(
+            [*procs.python(), "-c", JOINS_AND_DIES_SLOWLY, f"{tree}/cgroup.procs"],
+            stdout=subprocess.PIPE,
+            env=tracked.env,
+        )
+        late = subprocess.Popen(["sleep", "60"], env=tracked.env)  # (outside, for now)
+        try:
+            assert watchdog.stdin is not None and member.stdout is not None
+            watchdog.stdin.write(f"+cgroup {tree}\n".encode())
+            watchdog.stdin.flush()
+            assert member.stdout.readline() == b"1\n"  # in the cgroup
+            watchdog.stdin.close()  # its parent's death, as the watchdog sees it
+            deadline = time.monotonic() + 5
+            while not _exiting(member.pid):  # (killed: no event says so; ~1 ms)
+                assert _exiting(member.pid) is not None, "the member died too fast to join"
+                assert time.monotonic() < deadline, "the watchdog never killed the cgroup"
+                time.sleep(0.0005)
+            with open(f"{tree}/cgroup.procs", "w") as procs_file:
+                procs_file.write(str(late.pid))
+            # Joined while the member was still in it: no notice came of that join.
+            assert _exiting(member.pid), "the member ended before the join: nothing shown"
+            assert late.wait(timeout=1.0) == -signal.SIGKILL  # 2 s if it waits on events
+            assert watchdog.wait(timeout=5) == 0
+            assert member.wait(timeout=5) == -signal.SIGKILL
+        finally:
+            for ours in (watchdog, member, late):  # (only after a failure: our own, by pid)
+                if ours.poll() is None:
+                    ours.kill()
+                    ours.wait()
+            assert member.stdout is not None
+            member.stdout.close()
+        assert not os.path.exists(tree)
+
+
 # An outer tree whose leader is a Python program holding an inner tree (with an escapee);
 # the outer program relays the inner tree's pids, then waits.
 INNER = textwrap.dedent(

@@ -1660,7 +1660,7 @@ MUTANTS = [
         "_watchdog.py",
         "            poller.poll(1000 * min(left, 0.005))",
         "            poller.poll(1000 * left)",
-        "someone_else_removes",
+        "someone_else_removes or joins_its_killed_cgroup",
     ),
     (
         "pytest plugin: a child that was only dying left a zombie",
