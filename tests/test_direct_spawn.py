@@ -293,6 +293,35 @@ async def test_the_path_search_goes_on_past_a_file_that_will_not_exec(
     assert tracked.survivors() == []
 
 
+@needs_direct
+async def test_a_program_gone_from_where_the_plan_found_it_is_looked_for_again(
+    tracked: Tracked, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A direct start execs the file the planned search settled on, without searching PATH
+    # again; should that exec fail (the file removed in between), the whole search runs,
+    # as Popen's would. Red with the settled file tried alone: FileNotFoundError.
+    first, later = tmp_path / "a" / "tool", tmp_path / "b" / "tool"
+    script(first, "#!/bin/sh\necho the first tool\n")
+    script(later, "#!/bin/sh\necho a later tool\n")
+    env = {**tracked.env, "PATH": f"{tmp_path / 'a'}:{tmp_path / 'b'}:/usr/bin:/bin"}
+    real_start = _spawn_into_cgroup.start
+
+    def removed_first(request: Any, *args: Any) -> int:
+        assert request.settled == os.fsencode(first)  # (what the plan found)
+        first.unlink()  # between the plan and the exec
+        return real_start(request, *args)
+
+    monkeypatch.setattr(_spawn_into_cgroup, "start", removed_first)
+    async with open_process_tree(
+        ["tool"], env=env, stdout=subprocess.PIPE, containment="cgroup"
+    ) as tree:
+        assert tree._core.leader.popen is None  # started directly, not through /bin/sh
+        assert tree.stdout is not None
+        assert await tree.stdout.receive_some() == b"a later tool\n"
+        assert await tree.wait() == 0
+    assert tracked.survivors() == []
+
+
 async def test_options_popen_refuses_are_refused_the_same(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:

@@ -33,7 +33,7 @@ from ._leader import Leader
 from ._member_tracking import MemberTracking
 from ._pidfd import open_pidfd
 from ._procfs import ProcStat
-from ._spawn import SpawnPlan, nothing_came_before, resolve_executable
+from ._spawn import Resolved, SpawnPlan, nothing_came_before, resolve_executable
 from ._spawn_into_cgroup import IntoCgroup
 from ._through_sh import wrapped
 
@@ -116,15 +116,10 @@ class CgroupContainment(MemberTracking):
         else:
             assert isinstance(plan.command, list)
             argv = list(plan.command)
-        # Where the C library can, the leader starts in the cgroup itself, with no /bin/sh;
-        # the command through /bin/sh stays as the way there if it cannot after all.
-        direct = None
-        if direct_spawn.can_start(options):
-            direct = IntoCgroup(self.path, plan.program, list(argv), reused=self._reused)
-            self._direct = True
+        leader_argv = list(argv)
         if executable is not None:
             argv[0] = executable  # (sh's exec cannot set a different argv[0])
-        found, path = plan.resolved, None
+        found, path, settled = plan.resolved, None, None
         if found is not None and found.path is not None and os.sep not in os.fsdecode(argv[0]):
             if found.remembered and not nothing_came_before(found):
                 # Something appeared on PATH before it since the last search, and sh
@@ -134,6 +129,15 @@ class CgroupContainment(MemberTracking):
                 )
             if found.path is not None:
                 path = os.path.abspath(found.path)  # (sh runs in the tree's cwd)
+                settled = _on_path(found, plan.program, options.get("env"))
+        # Where the C library can, the leader starts in the cgroup itself, with no /bin/sh;
+        # the command through /bin/sh stays as the way there if it cannot after all.
+        direct = None
+        if direct_spawn.can_start(options):
+            direct = IntoCgroup(
+                self.path, plan.program, leader_argv, reused=self._reused, settled=settled
+            )
+            self._direct = True
         procs = os.path.join(self.path, "cgroup.procs")
         command, wrapper_env = wrapped(
             procs,
@@ -559,3 +563,14 @@ class CgroupContainment(MemberTracking):
         # Cgroups that members made inside ours are removed when it is next taken, in the
         # spawn's worker thread, not on the path that ends a tree (`CgroupHome.take_tree`).
         self._home.give_back(self.path, killed=self._killed)
+
+
+def _on_path(found: Resolved, program: Any, env: Any) -> bytes | None:
+    """Where Popen's search of PATH for ``program`` settles, as the child execs it: the
+    PATH entry ``found`` was found in, joined to the name (relative to the child's cwd if
+    the entry is). None if that entry cannot be told."""
+    entries = os.get_exec_path(env)
+    index = len(found.looked_before)
+    if index >= len(entries):
+        return None
+    return os.path.join(os.fsencode(entries[index]), os.fsencode(program))

@@ -69,6 +69,10 @@ class IntoCgroup:
     program: Any
     argv: Sequence[Any]
     reused: bool = False
+    #: Where Popen's search of PATH settles for a bare ``program``, as the child is to
+    #: exec it (the PATH entry joined to the name), checked when the spawn was planned:
+    #: tried alone first, then, should its exec fail, the whole search as Popen's.
+    settled: bytes | None = None
 
 
 class _Glibc:
@@ -271,7 +275,6 @@ def _posix_spawn(
     c_argv = (ctypes.c_char_p * (len(argv) + 1))(*argv, None)
     env = options.get("env")
     cwd = options.get("cwd")
-    candidates = _candidates(request.program, env, cwd)
     c_env: Any = glibc.environ.value if env is None else _environment(env)
     attr, actions, defaults = _Opaque(), _Opaque(), _SigSet()
     cgroup = os.open(request.cgroup, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -286,15 +289,30 @@ def _posix_spawn(
             _set_attributes(libc, attr, defaults, options, cgroup)
             _set_actions(libc, actions, stdio, options)
             pid = ctypes.c_int()
-            # As Popen's child does: each candidate in turn, until one execs; the first
-            # error other than "not there" is the one to report.
-            saved_error, last_error = 0, errno.ENOENT
-            for path in candidates:
-                last_error = libc.posix_spawn(ctypes.byref(pid), path, actions, attr, c_argv, c_env)
-                if last_error in (0, errno.ENOSYS):
-                    break
-                if last_error not in (errno.ENOENT, errno.ENOTDIR) and not saved_error:
-                    saved_error = last_error
+
+            def search(candidates: list[bytes]) -> tuple[int, int]:
+                # As Popen's child does: each candidate in turn, until one execs; the first
+                # error other than "not there" is the one to report.
+                saved_error, last_error = 0, errno.ENOENT
+                for path in candidates:
+                    last_error = libc.posix_spawn(
+                        ctypes.byref(pid), path, actions, attr, c_argv, c_env
+                    )
+                    if last_error in (0, errno.ENOSYS):
+                        break
+                    if last_error not in (errno.ENOENT, errno.ENOTDIR) and not saved_error:
+                        saved_error = last_error
+                return last_error, saved_error
+
+            last_error, saved_error = errno.ENOENT, 0
+            if request.settled is not None:
+                # Where the planned search settled: PATH is not searched again (one stat
+                # per entry, ~10 a spawn). Popen would run the same file, the entries
+                # before it having been looked at by then.
+                last_error, saved_error = search([request.settled])
+            if last_error not in (0, errno.ENOSYS):
+                # Gone since, say: the whole search, from the first entry, as Popen's.
+                last_error, saved_error = search(_candidates(request.program, env, cwd))
         finally:
             libc.posix_spawn_file_actions_destroy(actions)
     finally:

@@ -1090,6 +1090,13 @@ MUTANTS = [
         "killed_itself",
     ),
     (
+        "direct start: the planned path alone, no search if it fails [glibc]",
+        "_spawn_into_cgroup.py",
+        "            if last_error not in (0, errno.ENOSYS):\n                # Gone since",
+        "            if request.settled is None:\n                # Gone since",
+        "gone_from_where_the_plan_found_it",
+    ),
+    (
         "direct start: never proven with a throwaway child [glibc]",
         "_spawn_into_cgroup.py",
         "    if not _proven:\n        _prove(glibc, request)",
