@@ -322,6 +322,36 @@ async def test_a_program_gone_from_where_the_plan_found_it_is_looked_for_again(
     assert tracked.survivors() == []
 
 
+@pytest.mark.parametrize("change", ["PATH changed", "a file put before"])
+async def test_what_changes_on_path_after_the_plan_is_searched_for_as_popen_would(
+    tracked: Tracked, contained: dict[str, Any], tmp_path: Path, change: str
+) -> None:
+    # open_process_tree() plans (finds b/tool); the spawn comes when its block is entered.
+    # Whatever changed on PATH in between, the leader is the file Popen runs then. Red
+    # with direct starts taking the planned answer as it was (helper-51): the new PATH's
+    # entry at the old index ran (d/tool), or the planned file past one put before it.
+    for folder in "bcd":
+        script(tmp_path / folder / "tool", f"#!/bin/sh\necho {folder}\n")
+    env = {**contained["env"], "PATH": f"{tmp_path / 'a'}:{tmp_path / 'b'}"}
+    scope = open_process_tree(
+        ["tool"], env=env, stdout=subprocess.PIPE, containment=contained["containment"]
+    )
+    if change == "PATH changed":
+        env["PATH"] = f"{tmp_path / 'c'}:{tmp_path / 'd'}"  # (the same dict, as Popen reads it)
+    else:
+        script(tmp_path / "a" / "tool", "#!/bin/sh\necho a\n")
+    expected = (await trio.run_process(["tool"], env=env, capture_stdout=True)).stdout
+    async with scope as tree:
+        assert tree.stdout is not None
+        assert (
+            await tree.stdout.receive_some()
+            == expected
+            == (b"c\n" if change == "PATH changed" else b"a\n")
+        )
+        assert await tree.wait() == 0
+    assert tracked.survivors() == []
+
+
 async def test_options_popen_refuses_are_refused_the_same(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:

@@ -129,7 +129,11 @@ class CgroupContainment(MemberTracking):
                 )
             if found.path is not None:
                 path = os.path.abspath(found.path)  # (sh runs in the tree's cwd)
-                settled = _on_path(found, plan.program, options.get("env"))
+                # A direct start execs it without searching again only where every place
+                # before it is empty now (an answer remembered has just been seen so):
+                # one there, even one judged not to run, is the exec's own to judge.
+                if found.remembered or nothing_came_before(found):
+                    settled = _on_path(found, plan.program, options.get("env"))
         # Where the C library can, the leader starts in the cgroup itself, with no /bin/sh;
         # the command through /bin/sh stays as the way there if it cannot after all.
         direct = None
@@ -568,9 +572,10 @@ class CgroupContainment(MemberTracking):
 def _on_path(found: Resolved, program: Any, env: Any) -> bytes | None:
     """Where Popen's search of PATH for ``program`` settles, as the child execs it: the
     PATH entry ``found`` was found in, joined to the name (relative to the child's cwd if
-    the entry is). None if that entry cannot be told."""
+    the entry is). None if PATH is not the one searched (changed since, in ``env`` or
+    `os.environ`): then the child searches it."""
     entries = os.get_exec_path(env)
     index = len(found.looked_before)
-    if index >= len(entries):
+    if tuple(entries) != found.searched or index >= len(entries):
         return None
     return os.path.join(os.fsencode(entries[index]), os.fsencode(program))

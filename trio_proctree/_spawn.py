@@ -109,6 +109,8 @@ class Resolved:
     #: The places the search looked before ``path`` (where nothing ran), to look at
     #: again when a remembered answer must also say what it passed over.
     looked_before: tuple[str, ...] = ()
+    #: The PATH entries searched (`os.get_exec_path`), for an answer found on PATH.
+    searched: tuple[Any, ...] = ()
 
 
 @attrs.frozen
@@ -450,6 +452,8 @@ def resolve_executable(
             folder = os.path.join(directory, folder)
         candidates.append(os.path.join(folder, name))
     resolved = _first_that_runs(candidates, name, cwd)
+    if resolved is not None:
+        resolved = attrs.evolve(resolved, searched=tuple(search))
     if resolved is None:
         raise FileNotFoundError(
             errno.ENOENT,

@@ -1097,6 +1097,20 @@ MUTANTS = [
         "gone_from_where_the_plan_found_it",
     ),
     (
+        "direct start: the planned path taken though PATH changed since [glibc]",
+        "_cgroup.py",
+        "    if tuple(entries) != found.searched or index >= len(entries):",
+        "    if index >= len(entries):",
+        "what_changes_on_path",
+    ),
+    (
+        "direct start: the planned path taken though a file came before it [glibc]",
+        "_cgroup.py",
+        "                if found.remembered or nothing_came_before(found):",
+        "                if True:",
+        "what_changes_on_path",
+    ),
+    (
         "direct start: never proven with a throwaway child [glibc]",
         "_spawn_into_cgroup.py",
         "    if not _proven:\n        _prove(glibc, request)",
