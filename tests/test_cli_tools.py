@@ -605,7 +605,9 @@ def test_run_in_a_script_still_hands_its_command_the_terminal(tracked: Tracked) 
     # So is a job it left in the background (`&`): no pipeline's other command. (Red
     # before, with that job: taken for one, and the command had no terminal at all.)
     command = shlex.join([*tool(), "run", "--", "sh", "-c", "read x < /dev/tty; echo got $x"])
-    script = f"sleep 60 & job=$!; {command}; kill $job"
+    # (`wait`: the job's death is seen before bash returns; under load, once, the sleep
+    # was still alive when the test looked.)
+    script = f"sleep 60 & job=$!; {command}; kill $job; wait $job"
     result = typed_at_a_terminal(f"bash -c {shlex.quote(script)}", tracked.env)
     assert "got typed" in result.stdout, result
     assert tracked.survivors() == []
