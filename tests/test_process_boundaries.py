@@ -22,7 +22,7 @@ from typing import IO, Any
 import pytest
 
 from trio_proctree import _cgroup_home, _cgroupfs, _watchdog, open_process_tree
-from trio_proctree._procfs import read_file
+from trio_proctree._procfs import read_file, read_stat
 
 from . import procs
 from .conftest import Tracked, makes_pid_namespaces
@@ -765,6 +765,26 @@ def _notice_now(cgroup: str) -> None:
         os.close(events)
 
 
+def _watchdog_of(tree: str, tracked: Tracked) -> subprocess.Popen[bytes]:
+    """A watchdog process of the test's own, told of the cgroup ``tree``: closing its stdin
+    is its parent's death, as it sees it."""
+    watchdog = subprocess.Popen(
+        [*procs.python(), "-I", "-S", "-c", _watchdog._WATCHDOG],
+        stdin=subprocess.PIPE,
+        start_new_session=True,
+        env=tracked.env,
+    )
+    try:
+        assert watchdog.stdin is not None
+        watchdog.stdin.write(f"+cgroup {tree}\n".encode())
+        watchdog.stdin.flush()
+    except BaseException:
+        watchdog.kill()
+        watchdog.wait()
+        raise
+    return watchdog
+
+
 def test_a_watchdog_whose_cgroup_someone_else_removes_does_not_sleep_out_its_bound(
     tracked: Tracked,
 ) -> None:
@@ -779,12 +799,7 @@ def test_a_watchdog_whose_cgroup_someone_else_removes_does_not_sleep_out_its_bou
     with private_cgroup() as cgroup:
         tree = os.path.join(cgroup, "tree")
         os.mkdir(tree)
-        watchdog = subprocess.Popen(
-            [*procs.python(), "-I", "-S", "-c", _watchdog._WATCHDOG],
-            stdin=subprocess.PIPE,
-            start_new_session=True,
-            env=tracked.env,
-        )
+        watchdog = _watchdog_of(tree, tracked)
         done = threading.Event()
 
         def remove_once_empty() -> None:  # as another process's rmdir would
@@ -806,8 +821,6 @@ def test_a_watchdog_whose_cgroup_someone_else_removes_does_not_sleep_out_its_bou
         with member:
             try:
                 assert watchdog.stdin is not None and member.stdout is not None
-                watchdog.stdin.write(f"+cgroup {tree}\n".encode())
-                watchdog.stdin.flush()
                 assert member.stdout.readline() == b"1\n"  # in the cgroup
                 _notice_now(tree)  # (so that the emptying comes within 10 ms of a notice)
                 watchdog.stdin.close()  # its parent's death, as the watchdog sees it
@@ -838,12 +851,11 @@ JOINS_AND_DIES_SLOWLY = (
 
 def _exiting(pid: int) -> bool | None:
     """Whether ``pid`` is exiting and still in its cgroup (not yet a zombie); None once it
-    is a zombie."""
-    data = read_file(f"/proc/{pid}/stat")
-    fields = data[data.rindex(b")") + 2 :].split()
-    if fields[0] == b"Z":
+    is a zombie (or reaped)."""
+    stat_ = read_stat(pid)
+    if stat_ is None or not stat_.main_thread_alive:
         return None
-    return bool(int(fields[6]) & 0x4)  # PF_EXITING
+    return stat_.exiting
 
 
 def test_a_watchdog_kills_a_process_that_joins_its_killed_cgroup_while_it_empties(
@@ -860,12 +872,7 @@ def test_a_watchdog_kills_a_process_that_joins_its_killed_cgroup_while_it_emptie
     with private_cgroup() as cgroup:
         tree = os.path.join(cgroup, "tree")
         os.mkdir(tree)
-        watchdog = subprocess.Popen(
-            [*procs.python(), "-I", "-S", "-c", _watchdog._WATCHDOG],
-            stdin=subprocess.PIPE,
-            start_new_session=True,
-            env=tracked.env,
-        )
+        watchdog = _watchdog_of(tree, tracked)
         member = subprocess.Popen(
             [*procs.python(), "-c", JOINS_AND_DIES_SLOWLY, f"{tree}/cgroup.procs"],
             stdout=subprocess.PIPE,
@@ -874,13 +881,11 @@ def test_a_watchdog_kills_a_process_that_joins_its_killed_cgroup_while_it_emptie
         late = subprocess.Popen(["sleep", "60"], env=tracked.env)  # (outside, for now)
         try:
             assert watchdog.stdin is not None and member.stdout is not None
-            watchdog.stdin.write(f"+cgroup {tree}\n".encode())
-            watchdog.stdin.flush()
             assert member.stdout.readline() == b"1\n"  # in the cgroup
             watchdog.stdin.close()  # its parent's death, as the watchdog sees it
             deadline = time.monotonic() + 5
-            while not _exiting(member.pid):  # (killed: no event says so; ~1 ms)
-                assert _exiting(member.pid) is not None, "the member died too fast to join"
+            while not (exiting := _exiting(member.pid)):  # (killed: no event says so)
+                assert exiting is not None, "the member died too fast to join"
                 assert time.monotonic() < deadline, "the watchdog never killed the cgroup"
                 time.sleep(0.0005)
             with open(f"{tree}/cgroup.procs", "w") as procs_file:
