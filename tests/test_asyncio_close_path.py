@@ -18,7 +18,8 @@ import textwrap
 import threading
 import time
 import warnings
-from collections.abc import Callable
+import weakref
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -497,6 +498,72 @@ def test_trees_open_at_interpreter_exit_are_killed_and_reaped(
     assert tracked.survivors() == []
 
 
+EVERY_TREE_KILLED_BEFORE_ANY_WAIT = textwrap.dedent(
+    """
+    import asyncio, os, signal, subprocess, sys
+    from trio_proctree import _leader
+    from trio_proctree._procfs import read_stat
+    from trio_proctree.asyncio import open_process_tree
+
+    def killed(pid):
+        # Dead, dying, or with a SIGKILL it has yet to take.
+        stat = read_stat(pid)
+        if stat is None or not stat.main_thread_alive or stat.exiting:
+            return True
+        with open(f"/proc/{pid}/status") as status:
+            fields = dict(line.split(":", 1) for line in status)
+        pending = int(fields["SigPnd"], 16) | int(fields["ShdPnd"], 16)
+        return bool(pending & 1 << (signal.SIGKILL - 1))
+
+    leaders = []
+    reap_within = _leader.Leader.reap_within
+
+    def spied(self, timeout):
+        # At the exit net's first wait, which of the trees have had their SIGKILL?
+        if not hasattr(spied, "seen"):
+            spied.seen = [killed(pid) for pid in leaders]
+            print(*spied.seen, flush=True)
+        return reap_within(self, timeout)
+
+    _leader.Leader.reap_within = spied
+
+    async def hold(started):
+        async with open_process_tree(["sleep", "60"], containment=sys.argv[1]) as tree:
+            leaders.append(tree.pid)
+            started.set_result(None)
+            await asyncio.Event().wait()
+
+    loop = asyncio.new_event_loop()
+    tasks = []  # (held: a task the program drops is collected, and its tree stopped)
+    for _ in range(3):
+        started = loop.create_future()
+        tasks.append(loop.create_task(hold(started)))
+        loop.run_until_complete(started)
+    # The interpreter now exits with three trees open: no cleanup ever ran.
+    """
+)
+
+
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper", "group"])
+def test_every_tree_open_at_interpreter_exit_is_killed_before_any_is_waited_for(
+    tracked: Tracked, containment: str
+) -> None:
+    # The net kills them all, then reaps: N leaders slow to die (in D state, say) cost
+    # one kill_wait at exit, not N. Red before: kill one, wait for it, then the next.
+    if containment != "group":
+        available(containment)
+    result = subprocess.run(
+        [sys.executable, "-c", EVERY_TREE_KILLED_BEFORE_ANY_WAIT, containment],
+        capture_output=True,
+        env=tracked.env,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 0, result
+    assert result.stdout.split() == [b"True"] * 3, result
+    assert tracked.survivors() == []
+
+
 CUT_OFF_BY_THE_LOOPS_CLOSE = textwrap.dedent(
     """
     import asyncio, subprocess, sys
@@ -653,6 +720,110 @@ def test_an_aclose_never_awaited_still_cleans_up_and_is_a_true_coroutine(
     tree = asyncio.run(main())
     assert tree.outcome is not None
     assert tree.outcome.signals == (signal.SIGTERM, signal.SIGCONT)
+    assert tracked.survivors() == []
+
+
+def test_a_tree_whose_task_the_program_dropped_is_stopped_when_the_task_is_collected(
+    tracked: Tracked, contained: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # asyncio keeps only weak references to tasks: one the program does not hold is
+    # collected while it waits, its coroutine closed (GeneratorExit), and nothing can be
+    # awaited there. The tree is stopped all the same, gracefully, in a task of its own.
+    # Red before: the block's exit awaited that cleanup, and Python reported
+    # "RuntimeError: coroutine ignored GeneratorExit" (the tree was stopped, but a
+    # program's log showed a failure of ours).
+    unraisable: list[Any] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+
+    async def hold(started: asyncio.Future[ProcessTree]) -> None:
+        async with open_process_tree(["sleep", "60"], grace=0.5, **contained) as tree:
+            started.set_result(tree)
+            await asyncio.Event().wait()  # (nothing else holds this task)
+
+    async def main() -> ProcessTree:
+        started = asyncio.get_running_loop().create_future()
+        task = weakref.ref(asyncio.get_running_loop().create_task(hold(started)))  # dropped
+        tree = await started
+        del started
+        gc.collect()
+        assert task() is None  # collected (asyncio said "Task was destroyed but it is pending")
+        assert tree.outcome is None  # its cleanup began, in a task of its own...
+        await tree.aclose()  # ...and is waited for here
+        return tree
+
+    tree = asyncio.run(main())
+    assert unraisable == []
+    assert tree.outcome is not None
+    assert tree.outcome.signals == (signal.SIGTERM, signal.SIGCONT)
+    assert tracked.survivors() == []
+
+
+def test_a_tree_in_an_async_generator_is_stopped_before_its_aclose_returns(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # An async generator left early gets GeneratorExit from aclose(), which may await: the
+    # cleanup is awaited there, as at any block's exit (not left to a task of its own, as
+    # for a destroyed task's coroutine, which can await nothing).
+    async def lines() -> AsyncIterator[ProcessTree]:
+        async with open_process_tree(["sleep", "60"], grace=0.5, **contained) as tree:
+            yield tree
+
+    async def main() -> ProcessTree:
+        generator = lines()
+        tree = await generator.__anext__()
+        await generator.aclose()
+        assert tree.outcome is not None  # done, not under way
+        return tree
+
+    tree = asyncio.run(main())
+    assert tree.outcome is not None
+    assert tree.outcome.signals == (signal.SIGTERM, signal.SIGCONT)
+    assert tracked.survivors() == []
+
+
+DESTROYED_WITH_NO_LOOP = textwrap.dedent(
+    """
+    import asyncio, gc, sys
+    from trio_proctree._procfs import read_stat
+    from trio_proctree.asyncio import open_process_tree
+
+    async def hold(started):
+        async with open_process_tree(["sleep", "60"], containment=sys.argv[1]) as tree:
+            started.set_result(tree.pid)
+            await asyncio.Event().wait()
+
+    loop = asyncio.new_event_loop()
+    started = loop.create_future()
+    task = loop.create_task(hold(started))
+    leader = loop.run_until_complete(started)
+    loop.close()  # with the task pending: its tree's cleanup never began
+    del task, started
+    gc.collect()  # the task's coroutine is closed, with no loop to run anything in
+    stat = read_stat(leader)
+    print(None if stat is None else stat.state, flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper", "group"])
+def test_a_tree_whose_task_is_destroyed_with_no_loop_running_is_killed_at_once(
+    tracked: Tracked, containment: str
+) -> None:
+    # No loop can run a cleanup: the tree is killed and its leader reaped there and then,
+    # as the net at interpreter exit would (the program may run on for long). Red before:
+    # "Exception ignored ... RuntimeError: no running event loop", the tree left running.
+    if containment != "group":
+        available(containment)
+    result = subprocess.run(
+        [sys.executable, "-c", DESTROYED_WITH_NO_LOOP, containment],
+        capture_output=True,
+        env=tracked.env,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 0, result
+    assert result.stdout == b"None\n", result  # reaped before the program went on
+    assert b"Exception ignored" not in result.stderr, result.stderr.decode()
     assert tracked.survivors() == []
 
 

@@ -501,6 +501,11 @@ if hasattr(os, "register_at_fork"):  # not on Windows, where nothing here runs
     os.register_at_fork(after_in_child=_forget_the_parents_trees)
 
 
+def open_trees() -> set[TreeCore]:
+    """The trees not yet cleaned up (the set itself)."""
+    return _open_trees
+
+
 def kill_open_trees() -> None:
     """The net at interpreter exit: SIGKILL every tree still open, and reap its leader.
 
@@ -508,22 +513,35 @@ def kill_open_trees() -> None:
     otherwise outlive the interpreter; the watchdog would kill them, but only this process
     can reap its own children.
     """
-    for core in list(_open_trees):
+    kill_at_once(list(_open_trees), when="at interpreter exit")
+
+
+def kill_at_once(cores: list[TreeCore], *, when: str) -> None:
+    """SIGKILL each tree not yet cleaned up, then reap each leader (within its policy's
+    ``kill_wait``), blocking: where no cleanup can run (``when`` says where, for the log).
+    """
+    cores = [core for core in cores if core in _open_trees]
+    for core in cores:
         try:
             core.containment.kill()
         except ContainmentLost:
             # A bare process group whose leader is reaped, on a kernel that cannot reach
             # the group through the leader's pidfd (before Linux 6.9), cannot be signalled
             # safely any more; its cleanup already sent SIGKILL, and could not confirm it.
-            logger.debug("%s: not signalled again at interpreter exit", core.label)
+            logger.debug("%s: not signalled again %s", core.label, when)
         except OSError as exc:
             # Some of it, maybe: a refused signal (another user's member) is raised only
             # once the rest of the tree had its SIGKILL. Its leader is reaped all the same,
             # or it stays a zombie for good where init does not reap.
-            logger.warning("%s: could not kill at interpreter exit: %s", core.label, exc)
+            logger.warning("%s: could not kill %s: %s", core.label, when, exc)
+    # Every tree has had its SIGKILL before any is waited for: leaders slow to die (in
+    # uninterruptible sleep, say) then cost the longest kill_wait in all, not its sum.
+    killed_at = time.monotonic()
+    for core in cores:
         # By pidfd, never Popen.wait(): if someone else reaped the leader, its pid may
         # belong to another of our children by now.
-        core.leader.reap_within(core.policy.kill_wait)
+        left = killed_at + core.policy.kill_wait - time.monotonic()
+        core.leader.reap_within(max(left, 0.0))
         if not (core.leader.reaped or core.leader.lost):
-            logger.warning("%s: leader not reaped at interpreter exit", core.label)
+            logger.warning("%s: leader not reaped %s", core.label, when)
         _open_trees.discard(core)

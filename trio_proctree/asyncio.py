@@ -35,12 +35,12 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable, Coroutine, Generator
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Any, TypeVar
 
 from ._begins_anyway import BeginsAnyway
 from ._choose import ContainmentChoice, choose_containment, start_tree
-from ._core import TreeCore, TreeView
+from ._core import TreeCore, TreeView, kill_at_once, open_trees
 from ._escalation import (
     DEFAULT_GRACE,
     DEFAULT_STOP_SIGNAL,
@@ -537,6 +537,23 @@ class ProcessTree(TreeView):
         report, self._error_reported = not self._error_reported, True
         _settle(task, cancelled, self._core.label, report=report)
 
+    def _stop_unawaited(self) -> None:
+        """Stop the tree where nothing can be awaited: the task of its block was destroyed
+        (`_closed_synchronously`). In the tree's loop, running, the cleanup goes on in a
+        task of its own (held until it ends), graceful as ever; with no loop to run it in,
+        the tree is killed and its leader reaped now, as the net at interpreter exit would:
+        the program may run on for long."""
+        with contextlib.suppress(RuntimeError):  # (no loop running, or not the tree's)
+            self._start_cleanup()
+            return
+        if self._core in open_trees():
+            logger.warning(
+                "%s: the task of its block was destroyed with no event loop to clean up "
+                "in; killed without grace",
+                self._core.label,
+            )
+            kill_at_once([self._core], when="as the task of its block was destroyed")
+
     async def _close_under(self, exc: BaseException) -> None:
         """Clean up while ``exc`` propagates: a cleanup error rides along, never replaces it."""
         task = self._start_cleanup()
@@ -971,8 +988,29 @@ class _TreeScope:
             raise RuntimeError("this open_process_tree() scope was never entered")
         if exc is None:
             await self._tree.aclose()
+        elif isinstance(exc, GeneratorExit) and _closed_synchronously(sys._getframe(1)):
+            self._tree._stop_unawaited()  # (and GeneratorExit goes on: nothing awaited)
         else:
             await self._tree._close_under(exc)
+
+
+def _closed_synchronously(frame: FrameType | None) -> bool:
+    """Whether the ``async with`` that exits (in ``frame``, exit stacks and the like of
+    contextlib looked through) is in a coroutine being closed: its ``close()``, from the
+    garbage collector for a task nothing held (asyncio keeps tasks by weak reference) or
+    at interpreter exit. Nothing can be awaited there (Python reports "coroutine ignored
+    GeneratorExit"), and a coroutine gets GeneratorExit from nothing else. An async
+    generator gets it from ``aclose()`` too, which awaits: not taken for this, unless no
+    loop runs to await in (one collected after its loop closed)."""
+    while frame is not None and frame.f_globals.get("__name__") == "contextlib":
+        frame = frame.f_back
+    if frame is not None and frame.f_code.co_flags & inspect.CO_COROUTINE:
+        return True
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return True
+    return False
 
 
 def open_process_tree(

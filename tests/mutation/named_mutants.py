@@ -488,10 +488,32 @@ MUTANTS = [
     (
         "close: a refused SIGKILL at interpreter exit skips the leader's reap",
         "_core.py",
-        '            logger.warning("%s: could not kill at interpreter exit: %s", core.label, exc)\n',
-        '            logger.warning("%s: could not kill at interpreter exit: %s", core.label, exc)\n'
-        "            continue\n",
+        '            logger.warning("%s: could not kill %s: %s", core.label, when, exc)\n',
+        '            logger.warning("%s: could not kill %s: %s", core.label, when, exc)\n'
+        "            cores = [other for other in cores if other is not core]\n",
         "test_a_tree_open_at_interpreter_exit_with_a_member_it_may_not_signal",
+    ),
+    (
+        "close: a block whose task was destroyed awaits its cleanup",
+        "asyncio.py",
+        "        elif isinstance(exc, GeneratorExit) and _closed_synchronously(sys._getframe(1)):",
+        "        elif False:",
+        "test_a_tree_whose_task_the_program_dropped or test_a_tree_whose_task_is_destroyed",
+    ),
+    (
+        "close: an async generator's aclose() is taken for a destroyed task",
+        "asyncio.py",
+        "    if frame is not None and frame.f_code.co_flags & inspect.CO_COROUTINE:",
+        "    if frame is not None:",
+        "test_a_tree_in_an_async_generator_is_stopped_before_its_aclose_returns",
+    ),
+    (
+        "close: the net at interpreter exit waits for each tree before it kills the next",
+        "_core.py",
+        '            logger.warning("%s: could not kill %s: %s", core.label, when, exc)\n',
+        '            logger.warning("%s: could not kill %s: %s", core.label, when, exc)\n'
+        "        core.leader.reap_within(core.policy.kill_wait)\n",
+        "test_every_tree_open_at_interpreter_exit_is_killed_before_any_is_waited_for",
     ),
     (
         "escalation: no SIGCONT after the stop signal",
