@@ -63,6 +63,54 @@ def alone_on_the_machine(what: str) -> Iterator[None]:
         yield
 
 
+def memory_to_spare() -> int:
+    """Bytes this process may still take: the machine's available memory, or less where a
+    memory cgroup of ours or above it (v2, or v1's memory controller) caps it."""
+    with open("/proc/meminfo") as meminfo:
+        fields = dict(line.split(":", 1) for line in meminfo)
+    spare = int(fields["MemAvailable"].split()[0]) * 1024
+    with open("/proc/self/mountinfo") as mountinfo:
+        mounts = mountinfo.read()
+    v1_memory = [
+        line.split(" ")[4]
+        for line in mounts.splitlines()
+        if line.split(" - ")[-1].startswith("cgroup ") and "memory" in line.split(",")
+    ]
+    with open("/proc/self/cgroup") as cgroups:
+        for line in cgroups:
+            _, controllers, path = line.strip().split(":", 2)
+            if controllers == "":
+                mount = _cgroupfs.find_cgroup2_mount(mounts)
+            elif "memory" in controllers.split(",") and v1_memory:
+                mount = v1_memory[0]
+            else:
+                continue
+            while mount is not None:
+                folder = os.path.join(mount, path.lstrip("/"))
+                for limit, usage in (
+                    ("memory.max", "memory.current"),
+                    ("memory.limit_in_bytes", "memory.usage_in_bytes"),
+                ):
+                    with contextlib.suppress(OSError, ValueError):  # ("max", or not there)
+                        spare = min(spare, int(_read(folder, limit)) - int(_read(folder, usage)))
+                if path in ("", "/"):
+                    break
+                path = os.path.dirname(path)
+    return spare
+
+
+def _read(folder: str, name: str) -> str:
+    with open(os.path.join(folder, name)) as file:
+        return file.read()
+
+
+def skip_unless_memory_to_spare(nbytes: int) -> None:
+    """Skip a test whose processes take ``nbytes`` (twice that to spare: the runner's own)."""
+    spare = memory_to_spare()
+    if spare < 2 * nbytes:
+        pytest.skip(f"needs {2 * nbytes >> 20} MiB of memory to spare; {spare >> 20} MiB here")
+
+
 @pytest.fixture
 def pid_allocation_alone() -> Iterator[None]:
     """For a test that steers the kernel's next pid (ns_last_pid, machine-wide): another

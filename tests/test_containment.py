@@ -51,7 +51,7 @@ from trio_proctree._orphans import adopted_children, become_subreaper
 from trio_proctree._subreaper import SubreaperContainment
 
 from . import procs
-from .conftest import Tracked, makes_pid_namespaces, read_pids
+from .conftest import Tracked, makes_pid_namespaces, read_pids, skip_unless_memory_to_spare
 from .test_event_driven import counting_steps
 
 # A member that calls setsid() (leaves group and session), says its pid, and lingers.
@@ -218,6 +218,7 @@ async def test_a_daemon_whose_parent_is_still_exiting_is_killed(
     # as root, with a quick middle process): the listing met the middle process in its
     # exit, where its environment can no longer be read; taken for a stranger, it was not
     # walked, and the daemon, still its child, went unseen: the tree was called empty.
+    skip_unless_memory_to_spare(1 << 30)
     async with open_process_tree(
         DOUBLE_FORK_SLOW_MIDDLE,
         grace=0.5,

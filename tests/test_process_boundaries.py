@@ -25,7 +25,7 @@ from trio_proctree import _cgroup_home, _cgroupfs, _watchdog, open_process_tree
 from trio_proctree._procfs import read_file, read_stat
 
 from . import procs
-from .conftest import Tracked, makes_pid_namespaces
+from .conftest import Tracked, makes_pid_namespaces, skip_unless_memory_to_spare
 from .test_containment import available
 
 STRONG = ["cgroup", "subreaper"]
@@ -869,6 +869,7 @@ def test_a_watchdog_kills_a_process_that_joins_its_killed_cgroup_while_it_emptie
     # whole bound, 2 s, and left the joiner running. Red with that mutant every time:
     # unlike the test above, nothing here hangs on the kernel's 10 ms notice timer.
     available("cgroup")
+    skip_unless_memory_to_spare(1 << 30)
     with private_cgroup() as cgroup:
         tree = os.path.join(cgroup, "tree")
         os.mkdir(tree)
