@@ -768,15 +768,16 @@ def _notice_now(cgroup: str) -> None:
 def _watchdog_of(tree: str, tracked: Tracked) -> subprocess.Popen[bytes]:
     """A watchdog process of the test's own, told of the cgroup ``tree``: closing its stdin
     is its parent's death, as it sees it."""
+    arguments, code = _watchdog.command()
     watchdog = subprocess.Popen(
-        [*procs.python(), "-I", "-S", "-c", _watchdog._WATCHDOG],
+        [*procs.python(), *arguments[1:]],
         stdin=subprocess.PIPE,
         start_new_session=True,
         env=tracked.env,
     )
     try:
         assert watchdog.stdin is not None
-        watchdog.stdin.write(f"+cgroup {tree}\n".encode())
+        watchdog.stdin.write(code + f"+cgroup {tree}\n".encode())
         watchdog.stdin.flush()
     except BaseException:
         watchdog.kill()
@@ -1705,6 +1706,38 @@ def test_a_watchdog_that_stopped_reading_is_replaced_not_waited_for(tracked: Tra
     said = procs.run_python(WATCHDOG_STOPPED_READING, env=tracked.env).split()
     assert said[:2] == ["True", "True"]
     assert procs.wait_exited(int(said[2]))  # killed, though stopped
+    assert tracked.survivors() == []
+
+
+# Starts a tree and prints its watchdog's command line, as /proc shows it to ps and pgrep.
+WATCHDOG_COMMAND_LINE = textwrap.dedent(
+    """
+    import sys, trio
+    from trio_proctree import open_process_tree, _watchdog
+
+    async def main():
+        async with open_process_tree(["sleep", "60"]):
+            (watchdog,) = _watchdog.running()
+            with open(f"/proc/{watchdog.pid}/cmdline", "rb") as cmdline:
+                sys.stdout.buffer.write(cmdline.read())
+
+    trio.run(main)
+    """
+)
+
+
+def test_the_watchdogs_command_line_names_it_and_holds_none_of_its_code(
+    tracked: Tracked,
+) -> None:
+    # Red before (helper-52): its whole source (14 kB) was its command line, so `pgrep -f
+    # sleep` (or kill, cgroup) found it in every program that had started a tree, and a
+    # `pkill -f` meant for something else took our backstop with it.
+    arguments = procs.run_python(WATCHDOG_COMMAND_LINE, env=tracked.env).split("\0")
+    assert arguments[-2:] == ["trio_proctree-watchdog", ""]  # (each argument ends in NUL)
+    words = " ".join(arguments[1:])
+    assert len(words) < 200, words
+    for word in ("sleep", "kill", "cgroup", "signal"):
+        assert word not in words
     assert tracked.survivors() == []
 
 

@@ -3,7 +3,8 @@
 atexit hooks do not run when a process is SIGKILLed, and ``PR_SET_PDEATHSIG`` covers only
 the direct child (and, set from trio's worker threads, fires when that thread retires,
 killing a healthy child). So each process that starts trees also starts, on first use,
-one watchdog (not one per tree): a ``python -I -S`` running `_WATCHDOG`, in a session of
+one watchdog (not one per tree): a ``python -I -S`` running `_WATCHDOG` (sent down its
+stdin first: its command line stays short, `command`), in a session of
 its own so terminal signals do not reach it, reading our registrations from a socket. When
 that socket reaches EOF — we exited, however — it SIGKILLs what is still registered:
 
@@ -416,6 +417,24 @@ for home in homes:
 """
 
 
+#: What the watchdog's command line runs: its source, read first from its stdin (as many
+#: bytes as the first argument says; cut short, as our death would, it runs nothing).
+#: Not the source itself: ``ps`` showed 14 kB of code, ``pgrep -f sleep`` (or kill, or
+#: cgroup) found it in every program that had started a tree, and a ``pkill -f`` aimed
+#: elsewhere took our backstop with it (helper-52). The last argument names it.
+_BOOTSTRAP = (
+    "import sys; size = int(sys.argv[1]); code = sys.stdin.buffer.read(size); "
+    "exec(code) if len(code) == size else None"
+)
+_NAME = "trio_proctree-watchdog"
+
+
+def command() -> tuple[list[str], bytes]:
+    """The watchdog's command line, and what to write to its stdin before any entry."""
+    code = _WATCHDOG.encode()
+    return [sys.executable, "-I", "-S", "-c", _BOOTSTRAP, str(len(code)), _NAME], code
+
+
 class Watchdog:
     """Our end of the watchdog: registrations go down its stdin, a socket (a write to a
     watchdog that died fails with EPIPE, never with a SIGPIPE that may kill us: many
@@ -423,9 +442,10 @@ class Watchdog:
 
     def __init__(self) -> None:
         ours, its = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        arguments, code = command()
         try:
             self._process = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", _WATCHDOG],
+                arguments,
                 stdin=its.fileno(),
                 stdout=subprocess.DEVNULL,
                 start_new_session=True,
@@ -442,6 +462,13 @@ class Watchdog:
         ours.settimeout(SEND_WITHIN)
         self._socket = ours
         self.pid = self._process.pid
+        try:
+            ours.sendall(code, socket.MSG_NOSIGNAL)  # (fits the socket's buffer: ~14 kB)
+        except BaseException:
+            self._process.kill()  # (not yet a watchdog: it waits for the rest of its code)
+            self._process.wait()
+            ours.close()
+            raise
         #: Says whether ``pid`` is still the watchdog (see `is_watchdog`). Opened while it
         #: is our unreaped child, so it names the watchdog. (-1: none, out of descriptors.)
         self._pidfd = -1
