@@ -112,6 +112,29 @@ async def test_tree_ignoring_sigterm_is_killed_after_the_grace(
     assert any("sending SIGKILL" in m for m in debug_steps)
 
 
+async def test_the_warning_says_the_leader_exited_when_others_outlived_the_grace(
+    tracked: Tracked, caplog: pytest.LogCaptureFixture, contained: dict[str, Any]
+) -> None:
+    # The leader exits at once; the member it left ignores SIGTERM. The warning names the
+    # leader (pid and command), which is gone: it must not say that process runs (red
+    # before, helper-52: "pid N (...) still running 0.3s after SIGTERM", and the operator
+    # who looked pid N up found nothing, or someone else's process).
+    caplog.set_level(logging.WARNING, logger="trio_proctree")
+    command = ["sh", "-c", "(trap '' TERM; echo $$; exec sleep 60) & exit 0"]
+    async with open_process_tree(command, grace=0.3, stdout=subprocess.PIPE, **contained) as tree:
+        assert tree.stdout is not None
+        [member] = await read_pids(tree.stdout, 1)
+        assert await tree.wait() == 0
+    assert not procs.alive(member)
+    assert tracked.survivors() == []
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warning == (
+        f"pid {tree.pid} (sh -c '(trap '\"'\"''\"'\"' TERM; echo $$; exec sleep 60) & exit 0')"
+        " exited, leaving processes that were still running 0.3s after SIGTERM; sending"
+        " SIGKILL to the tree"
+    )
+
+
 async def test_cooperative_tree_logs_no_warning(
     tracked: Tracked, caplog: pytest.LogCaptureFixture, contained: dict[str, Any]
 ) -> None:

@@ -31,6 +31,7 @@ from ._teardown import (
     CutShort,
     Finished,
     KillAll,
+    LeaderExited,
     LeaderLeft,
     LeaderStep,
     SendSignal,
@@ -379,10 +380,11 @@ class TreeCore:
         *,
         since: float | None,
         leader_step: LeaderStep | None = None,
-    ) -> bool | LeaderLeft | CutShort | Unseen:
+    ) -> bool | LeaderLeft | CutShort | Unseen | LeaderExited:
         """Wait up to ``wait.timeout`` seconds from ``since`` (else from now) for the tree
         to empty: True if it did, `CutShort` if a Ctrl-C ended a grace (`LoopIO.interrupted`)
-        first, `Unseen` if the wait ran out when the tree could not be looked at.
+        first, `Unseen` if the wait ran out when the tree could not be looked at, and
+        `LeaderExited` if it ran out with only what the leader left running.
         ``leader_step``: the step before went to the leader alone, and if the leader leaves
         members running without having passed it on, that is said at once (the wait wakes
         for its exit: every containment waits on the leader first)."""
@@ -390,7 +392,9 @@ class TreeCore:
         while (pending := await self._pending(io, errors)) != []:
             remaining = deadline - io.now()
             if remaining <= 0:
-                return Unseen() if self._look_failed else False
+                if self._look_failed:
+                    return Unseen()
+                return False if self.leader.poll() is None else LeaderExited()
             if wait.grace and io.interrupted():
                 return CutShort(wait.timeout - remaining)
             # (A pause instead of pidfds: members finishing their exit, or a look that

@@ -103,6 +103,15 @@ class Unseen:
 
 
 @attrs.frozen
+class LeaderExited:
+    """The driver's answer to a wait that ran out with the leader gone: what still runs
+    is what it left (the log must not say that the process it names runs). Not emptied."""
+
+    def __bool__(self) -> bool:
+        return False
+
+
+@attrs.frozen
 class Finished:
     """Nothing more to do. ``emptied`` is False only if the tree outlived SIGKILL, or was
     not seen gone after it (``unseen``: it could not be looked at)."""
@@ -113,10 +122,9 @@ class Finished:
 
 Action = CloseStdin | SendSignal | KillAll | AwaitEmpty | Finished
 #: The plan's steps, each answered by the driver: for AwaitEmpty, whether the tree emptied
-#: (or `LeaderLeft`, `CutShort`, `Unseen`); for KillAll, False if it failed (it may have
-#: reached only some of the tree, or none of it);
-#: else None.
-Answer = bool | LeaderLeft | CutShort | Unseen | None
+#: (or `LeaderLeft`, `CutShort`, `Unseen`, `LeaderExited`); for KillAll, False if it
+#: failed (it may have reached only some of the tree, or none of it); else None.
+Answer = bool | LeaderLeft | CutShort | Unseen | LeaderExited | None
 _Plan = Generator[Action, Answer, Finished]
 
 
@@ -309,7 +317,13 @@ class Teardown:
 
 def _seen(emptied: Answer, wait: float, sig: int) -> str:
     """How a wait of ``wait`` seconds after ``sig`` that ran out saw the tree: still
-    running, or, when the look at it failed (`Unseen`), not seen gone."""
+    running, or what its leader left still running (`LeaderExited`), or, when the look
+    at it failed (`Unseen`), not seen gone."""
     if isinstance(emptied, Unseen):
         return f"not seen gone {wait:g}s after {signal_name(sig)} (it could not be looked at)"
+    if isinstance(emptied, LeaderExited):
+        return (
+            f"exited, leaving processes that were still running {wait:g}s after "
+            f"{signal_name(sig)}"
+        )
     return f"still running {wait:g}s after {signal_name(sig)}"

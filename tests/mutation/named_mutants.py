@@ -516,6 +516,13 @@ MUTANTS = [
         "test_every_tree_open_at_interpreter_exit_is_killed_before_any_is_waited_for",
     ),
     (
+        "escalation: a grace that ran out with the leader gone says the leader runs",
+        "_core.py",
+        "                return False if self.leader.poll() is None else LeaderExited()",
+        "                return False",
+        "test_the_warning_says_the_leader_exited_when_others_outlived_the_grace",
+    ),
+    (
         "escalation: no SIGCONT after the stop signal",
         "_group.py",
         "            if wake:\n                os.killpg(self._pgid, signal.SIGCONT)\n",
