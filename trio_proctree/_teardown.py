@@ -322,8 +322,6 @@ def _seen(emptied: Answer, wait: float, sig: int) -> str:
     if isinstance(emptied, Unseen):
         return f"not seen gone {wait:g}s after {signal_name(sig)} (it could not be looked at)"
     if isinstance(emptied, LeaderExited):
-        return (
-            f"exited, leaving processes that were still running {wait:g}s after "
-            f"{signal_name(sig)}"
-        )
+        after = f"{wait:g}s after {signal_name(sig)}"
+        return f"exited, leaving processes that were still running {after}"
     return f"still running {wait:g}s after {signal_name(sig)}"
