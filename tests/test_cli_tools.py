@@ -98,10 +98,11 @@ def test_run_durations_take_timeouts_suffixes(tracked: Tracked) -> None:
     assert tracked.survivors() == []
 
 
-@pytest.mark.parametrize("no_limit", ["0", "0s", "0m"])
-def test_run_timeout_of_zero_means_no_timeout(tracked: Tracked, no_limit: str) -> None:
+@pytest.mark.parametrize("no_limit", ["0", "0s", "0m", "inf", "infinity", "INF"])
+def test_run_timeout_of_zero_or_inf_means_no_timeout(tracked: Tracked, no_limit: str) -> None:
     # As timeout(1): "a duration of 0 disables the timeout", so that a script's
-    # `--timeout "${LIMIT:-0}"` works (red before, helper-27: a usage error, exit 2).
+    # `--timeout "${LIMIT:-0}"` works (red before, helper-27: a usage error, exit 2); and
+    # it takes inf, as a script's `${LIMIT:-inf}` has it (red before, helper-52).
     result = run_tool(
         "run", "--timeout", no_limit, "--", "sh", "-c", "sleep 0.2; exit 7", env=tracked.env
     )  # fmt: skip
@@ -213,6 +214,28 @@ def test_usage_errors_exit_2(tracked: Tracked, args: list[str]) -> None:
     result = run_tool(*args, env=tracked.env)
     assert result.returncode == 2
     assert "usage:" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["run"], "error: no command given"),
+        (["run", "--"], "error: no command given"),
+        (["run", "--grace", "abc", "--", "true"], "'abc': not a duration (a number of"),
+        (["run", "--timeout", "5x", "--", "true"], "'5x': not a duration (a number of"),
+    ],
+    ids=["run", "run --", "--grace abc", "--timeout 5x"],
+)
+def test_run_usage_errors_show_runs_usage_and_say_what_is_wrong(
+    tracked: Tracked, args: list[str], said: str
+) -> None:
+    # Red before (helper-52): no command showed the top-level usage, and a duration that
+    # is no number said Python's "could not convert string to float".
+    result = run_tool(*args, env=tracked.env)
+    assert result.returncode == 2
+    assert result.stderr.startswith("usage: trio-proctree run ")
+    assert "trio-proctree run: error: " in result.stderr
+    assert said in result.stderr
 
 
 # --- run: signals to the tool ----------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 import textwrap
@@ -23,18 +24,31 @@ from ._procfs import foreign_proc
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-def _seconds(text: str) -> float:
-    """A number of seconds, or of minutes, hours or days with a suffix (``0.5s``, ``10m``)."""
+def _number(text: str) -> float:
+    """The number of seconds ``text`` says, suffix and all; its sign and size unchecked."""
     number, scale = (text[:-1], _UNITS[text[-1]]) if text[-1:] in _UNITS else (text, 1)
     try:
-        return parse_duration(float(number) * scale, what="a duration")
+        return float(number) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: not a duration (a number of seconds, or of minutes, hours or days "
+            "with a suffix s, m, h or d)"
+        ) from None
+
+
+def _seconds(text: str) -> float:
+    """A number of seconds, or of minutes, hours or days with a suffix (``0.5s``, ``10m``)."""
+    try:
+        return parse_duration(_number(text), what="a duration")
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
 
 
 def _timeout(text: str) -> float | None:
-    """``--timeout``: a duration, where 0 means none, as timeout(1) reads it (so that a
-    script's ``--timeout "${LIMIT:-0}"`` works)."""
+    """``--timeout``: a duration, where 0 or ``inf`` means none, as timeout(1) reads it (so
+    that a script's ``--timeout "${LIMIT:-0}"``, or ``:-inf}``, works)."""
+    if _number(text) == math.inf:
+        return None
     return _seconds(text) or None
 
 
@@ -80,6 +94,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser(
         "run",
+        # (Its usage errors found after parsing show its own usage: `main`.)
         help="run a command as a contained tree, with an optional time limit",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=textwrap.dedent(
@@ -137,7 +152,7 @@ def _build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="S",
         help="stop the tree after S seconds (suffixes s, m, h, d, as timeout(1) takes) "
-        "and exit with 124 (default, or 0: none)",
+        "and exit with 124 (default, or 0 or inf: none)",
     )
     run.add_argument(
         "--containment",
@@ -145,6 +160,7 @@ def _build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="how to hold the tree together (default: auto, the strongest here)",
     )
+    run.set_defaults(parser=run)
     run.add_argument(
         "argv", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]", help="the command to run"
     )
@@ -210,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "run":
         command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
         if not command:
-            parser.error("run: no command given (trio-proctree run [OPTIONS] -- CMD [ARGS...])")
+            args.parser.error("no command given (trio-proctree run [OPTIONS] -- CMD [ARGS...])")
         options = RunOptions(command, args.grace, args.signal, args.timeout, args.containment)
         return run_command(options)
     try:
