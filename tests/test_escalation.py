@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import inspect
 import logging
 import math
 import os
@@ -39,6 +40,13 @@ def test_graceful_is_the_default_policy() -> None:
     assert policy == Escalation()
     assert policy.steps == (Step(signal.SIGTERM, 5.0),)
     assert policy.close_stdin is None
+
+
+def test_the_signature_says_what_kill_wait_is_when_not_given() -> None:
+    # help(), IDEs and the docs show the signature: red before (helper-52), "kill_wait=nan".
+    shown = str(inspect.signature(Escalation))
+    assert "kill_wait: 'float' = <2 s, or a last SIGKILL step's wait>" in shown, shown
+    assert Escalation().kill_wait == 2.0
 
 
 def test_worst_case_adds_every_wait() -> None:

@@ -182,9 +182,16 @@ def _as_steps(
     return converted
 
 
-#: ``kill_wait``'s default: not given (then 2 s, or the wait of a last SIGKILL step). An
-#: object of its own, never one a caller can pass.
-_NOT_GIVEN = float("nan")
+class _NotGiven(float):
+    """``kill_wait``'s default: not given (then 2 s, or the wait of a last SIGKILL step).
+    One object, never one a caller can pass; said so where the signature is shown (help(),
+    IDEs, the docs), where its value, nan, read like a bug (helper-52)."""
+
+    def __repr__(self) -> str:
+        return "<2 s, or a last SIGKILL step's wait>"
+
+
+_NOT_GIVEN = _NotGiven("nan")
 
 
 def _kill_wait_if_given(value: float) -> float:
