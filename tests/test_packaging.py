@@ -1,4 +1,5 @@
-"""The package claims exactly the interpreters the test matrix runs."""
+"""The package claims exactly the interpreters the test matrix runs, and offers the same
+names to trio and asyncio programs."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import re
 from pathlib import Path
 
 import pytest
+
+import trio_proctree
+import trio_proctree.asyncio
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,3 +43,16 @@ def test_the_matrix_is_contiguous_from_the_oldest_supported() -> None:
     minors = [int(version.split(".")[1]) for version in nox_pythons()]
     assert minors == list(range(minors[0], minors[-1] + 1))
     assert minors[0] == 10
+
+
+def test_the_asyncio_module_offers_all_the_package_does() -> None:
+    # An asyncio program needs no second import for its policy, its outcome or its except
+    # clauses (red before, helper-52: Escalation, Step and the errors were trio_proctree's
+    # only). The very objects: an except clause with either catches the same error.
+    assert set(trio_proctree.asyncio.__all__) == set(trio_proctree.__all__)
+    for name in set(trio_proctree.__all__) - {
+        "ProcessTree",
+        "open_process_tree",
+        "run_process_tree",
+    }:
+        assert getattr(trio_proctree.asyncio, name) is getattr(trio_proctree, name)

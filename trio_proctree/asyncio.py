@@ -39,20 +39,35 @@ from types import FrameType, TracebackType
 from typing import Any, TypeVar
 
 from ._begins_anyway import BeginsAnyway
-from ._choose import ContainmentChoice, choose_containment, start_tree
+from ._choose import ContainmentChoice, ContainmentUnavailable, choose_containment, start_tree
+from ._containment import ContainmentLost
 from ._core import TreeCore, TreeView, kill_at_once, open_trees
 from ._escalation import (
     DEFAULT_GRACE,
     DEFAULT_STOP_SIGNAL,
     Escalation,
     SignalLike,
+    Step,
     resolve_policy,
 )
-from ._outcome import chain_cleanup_error
+from ._outcome import CleanupError, CleanupOutcome, chain_cleanup_error
 from ._run import PIPE_DRAIN_TIMEOUT, HasFileno, completed, plan_run
 from ._spawn import Command, Spawned, SpawnPlan, plan_spawn
 
-__all__ = ["ProcessTree", "open_process_tree", "run_process_tree"]
+# The package's values and errors too, as the package has them: an asyncio program needs
+# no second import for its policy or its except clauses.
+__all__ = [
+    "PIPE_DRAIN_TIMEOUT",
+    "CleanupError",
+    "CleanupOutcome",
+    "ContainmentLost",
+    "ContainmentUnavailable",
+    "Escalation",
+    "ProcessTree",
+    "Step",
+    "open_process_tree",
+    "run_process_tree",
+]
 
 logger = logging.getLogger("trio_proctree")
 
