@@ -2115,8 +2115,8 @@ MUTANTS = [
     (
         "teardown: a wait that could not look at the tree reported as one that saw it run",
         "_core.py",
-        "                return Unseen() if self._look_failed else False\n",
-        "                return False\n",
+        "                if self._look_failed:\n                    return Unseen()\n",
+        "                if False:\n                    return Unseen()\n",
         "not_seen_gone",
     ),
     (
