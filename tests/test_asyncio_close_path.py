@@ -19,7 +19,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import pytest
@@ -432,6 +432,23 @@ def test_callers_timeout_does_not_cut_the_cleanup_short(
     run(main)
 
 
+def run_script(
+    code: str, containment: str, tracked: Tracked, *args: str, before: Sequence[str] = ()
+) -> subprocess.CompletedProcess[bytes]:
+    """Run ``code`` (given ``containment`` and ``args`` as its arguments) in a Python like
+    this one, behind the command ``before`` if any, once that containment is known to be
+    available here; what it did, exit status and output."""
+    if containment != "group":
+        available(containment)
+    return subprocess.run(
+        [*before, *procs.python(), "-c", code, containment, *args],
+        capture_output=True,
+        env=tracked.env,
+        timeout=30,
+        check=False,
+    )
+
+
 EXIT_NET = textwrap.dedent(
     """
     import atexit, os, sys, time
@@ -485,13 +502,7 @@ def test_trees_open_at_interpreter_exit_are_killed_and_reaped(
     tracked: Tracked, containment: str
 ) -> None:
     # Mutant: dropping the atexit hook (then only the watchdog kills, unreaped, later).
-    result = subprocess.run(
-        [sys.executable, "-c", EXIT_NET, containment],
-        capture_output=True,
-        env=tracked.env,
-        timeout=30,
-        check=False,
-    )
+    result = run_script(EXIT_NET, containment, tracked)
     assert b"leader=None member=" in result.stdout, result
     member_state = result.stdout.split(b"member=")[1].strip()
     assert member_state in (b"None", b"Z"), result
@@ -550,15 +561,7 @@ def test_every_tree_open_at_interpreter_exit_is_killed_before_any_is_waited_for(
 ) -> None:
     # The net kills them all, then reaps: N leaders slow to die (in D state, say) cost
     # one kill_wait at exit, not N. Red before: kill one, wait for it, then the next.
-    if containment != "group":
-        available(containment)
-    result = subprocess.run(
-        [sys.executable, "-c", EVERY_TREE_KILLED_BEFORE_ANY_WAIT, containment],
-        capture_output=True,
-        env=tracked.env,
-        timeout=30,
-        check=False,
-    )
+    result = run_script(EVERY_TREE_KILLED_BEFORE_ANY_WAIT, containment, tracked)
     assert result.returncode == 0, result
     assert result.stdout.split() == [b"True"] * 3, result
     assert tracked.survivors() == []
@@ -598,15 +601,7 @@ def test_a_cleanup_cut_off_by_its_loops_close_ends_quietly(
 ) -> None:
     # Red before: the finalised cleanup's last steps asked for the running loop, and
     # Python printed "Exception ignored in ... RuntimeError: no running event loop".
-    if containment != "group":
-        available(containment)
-    result = subprocess.run(
-        [sys.executable, "-c", CUT_OFF_BY_THE_LOOPS_CLOSE, containment],
-        capture_output=True,
-        env=tracked.env,
-        timeout=30,
-        check=False,
-    )
+    result = run_script(CUT_OFF_BY_THE_LOOPS_CLOSE, containment, tracked)
     leader = int(result.stdout)
     assert result.returncode == 0, result
     assert b"Task was destroyed but it is pending" in result.stderr  # (asyncio's own word)
@@ -626,16 +621,8 @@ def test_a_tree_open_at_interpreter_exit_with_a_member_it_may_not_signal_is_stil
     # for init (red before: the refusal skipped the reap).
     if not shutil.which("setpriv"):  # pragma: no cover
         pytest.skip("needs setpriv, to give up CAP_KILL and to become nobody")
-    if containment == "cgroup":
-        available("cgroup")
     as_nobody = "setpriv --reuid=65534 --regid=65534 --clear-groups "
-    result = subprocess.run(
-        [*procs.WITHOUT_CAP_KILL, sys.executable, "-c", EXIT_NET, containment, as_nobody],
-        capture_output=True,
-        env=tracked.env,
-        timeout=30,
-        check=False,
-    )
+    result = run_script(EXIT_NET, containment, tracked, as_nobody, before=procs.WITHOUT_CAP_KILL)
     member = int(result.stdout.split()[1])  # (the leader's pid comes first)
     try:
         assert b"leader=None member=" in result.stdout, result
@@ -812,15 +799,7 @@ def test_a_tree_whose_task_is_destroyed_with_no_loop_running_is_killed_at_once(
     # No loop can run a cleanup: the tree is killed and its leader reaped there and then,
     # as the net at interpreter exit would (the program may run on for long). Red before:
     # "Exception ignored ... RuntimeError: no running event loop", the tree left running.
-    if containment != "group":
-        available(containment)
-    result = subprocess.run(
-        [sys.executable, "-c", DESTROYED_WITH_NO_LOOP, containment],
-        capture_output=True,
-        env=tracked.env,
-        timeout=30,
-        check=False,
-    )
+    result = run_script(DESTROYED_WITH_NO_LOOP, containment, tracked)
     assert result.returncode == 0, result
     assert result.stdout == b"None\n", result  # reaped before the program went on
     assert b"Exception ignored" not in result.stderr, result.stderr.decode()
