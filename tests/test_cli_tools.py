@@ -278,6 +278,39 @@ def test_a_signal_the_tool_inherited_ignored_stays_ignored(tracked: Tracked) -> 
     assert tracked.survivors() == []
 
 
+def _blocked(pid: int, task: int) -> set[int]:
+    """The signals thread ``task`` of process ``pid`` blocks."""
+    with open(f"/proc/{pid}/task/{task}/status") as status:
+        [mask] = [line.split()[1] for line in status if line.startswith("SigBlk:")]
+    return {number for number in range(1, 65) if int(mask, 16) >> (number - 1) & 1}
+
+
+def test_only_the_tools_main_thread_takes_the_signals_it_answers(tracked: Tracked) -> None:
+    # The kernel hands a signal to any thread that does not block it; one taken by a
+    # worker thread descheduled before its handler ran was answered after signals sent
+    # later (bash's `kill %1` on a stopped job: SIGTERM, then SIGCONT; with the SIGCONT
+    # answered first, the command's next stop for the terminal stopped this tool again,
+    # and nobody continued it). The spawn's worker thread, idle for seconds after it,
+    # now blocks them; the command, which that thread started, blocks none of them.
+    answered = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1}
+    with procs.killed_on_failure(subprocess.Popen(
+        [*tool(), "run", "--", "sh", "-c", "echo $$; exec sleep 60"],
+        stdout=subprocess.PIPE, env=tracked.env, text=True,
+    )) as runner:  # fmt: skip
+        assert runner.stdout is not None
+        command = int(runner.stdout.readline())
+        workers = [int(task) for task in os.listdir(f"/proc/{runner.pid}/task")]
+        workers.remove(runner.pid)
+        assert workers  # (the spawn's, idle for 10 s)
+        for worker in workers:
+            assert answered <= _blocked(runner.pid, worker), worker
+        assert not answered & _blocked(runner.pid, runner.pid)
+        assert not answered & _blocked(command, command)
+        runner.send_signal(signal.SIGTERM)  # our own child, by pid
+        assert runner.wait(timeout=30) == -signal.SIGTERM
+    assert tracked.survivors() == []
+
+
 def test_sigquit_to_the_tool_is_passed_to_its_command(tracked: Tracked) -> None:
     # Ctrl-\\ where the tool's group has the terminal (run by a script), or a kill -QUIT:
     # as timeout(1) does, the command gets it (a JVM prints its threads and runs on).

@@ -36,7 +36,7 @@ import trio
 from ._choose import ContainmentUnavailable
 from ._job_control import Terminal, owned_terminal
 from ._outcome import CleanupError
-from ._trio import ProcessTree, open_process_tree, unwrapped
+from ._trio import ProcessTree, main_thread_only, open_process_tree, unwrapped
 
 TIMED_OUT = 124
 TOOL_FAILED = 125
@@ -158,7 +158,7 @@ async def _run_with(options: RunOptions, terminal: Terminal | None) -> int:
         *(sig for sig in (*STOP_REQUESTS, *PASSED_ON) if signal.getsignal(sig) != signal.SIG_IGN),
         *(job_control if interactive else ()),
     )
-    with trio.open_signal_receiver(*received) as requests, unwrapped():
+    with trio.open_signal_receiver(*received) as requests, main_thread_only(received), unwrapped():
         stopping = trio.Event()  # set once the tree is being stopped, whatever stops it
         async with trio.open_nursery() as answering:
             async with open_process_tree(

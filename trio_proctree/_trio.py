@@ -5,15 +5,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import signal
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Generator, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Generator, Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
 import trio
 
 from ._choose import ContainmentChoice, choose_containment, start_tree
+from ._containment import Containment
 from ._core import TreeCore, TreeView
 from ._escalation import (
     DEFAULT_GRACE,
@@ -295,7 +297,7 @@ class _TreeScope:
             # Not abandoned on cancel: a cancellation that arrives while the worker thread
             # forks waits for the spawn, so the process is never lost...
             spawned, containment = await trio.to_thread.run_sync(
-                start_tree, self._plan, self._containment
+                _start_tree_in_worker, self._plan, self._containment
             )
             core = TreeCore(spawned, containment, self._plan, self._policy)
             tree = self._tree = ProcessTree(core, spawned)
@@ -509,6 +511,44 @@ async def _run_to_end(  # noqa: PLR0917 - one private call site
             # What is left would wait for ever: a reader on a pipe that a process outside
             # the tree holds open, a feeder whose input the tree never read.
             nursery.cancel_scope.cancel()
+
+
+#: Signals the worker thread that spawned a tree blocks once it has (`main_thread_only`).
+_kept_from_workers: frozenset[int] = frozenset()
+
+
+@contextlib.contextmanager
+def main_thread_only(signals: Iterable[int]) -> Generator[None]:
+    """Within, a worker thread that spawns a tree blocks ``signals`` once it has, for the
+    rest of its life, so that only the main thread takes them: for a program (the ``run``
+    tool) that answers them and runs nothing else in worker threads.
+
+    The kernel hands a signal to any thread that does not block it, and Python runs its
+    handler in the main thread only once the thread that took it has set its flag: a
+    worker descheduled in between, for milliseconds under load, had its signal answered
+    after one sent later (bash's ``kill %1`` on a stopped job sends SIGTERM, then
+    SIGCONT). The worker forks with them unblocked: a child inherits the mask of the
+    thread that forked it, and the tree must get every signal sent to it.
+    """
+    global _kept_from_workers  # noqa: PLW0603 - the run tool's, for its whole life
+    _kept_from_workers = frozenset(signals)
+    try:
+        yield
+    finally:
+        _kept_from_workers = frozenset()
+
+
+def _start_tree_in_worker(
+    plan: SpawnPlan, choice: ContainmentChoice
+) -> tuple[Spawned, Containment]:
+    kept = _kept_from_workers
+    if not kept:
+        return start_tree(plan, choice)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, kept)  # (a worker reused: the tree gets them)
+    try:
+        return start_tree(plan, choice)
+    finally:
+        signal.pthread_sigmask(signal.SIG_BLOCK, kept)
 
 
 @contextlib.contextmanager

@@ -516,6 +516,20 @@ MUTANTS = [
         "test_every_tree_open_at_interpreter_exit_is_killed_before_any_is_waited_for",
     ),
     (
+        "cli: the spawn's worker thread takes the signals the run tool answers",
+        "_trio.py",
+        "    _kept_from_workers = frozenset(signals)\n",
+        "    _kept_from_workers = frozenset()\n",
+        "test_only_the_tools_main_thread_takes_the_signals_it_answers",
+    ),
+    (
+        "cli: the spawn's worker thread forks with the run tool's signals blocked",
+        "_trio.py",
+        "    signal.pthread_sigmask(signal.SIG_UNBLOCK, kept)",
+        "    signal.pthread_sigmask(signal.SIG_BLOCK, kept)",
+        "test_only_the_tools_main_thread_takes_the_signals_it_answers",
+    ),
+    (
         "escalation: a grace that ran out with the leader gone says the leader runs",
         "_core.py",
         "                return False if self.leader.poll() is None else LeaderExited()",
