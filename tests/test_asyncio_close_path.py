@@ -7,6 +7,7 @@ under ``anyio.run(backend="asyncio")`` (the ``run`` fixture), with real processe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import inspect
 import logging
@@ -19,7 +20,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
 import pytest
@@ -728,7 +729,7 @@ def test_a_tree_whose_task_the_program_dropped_is_stopped_when_the_task_is_colle
             await asyncio.Event().wait()  # (nothing else holds this task)
 
     async def main() -> ProcessTree:
-        started = asyncio.get_running_loop().create_future()
+        started: asyncio.Future[ProcessTree] = asyncio.get_running_loop().create_future()
         task = weakref.ref(asyncio.get_running_loop().create_task(hold(started)))  # dropped
         tree = await started
         del started
@@ -751,7 +752,7 @@ def test_a_tree_in_an_async_generator_is_stopped_before_its_aclose_returns(
     # An async generator left early gets GeneratorExit from aclose(), which may await: the
     # cleanup is awaited there, as at any block's exit (not left to a task of its own, as
     # for a destroyed task's coroutine, which can await nothing).
-    async def lines() -> AsyncIterator[ProcessTree]:
+    async def lines() -> AsyncGenerator[ProcessTree]:
         async with open_process_tree(["sleep", "60"], grace=0.5, **contained) as tree:
             yield tree
 
@@ -768,17 +769,169 @@ def test_a_tree_in_an_async_generator_is_stopped_before_its_aclose_returns(
     assert tracked.survivors() == []
 
 
+class _Delegating:
+    """A program's own wrapper around the block (its ``__aexit__`` a coroutine that awaits
+    the block's), as a library's resource class may be."""
+
+    def __init__(self, scope: Any) -> None:
+        self._scope = scope
+
+    async def __aenter__(self) -> ProcessTree:
+        tree: ProcessTree = await self._scope.__aenter__()
+        return tree
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self._scope.__aexit__(*exc_info)
+
+
+#: A leader alone, that takes 0.2 s to stop once it has SIGTERM, and says when it may get it.
+SLOW_TO_STOP = (
+    "import signal, sys, time; "
+    "signal.signal(signal.SIGTERM, lambda *_: (time.sleep(0.2), sys.exit(0))); "
+    "print('ready', flush=True); time.sleep(60)"
+)
+
+
+@pytest.mark.parametrize("closed_by", ["aclose", "asyncio.run"])
+def test_a_wrapped_block_in_an_async_generator_is_stopped_before_its_close_returns(
+    tracked: Tracked, contained: dict[str, Any], closed_by: str
+) -> None:
+    # Closed by aclose() in the task that iterated it, or, left open, by asyncio.run's
+    # shutdown (in a task of its own, the one that iterated it finished). Red before
+    # (helper-53): a coroutine between the generator and the block (a wrapper's own
+    # __aexit__) was taken for a destroyed task's, and the cleanup was left to a task of
+    # its own: aclose() returned at once, and asyncio.run's end cut that task off (the
+    # tree SIGKILLed only at interpreter exit).
+    # (It takes 0.2 s to stop: a cleanup left to its own task is cut off by the loop's end.)
+    slow = [*procs.python(), "-c", SLOW_TO_STOP]
+    scope = open_process_tree(slow, grace=2.0, stdout=subprocess.PIPE, **contained)
+
+    async def lines() -> AsyncGenerator[ProcessTree]:
+        async with _Delegating(scope) as tree:
+            assert tree.stdout is not None
+            assert await tree.stdout.readline() == b"ready\n"
+            yield tree
+
+    trees: list[ProcessTree] = []
+    generators: list[AsyncGenerator[ProcessTree]] = []  # (held: asyncio.run closes it)
+
+    async def main() -> None:
+        generator = lines()
+        trees.append(await generator.__anext__())
+        if closed_by == "aclose":
+            await generator.aclose()
+            assert trees[0].outcome is not None  # done, not under way
+        else:
+            generators.append(generator)
+
+    asyncio.run(main())
+    [tree] = trees
+    assert tree.outcome is not None
+    assert tree.outcome.signals == (signal.SIGTERM, signal.SIGCONT)
+    assert tree.outcome.returncode == 0
+    assert tracked.survivors() == []
+
+
+def test_a_block_in_a_context_manager_whose_task_was_dropped_is_stopped_quietly(
+    tracked: Tracked, contained: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As a bare block's (above), through @asynccontextmanager, the commonest wrapper. Red
+    # before (helper-53): "coroutine ignored GeneratorExit", as for a bare block before.
+    unraisable: list[Any] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+
+    @contextlib.asynccontextmanager
+    async def served() -> AsyncGenerator[ProcessTree]:
+        async with open_process_tree(["sleep", "60"], grace=0.5, **contained) as tree:
+            yield tree
+
+    async def hold(started: asyncio.Future[ProcessTree]) -> None:
+        async with served() as tree:
+            started.set_result(tree)
+            await asyncio.Event().wait()  # (nothing else holds this task)
+
+    async def main() -> ProcessTree:
+        started: asyncio.Future[ProcessTree] = asyncio.get_running_loop().create_future()
+        task = weakref.ref(asyncio.get_running_loop().create_task(hold(started)))  # dropped
+        tree = await started
+        del started
+        gc.collect()
+        assert task() is None
+        await tree.aclose()  # the cleanup under way, waited for here
+        return tree
+
+    tree = asyncio.run(main())
+    assert unraisable == []
+    assert tree.outcome is not None
+    assert tree.outcome.signals == (signal.SIGTERM, signal.SIGCONT)
+    assert tracked.survivors() == []
+
+
+def test_a_tree_whose_task_is_collected_in_another_thread_is_stopped_in_its_loop(
+    tracked: Tracked, contained: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    # The collector runs in whatever thread allocates: here another one than the thread
+    # running the tree's loop. The cleanup goes to that loop, graceful. Red before
+    # (helper-53): "no event loop to clean up in; killed without grace" (SIGKILL).
+    caplog.set_level(logging.WARNING, logger="trio_proctree")
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever)
+    thread.start()
+    gc.disable()  # (collected in this thread, where the test collects, nowhere else)
+    try:
+
+        async def hold(started: asyncio.Future[ProcessTree]) -> None:
+            async with open_process_tree(["sleep", "60"], grace=0.5, **contained) as tree:
+                started.set_result(tree)
+                await asyncio.Event().wait()  # (nothing else holds this task)
+
+        async def start() -> ProcessTree:
+            started: asyncio.Future[ProcessTree] = loop.create_future()
+            dropped.append(weakref.ref(loop.create_task(hold(started))))
+            return await started
+
+        dropped: list[weakref.ref[asyncio.Task[None]]] = []
+        tree = asyncio.run_coroutine_threadsafe(start(), loop).result(timeout=30)
+        gc.collect()  # (in this thread)
+        assert dropped[0]() is None
+        asyncio.run_coroutine_threadsafe(tree.aclose(), loop).result(timeout=30)
+    finally:
+        gc.enable()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
+    assert tree.outcome is not None
+    assert tree.outcome.signals == (signal.SIGTERM, signal.SIGCONT)
+    assert [r.getMessage() for r in caplog.records if r.name == "trio_proctree"] == []
+    assert tracked.survivors() == []
+
+
 DESTROYED_WITH_NO_LOOP = textwrap.dedent(
     """
-    import asyncio, gc, sys
+    import asyncio, gc, os, sys
     from trio_proctree._procfs import read_stat
     from trio_proctree.asyncio import open_process_tree
 
+    def zombies():
+        # Our children that died and that nothing reaped.
+        found = 0
+        for name in os.listdir("/proc"):
+            stat = read_stat(int(name)) if name.isdigit() else None
+            found += stat is not None and stat.ppid == os.getpid() and stat.state == "Z"
+        return found
+
     async def hold(started):
-        async with open_process_tree(["sleep", "60"], containment=sys.argv[1]) as tree:
+        command = ["sh", "-c", "sleep 60 & exec sleep 61"]  # (a member: for a subreaper, ours)
+        async with open_process_tree(command, containment=sys.argv[1]) as tree:
             started.set_result(tree.pid)
             await asyncio.Event().wait()
 
+    async def once():  # (the watchdog started, and its socket open, for what follows)
+        async with open_process_tree(["true"], containment=sys.argv[1]) as tree:
+            await tree.wait()
+
+    asyncio.run(once())
+    fds = len(os.listdir("/proc/self/fd"))
     loop = asyncio.new_event_loop()
     started = loop.create_future()
     task = loop.create_task(hold(started))
@@ -787,7 +940,7 @@ DESTROYED_WITH_NO_LOOP = textwrap.dedent(
     del task, started
     gc.collect()  # the task's coroutine is closed, with no loop to run anything in
     stat = read_stat(leader)
-    print(None if stat is None else stat.state, flush=True)
+    print(None if stat is None else stat.state, len(os.listdir("/proc/self/fd")) - fds, zombies())
     """
 )
 
@@ -801,7 +954,10 @@ def test_a_tree_whose_task_is_destroyed_with_no_loop_running_is_killed_at_once(
     # "Exception ignored ... RuntimeError: no running event loop", the tree left running.
     result = run_script(DESTROYED_WITH_NO_LOOP, containment, tracked)
     assert result.returncode == 0, result
-    assert result.stdout == b"None\n", result  # reaped before the program went on
+    # Reaped before the program went on; and nothing of it kept: no descriptor (a pidfd, a
+    # cgroup's events), no zombie of ours (a subreaper's member). Red before (helper-53):
+    # the leader alone was reaped, the containment never let go.
+    assert result.stdout == b"None 0 0\n", result
     assert b"Exception ignored" not in result.stderr, result.stderr.decode()
     assert tracked.survivors() == []
 

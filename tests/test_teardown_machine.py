@@ -20,11 +20,13 @@ from trio_proctree._escalation import (
 )
 from trio_proctree._teardown import (
     Action,
+    Answer,
     AwaitEmpty,
     CloseStdin,
     CutShort,
     Finished,
     KillAll,
+    LeaderExited,
     LeaderLeft,
     LeaderStep,
     SendSignal,
@@ -36,9 +38,7 @@ LABEL = "pid 42 (make -j8)"
 MUST = "must be a finite number of seconds >= 0, not"
 
 
-def drive(
-    teardown: Teardown, answers: Sequence[bool | LeaderLeft | CutShort], *, alive: bool = True
-) -> list[Action]:
+def drive(teardown: Teardown, answers: Sequence[Answer], *, alive: bool = True) -> list[Action]:
     """Run the machine: each AwaitEmpty gets the next answer (did the tree empty?)."""
     actions = [teardown.start(tree_alive=alive)]
     replies = iter(answers)
@@ -297,6 +297,27 @@ def test_what_outlives_the_programs_kill_gets_the_hard_stop(
     assert teardown.grace_expired is False  # no grace was given: the program chose SIGKILL
     assert [r.getMessage() for r in caplog.records] == [
         f"{LABEL} still running 0.5s into cleanup, after the program's SIGKILL; "
+        "sending SIGKILL to the tree"
+    ]
+
+
+@pytest.mark.parametrize("after_the_programs_kill", [False, True])
+def test_a_wait_that_ran_out_with_the_leader_gone_says_so(
+    caplog: pytest.LogCaptureFixture, after_the_programs_kill: bool
+) -> None:
+    # The label names the leader: what runs on is what it left (red before, helper-52 and
+    # helper-53: "pid 42 (make -j8) still running", the leader long gone).
+    policy = Escalation(steps=[(signal.SIGTERM, 3.0)], kill_wait=0.5)
+    teardown = Teardown(policy, label=LABEL, stdin_open=False, killed=after_the_programs_kill)
+    with caplog.at_level(logging.WARNING, logger="trio_proctree"):
+        assert drive(teardown, [LeaderExited(), True])[-1] == Finished(emptied=True)
+    when = (
+        "0.5s into cleanup, after the program's SIGKILL"
+        if after_the_programs_kill
+        else ("3s after SIGTERM")
+    )
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{LABEL} exited, leaving processes that were still running {when}; "
         "sending SIGKILL to the tree"
     ]
 

@@ -10,6 +10,7 @@ share one cleanup.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import signal
@@ -191,17 +192,33 @@ class TreeCore:
             )
         self._raise_what_failed(interrupt, errors)
 
-    def _reap_leader(self, io: LoopIO) -> int | None:
+    def _reap_leader(self, io: LoopIO | None) -> int | None:
         """Reap the leader (after the last group signal, never before), and close its
-        pidfd once it is reaped; its exit status, if seen."""
+        pidfd once it is reaped; its exit status, if seen. (``io``: the loop that may
+        watch the pidfd, told it goes; None, with no loop.)"""
         returncode = self.leader.reap()
-        if returncode is not None or self.leader.lost:
-            io.forget_fd(self.leader.pidfd)
+        if (returncode is not None or self.leader.lost) and self.leader.pidfd >= 0:
+            if io is not None:
+                io.forget_fd(self.leader.pidfd)
             # Never to be used again: -1 before the close, for a thread that reads it
             # meanwhile (the net at interpreter exit may), not a number reused since.
             pidfd, self.leader.pidfd = self.leader.pidfd, -1
             os.close(pidfd)
         return returncode
+
+    def kill_blocking(self, *, when: str) -> None:
+        """Where no cleanup can run (no event loop; ``when`` says where, for the log):
+        SIGKILL the tree, reap its leader within ``kill_wait``, and let its containment go
+        (its backstop kept armed unless the tree is seen empty). Blocking."""
+        kill_at_once([self], when=when)
+        try:
+            emptied = False
+            with contextlib.suppress(Exception):  # (not seen empty: the backstop stays)
+                emptied = self.containment.pending() == []
+            self.containment.release(emptied=emptied)
+        finally:
+            self._cleaned_up = True
+            self._reap_leader(None)
 
     def _raise_what_failed(
         self, interrupt: KeyboardInterrupt | None, errors: list[Exception]

@@ -268,7 +268,13 @@ class Teardown:
                 *(
                     ("not seen gone", wait, " (it could not be looked at)")
                     if isinstance(emptied, Unseen)
-                    else ("still running", wait, "")
+                    else (
+                        "exited, leaving processes that were still running"
+                        if isinstance(emptied, LeaderExited)
+                        else "still running",
+                        wait,
+                        "",
+                    )
                 ),
             )
         return (yield from self._hard_stop())

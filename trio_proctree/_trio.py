@@ -515,6 +515,9 @@ async def _run_to_end(  # noqa: PLR0917 - one private call site
 
 #: Signals the worker thread that spawned a tree blocks once it has (`main_thread_only`).
 _kept_from_workers: frozenset[int] = frozenset()
+#: Every signal ever kept so: a worker that blocked them lives on (trio keeps idle workers
+#: for seconds), and unblocks them before each spawn of a tree, whoever asks for it.
+_ever_kept: set[int] = set()
 
 
 @contextlib.contextmanager
@@ -529,9 +532,15 @@ def main_thread_only(signals: Iterable[int]) -> Generator[None]:
     after one sent later (bash's ``kill %1`` on a stopped job sends SIGTERM, then
     SIGCONT). The worker forks with them unblocked: a child inherits the mask of the
     thread that forked it, and the tree must get every signal sent to it.
+
+    Such a worker keeps them blocked after the block, as long as trio keeps it: a later
+    tree's spawn there unblocks them first, but other code's spawns from it (a
+    ``trio.run_process`` in the same program) would start children with them blocked.
+    For a program that exits after the block, as the run tool does.
     """
     global _kept_from_workers  # noqa: PLW0603 - the run tool's, for its whole life
     _kept_from_workers = frozenset(signals)
+    _ever_kept.update(_kept_from_workers)
     try:
         yield
     finally:
@@ -542,13 +551,15 @@ def _start_tree_in_worker(
     plan: SpawnPlan, choice: ContainmentChoice
 ) -> tuple[Spawned, Containment]:
     kept = _kept_from_workers
-    if not kept:
+    if not _ever_kept:
         return start_tree(plan, choice)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, kept)  # (a worker reused: the tree gets them)
+    # (A worker that blocked them before: the tree must get every signal sent to it.)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _ever_kept)
     try:
         return start_tree(plan, choice)
     finally:
-        signal.pthread_sigmask(signal.SIG_BLOCK, kept)
+        if kept:
+            signal.pthread_sigmask(signal.SIG_BLOCK, kept)
 
 
 @contextlib.contextmanager

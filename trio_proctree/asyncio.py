@@ -34,14 +34,15 @@ import subprocess
 import sys
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Coroutine, Generator
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import Any, TypeVar
 
 from ._begins_anyway import BeginsAnyway
 from ._choose import ContainmentChoice, ContainmentUnavailable, choose_containment, start_tree
 from ._containment import ContainmentLost
-from ._core import TreeCore, TreeView, kill_at_once, open_trees
+from ._core import TreeCore, TreeView, open_trees
 from ._escalation import (
     DEFAULT_GRACE,
     DEFAULT_STOP_SIGNAL,
@@ -554,12 +555,19 @@ class ProcessTree(TreeView):
 
     def _stop_unawaited(self) -> None:
         """Stop the tree where nothing can be awaited: the task of its block was destroyed
-        (`_closed_synchronously`). In the tree's loop, running, the cleanup goes on in a
-        task of its own (held until it ends), graceful as ever; with no loop to run it in,
-        the tree is killed and its leader reaped now, as the net at interpreter exit would:
-        the program may run on for long."""
-        with contextlib.suppress(RuntimeError):  # (no loop running, or not the tree's)
+        (`_TreeScope._closed_from_outside`). Its cleanup goes on in a task of its own (held
+        until it ends), graceful as ever, in the tree's loop: here if it runs here, else
+        in its own thread if it runs there. With no loop to run it in, the tree is killed,
+        its leader reaped and its containment let go now, as the net at interpreter exit
+        would: the program may run on for long."""
+        with contextlib.suppress(RuntimeError):  # (no loop running here, or not the tree's)
             self._start_cleanup()
+            return
+        loop = self._loop
+        if loop.is_running() and not loop.is_closed():
+            # (The collector runs in whatever thread allocates: the tree's loop may be
+            # running in another one.)
+            loop.call_soon_threadsafe(self._start_cleanup)
             return
         if self._core in open_trees():
             logger.warning(
@@ -567,7 +575,7 @@ class ProcessTree(TreeView):
                 "in; killed without grace",
                 self._core.label,
             )
-            kill_at_once([self._core], when="as the task of its block was destroyed")
+            self._core.kill_blocking(when="as the task of its block was destroyed")
 
     async def _close_under(self, exc: BaseException) -> None:
         """Clean up while ``exc`` propagates: a cleanup error rides along, never replaces it."""
@@ -928,6 +936,8 @@ class _TreeScope:
         self._plan = plan
         self._policy = policy
         self._containment = containment
+        #: The task that entered the block (`_EnteredBy`), if one did.
+        self._entered_by: _EnteredBy | None = None
         self._tree: ProcessTree | None = None
         self._entered = False
 
@@ -961,6 +971,8 @@ class _TreeScope:
         if self._entered:
             raise RuntimeError("this open_process_tree() scope was already entered")
         self._entered = True
+        task = asyncio.current_task()
+        self._entered_by = None if task is None else _EnteredBy(task)
         spawn = _QueuedSpawn(self._plan, self._policy, self._containment)
         try:
             self._tree = await self._spawn(spawn)
@@ -1003,29 +1015,48 @@ class _TreeScope:
             raise RuntimeError("this open_process_tree() scope was never entered")
         if exc is None:
             await self._tree.aclose()
-        elif isinstance(exc, GeneratorExit) and _closed_synchronously(sys._getframe(1)):
+        elif isinstance(exc, GeneratorExit) and self._closed_from_outside():
             self._tree._stop_unawaited()  # (and GeneratorExit goes on: nothing awaited)
         else:
             await self._tree._close_under(exc)
 
+    def _closed_from_outside(self) -> bool:
+        """Whether this exit runs in a coroutine being closed (its ``close()``), where
+        nothing can be awaited (Python reports "coroutine ignored GeneratorExit"): with no
+        loop running, or, with one, not stepped by the task that entered the block but
+        closed from outside: by the garbage collector, that task collected unfinished (a
+        task the program did not hold: asyncio keeps tasks by weak reference), or by
+        another task's ``close()`` of its coroutine. An async generator's ``aclose()``,
+        run by any task, awaits: its cleanup is waited for there, as at any exit."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return True
+        return self._entered_by is not None and self._entered_by.closes_from_outside()
 
-def _closed_synchronously(frame: FrameType | None) -> bool:
-    """Whether the ``async with`` that exits (in ``frame``, exit stacks and the like of
-    contextlib looked through) is in a coroutine being closed: its ``close()``, from the
-    garbage collector for a task nothing held (asyncio keeps tasks by weak reference) or
-    at interpreter exit. Nothing can be awaited there (Python reports "coroutine ignored
-    GeneratorExit"), and a coroutine gets GeneratorExit from nothing else. An async
-    generator gets it from ``aclose()`` too, which awaits: not taken for this, unless no
-    loop runs to await in (one collected after its loop closed)."""
-    while frame is not None and frame.f_globals.get("__name__") == "contextlib":
-        frame = frame.f_back
-    if frame is not None and frame.f_code.co_flags & inspect.CO_COROUTINE:
-        return True
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return True
-    return False
+
+class _EnteredBy:
+    """The task that entered a block, held as weakly as asyncio holds it, and whether it
+    finished: collected unfinished, it was dropped by the program."""
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self._task = weakref.ref(task)
+        self._finished = False
+        task.add_done_callback(self._finish)
+
+    def _finish(self, _task: asyncio.Task[Any]) -> None:
+        self._finished = True
+
+    def closes_from_outside(self) -> bool:
+        """Whether that task's coroutine is being closed from outside the task: the task
+        is gone unfinished (the collector clears weak references before it finalises the
+        coroutine), or its coroutine runs while another task, or none, is current."""
+        task = self._task()
+        if task is None:
+            return not self._finished
+        if task is asyncio.current_task():
+            return False
+        return bool(getattr(task.get_coro(), "cr_running", False))
 
 
 def open_process_tree(

@@ -496,16 +496,45 @@ MUTANTS = [
     (
         "close: a block whose task was destroyed awaits its cleanup",
         "asyncio.py",
-        "        elif isinstance(exc, GeneratorExit) and _closed_synchronously(sys._getframe(1)):",
+        "        elif isinstance(exc, GeneratorExit) and self._closed_from_outside():",
         "        elif False:",
         "test_a_tree_whose_task_the_program_dropped or test_a_tree_whose_task_is_destroyed",
     ),
     (
-        "close: an async generator's aclose() is taken for a destroyed task",
+        "close: aclose() in the task that entered taken for a destroyed task's close",
         "asyncio.py",
-        "    if frame is not None and frame.f_code.co_flags & inspect.CO_COROUTINE:",
-        "    if frame is not None:",
+        "        if task is asyncio.current_task():\n            return False\n",
+        "        if False:\n            return False\n",
         "test_a_tree_in_an_async_generator_is_stopped_before_its_aclose_returns",
+    ),
+    (
+        "close: a task collected unfinished is taken for one that finished",
+        "asyncio.py",
+        "            return not self._finished\n",
+        "            return False\n",
+        "test_a_tree_whose_task_the_program_dropped or context_manager_whose_task_was_dropped",
+    ),
+    (
+        "close: an entering task gone after it finished is taken for one collected unfinished",
+        "asyncio.py",
+        "            return not self._finished\n",
+        "            return True\n",
+        "test_a_wrapped_block_in_an_async_generator_is_stopped_before_its_close_returns",
+    ),
+    (
+        "close: a destroyed task's tree, its loop in another thread, killed without grace",
+        "asyncio.py",
+        "            loop.call_soon_threadsafe(self._start_cleanup)\n            return\n",
+        "            pass\n",
+        "test_a_tree_whose_task_is_collected_in_another_thread",
+    ),
+    (
+        "close: a tree killed with no loop keeps its containment",
+        "_core.py",
+        "                emptied = self.containment.pending() == []\n"
+        "            self.containment.release(emptied=emptied)\n",
+        "                emptied = self.containment.pending() == []\n",
+        "test_a_tree_whose_task_is_destroyed_with_no_loop_running",
     ),
     (
         "close: the net at interpreter exit waits for each tree before it kills the next",
@@ -525,9 +554,16 @@ MUTANTS = [
     (
         "cli: the spawn's worker thread forks with the run tool's signals blocked",
         "_trio.py",
-        "    signal.pthread_sigmask(signal.SIG_UNBLOCK, kept)",
-        "    signal.pthread_sigmask(signal.SIG_BLOCK, kept)",
+        "    signal.pthread_sigmask(signal.SIG_UNBLOCK, _ever_kept)",
+        "    signal.pthread_sigmask(signal.SIG_BLOCK, _ever_kept)",
         "test_only_the_tools_main_thread_takes_the_signals_it_answers",
+    ),
+    (
+        "cli: a worker that kept signals from itself forks with them blocked later",
+        "_trio.py",
+        "    signal.pthread_sigmask(signal.SIG_UNBLOCK, _ever_kept)",
+        "    pass",
+        "test_a_tree_started_by_a_worker_that_kept_signals_from_itself_gets_them",
     ),
     (
         "escalation: a grace that ran out with the leader gone says the leader runs",
