@@ -563,3 +563,10 @@ def killed_on_failure(process: subprocess.Popen[AnyStr]) -> Iterator[subprocess.
         except BaseException:
             process.kill()
             raise
+
+
+def blocked_signals(pid: int, task: int) -> set[int]:
+    """The signals thread ``task`` of process ``pid`` blocks (its ``SigBlk``)."""
+    with open(f"/proc/{pid}/task/{task}/status") as status:
+        [mask] = [line.split()[1] for line in status if line.startswith("SigBlk:")]
+    return {number for number in range(1, 65) if int(mask, 16) >> (number - 1) & 1}

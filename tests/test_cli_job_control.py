@@ -8,6 +8,7 @@ the tool, would wait for ever. These tests type at a real bash on a fresh pseudo
 
 from __future__ import annotations
 
+import functools
 import os
 import select
 import shlex
@@ -256,6 +257,39 @@ def test_a_stopped_run_asked_to_stop_stops_its_whole_tree(
     said = "Terminated" if sig == signal.SIGTERM else "Hangup"
     wait_until(lambda: said in shell_jobs(shell), 10, f"job {said}")
     assert shell.foreground() == shell.bash.pid
+
+
+def _blocks(pid: int, task: int, signals: set[int]) -> bool:
+    return signals <= procs.blocked_signals(pid, task)
+
+
+def test_only_the_tools_main_thread_takes_the_job_control_signals(
+    shell: InteractiveShell, tracked: Tracked
+) -> None:
+    # bash's `kill %1` on a stopped job sends SIGTERM, then SIGCONT: taken by the spawn's
+    # worker thread and flagged late, the SIGTERM was answered after the SIGCONT, and the
+    # tool, stopped again by its command's next stop for the terminal, waited for ever
+    # (the suspected cause of one red CI run of the test above). The worker blocks them.
+    leader = start_reader(shell)
+    tool_pid = procs.stat_field(leader, 4)
+    answered: set[int] = {
+        signal.SIGTERM,
+        signal.SIGHUP,
+        signal.SIGCHLD,
+        signal.SIGCONT,
+        signal.SIGTSTP,
+    }
+    workers = [int(task) for task in os.listdir(f"/proc/{tool_pid}/task")]
+    workers.remove(tool_pid)
+    assert workers  # (the spawn's, idle for 10 s)
+    for worker in workers:
+        blocks_them = functools.partial(_blocks, tool_pid, worker, answered)
+        wait_until(blocks_them, 5, "the worker blocks them")  # (it retires after 10 s)
+    assert not answered & procs.blocked_signals(tool_pid, tool_pid)
+    assert not answered & procs.blocked_signals(leader, leader)
+    shell.answer()
+    shell.expect(b"$ ")
+    assert tracked.survivors() == [shell.bash.pid]
 
 
 def test_a_job_brought_back_running_gets_the_terminal_when_it_reads_it(

@@ -278,13 +278,6 @@ def test_a_signal_the_tool_inherited_ignored_stays_ignored(tracked: Tracked) -> 
     assert tracked.survivors() == []
 
 
-def _blocked(pid: int, task: int) -> set[int]:
-    """The signals thread ``task`` of process ``pid`` blocks."""
-    with open(f"/proc/{pid}/task/{task}/status") as status:
-        [mask] = [line.split()[1] for line in status if line.startswith("SigBlk:")]
-    return {number for number in range(1, 65) if int(mask, 16) >> (number - 1) & 1}
-
-
 def test_only_the_tools_main_thread_takes_the_signals_it_answers(tracked: Tracked) -> None:
     # The kernel hands a signal to any thread that does not block it; one taken by a
     # worker thread descheduled before its handler ran was answered after signals sent
@@ -305,12 +298,15 @@ def test_only_the_tools_main_thread_takes_the_signals_it_answers(tracked: Tracke
         for worker in workers:
             # (It blocks them once the spawn's work is done, which may end after the
             # command said its pid.)
-            deadline = time.monotonic() + 10
-            while not answered <= _blocked(runner.pid, worker):
-                assert time.monotonic() < deadline, (worker, _blocked(runner.pid, worker))
+            deadline = time.monotonic() + 5  # (it retires after 10 s idle)
+            while not answered <= procs.blocked_signals(runner.pid, worker):
+                assert time.monotonic() < deadline, (
+                    worker,
+                    procs.blocked_signals(runner.pid, worker),
+                )
                 time.sleep(0.01)
-        assert not answered & _blocked(runner.pid, runner.pid)
-        assert not answered & _blocked(command, command)
+        assert not answered & procs.blocked_signals(runner.pid, runner.pid)
+        assert not answered & procs.blocked_signals(command, command)
         runner.send_signal(signal.SIGTERM)  # our own child, by pid
         assert runner.wait(timeout=30) == -signal.SIGTERM
     assert tracked.survivors() == []
