@@ -10,9 +10,9 @@ share one cleanup.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import logging
 import os
+import select
 import signal
 import time
 from typing import Protocol
@@ -113,6 +113,8 @@ class TreeCore:
         self._record: tuple[Teardown, int, int, float, int | None] | None = None
         self._outcome: CleanupOutcome | None = None
         self._cleaned_up = False
+        #: The containment was let go (`_release`).
+        self._released = False
         #: Whether the program's SIGKILL went to the whole tree (`ProcessTree.kill`).
         self._killed = False
         #: Whether the last look at who is left failed (`_pending`): a wait that runs out
@@ -178,7 +180,7 @@ class TreeCore:
                 # Before the leader is reaped: its zombie still pins the group id while the
                 # tree's orphans are recognised by it. A tree not known to be empty keeps
                 # its parent-death backstop armed.
-                self.containment.release(emptied=emptied)
+                self._release(emptied)
             except Exception as exc:  # noqa: BLE001 - even a bug there must not skip the reap
                 errors.append(exc)
             self._cleaned_up = True
@@ -208,17 +210,37 @@ class TreeCore:
 
     def kill_blocking(self, *, when: str) -> None:
         """Where no cleanup can run (no event loop; ``when`` says where, for the log):
-        SIGKILL the tree, reap its leader within ``kill_wait``, and let its containment go
-        (its backstop kept armed unless the tree is seen empty). Blocking."""
+        SIGKILL the tree, reap its leader and wait for the rest to go, each within
+        ``kill_wait``, and let its containment go (its backstop kept armed unless the tree
+        was seen empty). Blocking; what fails is logged (there is no caller to tell)."""
+        deadline = time.monotonic() + self.policy.kill_wait
         kill_at_once([self], when=when)
+        emptied = False
         try:
-            emptied = False
-            with contextlib.suppress(Exception):  # (not seen empty: the backstop stays)
-                emptied = self.containment.pending() == []
-            self.containment.release(emptied=emptied)
+            while (pending := self.containment.pending()) != []:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                if isinstance(pending, list):  # a member's pidfd turns readable as it exits
+                    poller = select.poll()
+                    poller.register(pending[0], select.POLLIN)
+                    poller.poll(min(left, self.containment.ask_again_within or left) * 1000)
+                else:
+                    time.sleep(min(left, 0.001 if pending is NEED_SCAN else RETRY_PAUSE))
+            else:
+                emptied = True
+            self._release(emptied)
+        except Exception:  # (nobody to raise it to: said, as the net says its failures)
+            logger.exception("%s: could not let the tree go %s", self.label, when)
         finally:
             self._cleaned_up = True
             self._reap_leader(None)
+
+    def _release(self, emptied: bool) -> None:
+        """Let the containment go, once (a cleanup finalised after `kill_blocking` did)."""
+        if not self._released:
+            self._released = True
+            self.containment.release(emptied=emptied)
 
     def _raise_what_failed(
         self, interrupt: KeyboardInterrupt | None, errors: list[Exception]

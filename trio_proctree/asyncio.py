@@ -34,7 +34,6 @@ import subprocess
 import sys
 import threading
 import warnings
-import weakref
 from collections.abc import Callable, Coroutine, Generator
 from types import TracebackType
 from typing import Any, TypeVar
@@ -554,27 +553,34 @@ class ProcessTree(TreeView):
         _settle(task, cancelled, self._core.label, report=report)
 
     def _stop_unawaited(self) -> None:
-        """Stop the tree where nothing can be awaited: the task of its block was destroyed
-        (`_TreeScope._closed_from_outside`). Its cleanup goes on in a task of its own (held
-        until it ends), graceful as ever, in the tree's loop: here if it runs here, else
-        in its own thread if it runs there. With no loop to run it in, the tree is killed,
-        its leader reaped and its containment let go now, as the net at interpreter exit
-        would: the program may run on for long."""
+        """Stop the tree where nothing can be awaited (`_TreeScope._closed_from_outside`).
+        Its cleanup goes on in a task of its own (held until it ends), graceful as ever,
+        in the tree's loop: here if it runs here, else in its own thread if it runs
+        there; one already under way in a loop that has not closed finishes there when
+        it runs again. With no loop to run it in, the tree is killed, its leader reaped
+        and its containment let go now, as the net at interpreter exit would: the
+        program may run on for long."""
+        cleanup = self._cleanup
+        if cleanup is not None and not cleanup.done() and not cleanup.get_loop().is_closed():
+            return
         with contextlib.suppress(RuntimeError):  # (no loop running here, or not the tree's)
             self._start_cleanup()
             return
         loop = self._loop
         if loop.is_running() and not loop.is_closed():
-            # (The collector runs in whatever thread allocates: the tree's loop may be
-            # running in another one.)
-            loop.call_soon_threadsafe(self._start_cleanup)
-            return
+            # (A callback that loop's end drops is not run: the net at interpreter exit,
+            # and the watchdog, still stop the tree.)
+            with contextlib.suppress(RuntimeError):  # (closed meanwhile)
+                loop.call_soon_threadsafe(self._start_cleanup)
+                return
         if self._core in open_trees():
             logger.warning(
                 "%s: the task of its block was destroyed with no event loop to clean up "
                 "in; killed without grace",
                 self._core.label,
             )
+            # Its loop, stopped but not closed, would watch the pidfd's number once reused.
+            self._stop_watching_leader()
             self._core.kill_blocking(when="as the task of its block was destroyed")
 
     async def _close_under(self, exc: BaseException) -> None:
@@ -936,8 +942,6 @@ class _TreeScope:
         self._plan = plan
         self._policy = policy
         self._containment = containment
-        #: The task that entered the block (`_EnteredBy`), if one did.
-        self._entered_by: _EnteredBy | None = None
         self._tree: ProcessTree | None = None
         self._entered = False
 
@@ -971,8 +975,6 @@ class _TreeScope:
         if self._entered:
             raise RuntimeError("this open_process_tree() scope was already entered")
         self._entered = True
-        task = asyncio.current_task()
-        self._entered_by = None if task is None else _EnteredBy(task)
         spawn = _QueuedSpawn(self._plan, self._policy, self._containment)
         try:
             self._tree = await self._spawn(spawn)
@@ -1021,42 +1023,25 @@ class _TreeScope:
             await self._tree._close_under(exc)
 
     def _closed_from_outside(self) -> bool:
-        """Whether this exit runs in a coroutine being closed (its ``close()``), where
-        nothing can be awaited (Python reports "coroutine ignored GeneratorExit"): with no
-        loop running, or, with one, not stepped by the task that entered the block but
-        closed from outside: by the garbage collector, that task collected unfinished (a
-        task the program did not hold: asyncio keeps tasks by weak reference), or by
-        another task's ``close()`` of its coroutine. An async generator's ``aclose()``,
-        run by any task, awaits: its cleanup is waited for there, as at any exit."""
+        """Whether this exit (GeneratorExit on its way) runs where nothing can be awaited:
+        with no event loop running here, or with another loop than the tree's, its own
+        still open. That is a coroutine closed by the garbage collector (a task the
+        program did not hold: asyncio keeps tasks by weak reference) in a thread that
+        runs no loop, or another loop than the tree's (the collector runs in whatever
+        thread allocates), or once the loop has closed. An async generator's ``aclose()``
+        runs in a task of the tree's loop, and awaits its cleanup there, as at any exit.
+
+        Not told apart: the collector closing it in the tree's own loop's thread. Its
+        exit awaits the cleanup, which then goes on in its own task, graceful, and
+        Python reports "coroutine ignored GeneratorExit" (no sure sign tells that close
+        from an ``aclose()``: frames and tasks were tried, and each misjudged some)."""
         try:
-            asyncio.get_running_loop()
+            running = asyncio.get_running_loop()
         except RuntimeError:
             return True
-        return self._entered_by is not None and self._entered_by.closes_from_outside()
-
-
-class _EnteredBy:
-    """The task that entered a block, held as weakly as asyncio holds it, and whether it
-    finished: collected unfinished, it was dropped by the program."""
-
-    def __init__(self, task: asyncio.Task[Any]) -> None:
-        self._task = weakref.ref(task)
-        self._finished = False
-        task.add_done_callback(self._finish)
-
-    def _finish(self, _task: asyncio.Task[Any]) -> None:
-        self._finished = True
-
-    def closes_from_outside(self) -> bool:
-        """Whether that task's coroutine is being closed from outside the task: the task
-        is gone unfinished (the collector clears weak references before it finalises the
-        coroutine), or its coroutine runs while another task, or none, is current."""
-        task = self._task()
-        if task is None:
-            return not self._finished
-        if task is asyncio.current_task():
-            return False
-        return bool(getattr(task.get_coro(), "cr_running", False))
+        assert self._tree is not None
+        its_own = self._tree._loop
+        return running is not its_own and not its_own.is_closed()
 
 
 def open_process_tree(
