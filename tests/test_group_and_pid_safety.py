@@ -1117,7 +1117,10 @@ async def test_a_reaped_leaders_group_is_asked_about_once_a_listing_not_once_a_m
         await read_pids(tree.stdout, 1)
         await tree.stdin.aclose()
         os.waitpid(tree.pid, 0)  # noqa: ASYNC222 - it exits at once: "someone else" reaps it
-        assert len(tracked.survivors()) == members
+        # (A sleep caught in its exec shows no environment for a moment: not yet seen.)
+        with trio.fail_after(10):
+            while len(tracked.survivors()) != members:
+                await trio.sleep(0.01)
         monkeypatch.setattr(_group, "signal_group_of", counted)
         if pinning == "runs-out":
             for caller in (_group, _member_tracking):
