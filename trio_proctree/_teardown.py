@@ -261,21 +261,14 @@ class Teardown:
                 return (yield from self._cut_short(emptied, "the program's SIGKILL"))
             if emptied:
                 return Finished(emptied=True)
+            did, note = _ran_on(emptied)
             logger.warning(
                 "%s %s %gs into cleanup, after the program's SIGKILL%s; sending SIGKILL to "
                 "the tree",
                 self.label,
-                *(
-                    ("not seen gone", wait, " (it could not be looked at)")
-                    if isinstance(emptied, Unseen)
-                    else (
-                        "exited, leaving processes that were still running"
-                        if isinstance(emptied, LeaderExited)
-                        else "still running",
-                        wait,
-                        "",
-                    )
-                ),
+                did,
+                wait,
+                note,
             )
         return (yield from self._hard_stop())
 
@@ -322,12 +315,17 @@ class Teardown:
 
 
 def _seen(emptied: Answer, wait: float, sig: int) -> str:
-    """How a wait of ``wait`` seconds after ``sig`` that ran out saw the tree: still
-    running, or what its leader left still running (`LeaderExited`), or, when the look
-    at it failed (`Unseen`), not seen gone."""
+    """How a wait of ``wait`` seconds after ``sig`` that ran out saw the tree (`_ran_on`)."""
+    did, note = _ran_on(emptied)
+    return f"{did} {wait:g}s after {signal_name(sig)}{note}"
+
+
+def _ran_on(emptied: Answer) -> tuple[str, str]:
+    """What a wait that ran out saw the tree do, and a note for after its time: still
+    running; or what its leader left still running (`LeaderExited`); or, when the look at
+    it failed (`Unseen`), not seen gone."""
     if isinstance(emptied, Unseen):
-        return f"not seen gone {wait:g}s after {signal_name(sig)} (it could not be looked at)"
+        return "not seen gone", " (it could not be looked at)"
     if isinstance(emptied, LeaderExited):
-        after = f"{wait:g}s after {signal_name(sig)}"
-        return f"exited, leaving processes that were still running {after}"
-    return f"still running {wait:g}s after {signal_name(sig)}"
+        return "exited, leaving processes that were still running", ""
+    return "still running", ""

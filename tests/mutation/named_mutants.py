@@ -2173,8 +2173,8 @@ MUTANTS = [
     (
         "teardown: a tree not seen gone logged as still running after the stop signal",
         "_teardown.py",
-        '    if isinstance(emptied, Unseen):\n        return f"not seen gone',
-        '    if False:\n        return f"not seen gone',
+        '    if isinstance(emptied, Unseen):\n        return "not seen gone"',
+        '    if False:\n        return "not seen gone"',
         "not_seen_gone",
     ),
     (
