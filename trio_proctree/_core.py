@@ -18,7 +18,7 @@ import time
 from typing import Protocol
 
 from ._cgroup_home import remove_home
-from ._containment import NEED_SCAN, RETRY_LATER, RETRY_PAUSE, Containment, ContainmentLost
+from ._containment import NEED_SCAN, RETRY_PAUSE, Containment, ContainmentLost
 from ._escalation import Escalation, SignalLike, parse_signal, signal_name
 from ._leader import Leader
 from ._outcome import CleanupError, CleanupOutcome, chain_cleanup_error
@@ -226,7 +226,7 @@ class TreeCore:
                     poller.register(pending[0], select.POLLIN)
                     poller.poll(min(left, self.containment.ask_again_within or left) * 1000)
                 else:
-                    time.sleep(min(left, 0.001 if pending is NEED_SCAN else RETRY_PAUSE))
+                    time.sleep(min(left, self._pause_for(pending)))
             else:
                 emptied = True
             self._release(emptied)
@@ -405,11 +405,14 @@ class TreeCore:
             self._look_failed = True
             return RETRY_PAUSE  # a degraded poll, only here: the error is raised at the end
         self._look_failed = False
+        return pending if isinstance(pending, list) else self._pause_for(pending)
+
+    def _pause_for(self, pending: object) -> float:
+        """How long to pause before asking again a containment that could not name the
+        tree's live members (`NEED_SCAN` or `RETRY_LATER`)."""
         if pending is NEED_SCAN:
             return 0.001  # a member still finishing its exit: it takes microseconds
-        if pending is RETRY_LATER:
-            return self.containment.ask_again_within or RETRY_PAUSE
-        return pending
+        return self.containment.ask_again_within or RETRY_PAUSE
 
     async def _wait_empty(
         self,
