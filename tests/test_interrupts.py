@@ -138,6 +138,64 @@ def test_a_timeout_that_an_exception_passes_on_its_way_out_leaves_no_stray_cance
     assert tracked.survivors() == []
 
 
+def test_a_cancellation_pending_as_the_block_raises_comes_at_the_next_wait(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # Requested while the block's code ran (as asyncio.run's Ctrl-C handler does, between
+    # two lines of busy code), then the block failed: the cleanup's wait took it, and it
+    # was counted as one being handled. Red before (helper-56): the next wait slept on,
+    # and a program retrying on that error ran on after a Ctrl-C.
+    if sys.version_info < (3, 11):
+        pytest.skip("asyncio counts cancellations (Task.cancelling) from Python 3.11")
+
+    async def main() -> str:
+        current = asyncio.current_task()
+        assert current is not None
+        try:
+            async with failing_once_ready(contained):
+                current.cancel()  # pending: nothing has awaited since
+        except Flaky:
+            try:
+                await asyncio.sleep(5)
+            except asyncio.CancelledError:
+                return "cancelled"
+        return "ran on"
+
+    assert asyncio.run(main()) == "cancelled"
+    assert tracked.survivors() == []
+
+
+def test_a_cancellation_during_an_inner_blocks_cleanup_survives_the_outer_blocks(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # The inner block's cleanup takes the cancellation and delivers it again at the task's
+    # next wait: the outer block's cleanup, where it is delivered and taken once more.
+    # Red before (helper-56 found the single block's case): counted there as requested
+    # before that cleanup began, it was lost.
+    if sys.version_info < (3, 11):
+        pytest.skip("asyncio counts cancellations (Task.cancelling) from Python 3.11")
+
+    async def main() -> str:
+        loop = asyncio.get_running_loop()
+        current = asyncio.current_task()
+        assert current is not None
+        try:
+            async with (
+                open_process_tree(IGNORES_TERM, grace=0.3, **contained),  # the outer block
+                failing_once_ready(contained),  # the inner block
+            ):
+                loop.call_later(0.05, current.cancel)  # in the inner cleanup's grace
+        except Flaky:
+            try:
+                await asyncio.sleep(5)
+            except asyncio.CancelledError:
+                return "cancelled"
+        return "ran on"
+
+    assert asyncio.run(main()) == "cancelled"
+    assert tracked.survivors() == []
+
+
 def test_a_task_group_ends_a_child_cancelled_while_its_failing_block_cleans_up(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:

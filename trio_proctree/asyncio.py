@@ -604,6 +604,12 @@ class ProcessTree(TreeView):
         # retried in a loop never ended). So it comes again, as trio's would, at the task's
         # next wait, unless a scope that ``exc`` left on its way out took it back first.
         if cancelled is not None and isinstance(exc, Exception):
+            if requested and _cancellations_requested() == requested:
+                # Requested before the cleanup began, delivered in it: one still pending as
+                # the block raised (a Ctrl-C landing in its busy code, or one delivered
+                # again by an inner tree's block), not one being handled. Counted in
+                # ``requested``, it was taken for handled and lost (helper-56).
+                requested -= 1
             _deliver_again_unless_withdrawn(cancelled, requested)
 
     async def _connect(self, spawned: Spawned) -> None:

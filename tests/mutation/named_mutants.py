@@ -1834,6 +1834,13 @@ MUTANTS = [
         "ends_a_child_cancelled_while or cancelled_at_its_next_wait or exception_leaves_it_is_not",
     ),
     (
+        "close: a cancellation pending as the block raised, taken for one being handled",
+        "asyncio.py",
+        "            if requested and _cancellations_requested() == requested:",
+        "            if False:",
+        "pending_as_the_block_raises or inner_blocks_cleanup_survives",
+    ),
+    (
         "close: an absorbed cancellation delivered again at once, not at the next wait",
         "asyncio.py",
         "    task.get_loop().call_soon(again)",
