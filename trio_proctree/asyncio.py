@@ -730,8 +730,10 @@ def _drain_into(reader: asyncio.StreamReader, transport: asyncio.BaseTransport) 
     what the tree said, which the loop had not read yet. (Its transport's own reads are
     paused once the reader holds 128 KiB unread; the tree, gone, writes no more.)"""
     pipe = transport.get_extra_info("pipe")
-    if pipe is None or transport.is_closing():
-        return  # (closed at its end already: nothing left, and its fd not ours any more)
+    if pipe is None or transport.is_closing() or (isinstance(pipe, _PipeEnd) and pipe.closed):
+        # (Closed at its end already: nothing left, and its fd not ours any more. uvloop's
+        # loop, closed, closes the pipe ends of transports it leaves "not closing".)
+        return
     if getattr(reader, "_eof", False):  # (no public way to ask; since Python 3.4)
         return  # ended by the program itself (``feed_eof``): it wants no more
     left = _DRAIN_AT_MOST
@@ -753,6 +755,10 @@ class _PipeEnd:
     def __init__(self, fd: int) -> None:
         self._fd = fd
         self._identity = _identity(fd)
+
+    @property
+    def closed(self) -> bool:
+        return self._fd < 0
 
     def fileno(self) -> int:
         if self._fd < 0:

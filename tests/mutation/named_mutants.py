@@ -1855,6 +1855,13 @@ MUTANTS = [
         "never_lands_in_a_shielded_scope",
     ),
     (
+        "loops: a pipe end uvloop closed with its loop read in the next loop's cleanup",
+        "asyncio.py",
+        "    if pipe is None or transport.is_closing() or (isinstance(pipe, _PipeEnd) and pipe.closed):",
+        "    if pipe is None or transport.is_closing():",
+        "outliving_its_event_loop_is_waited",
+    ),
+    (
         "loops: the leader watched through a closed loop's future, never to be set",
         "asyncio.py",
         "            _still_open(self._exited.get_loop(), self)\n            self._exited = None",
