@@ -637,6 +637,62 @@ def test_a_tree_open_at_interpreter_exit_with_a_member_it_may_not_signal_is_stil
     assert tracked.survivors() == []
 
 
+def test_close_stdin_step_is_skipped_while_the_program_holds_the_stdin_it_took(
+    run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # As under trio (red before, helper-55: the whole wait sat out, "stdin_closed").
+    policy = Escalation(steps=[(signal.SIGTERM, 1.0)], close_stdin=5.0)
+
+    async def main() -> None:
+        async with open_process_tree(
+            ["cat"], escalation=policy, stdin=subprocess.PIPE, **contained
+        ) as tree:
+            kept, tree.stdin = tree.stdin, None
+        assert kept is not None
+        try:
+            outcome = tree.outcome
+            assert outcome is not None
+            assert not outcome.stdin_closed
+            assert outcome.signals == (signal.SIGTERM, signal.SIGCONT)
+            assert outcome.duration < 2.5  # did not sit out the 5 s stdin wait
+        finally:
+            kept.close()
+
+    async def bounded() -> None:
+        await asyncio.wait_for(main(), 10)
+
+    run(bounded)
+    assert tracked.survivors() == []
+
+
+def test_close_stdin_step_waits_when_the_program_closed_the_stdin_it_took(
+    run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    policy = Escalation(steps=[(signal.SIGTERM, 1.0)], close_stdin=5.0)
+
+    async def main() -> None:
+        async with open_process_tree(
+            ["sh", "-c", "cat >/dev/null; exec sleep 0.5"],  # (ends 0.5 s after its EOF)
+            escalation=policy,
+            stdin=subprocess.PIPE,
+            **contained,
+        ) as tree:
+            kept, tree.stdin = tree.stdin, None
+            assert kept is not None
+            kept.close()
+        outcome = tree.outcome
+        assert outcome is not None
+        assert outcome.stdin_closed
+        assert outcome.signals == ()
+        assert outcome.returncode == 0
+
+    async def bounded() -> None:
+        await asyncio.wait_for(main(), 10)
+
+    run(bounded)
+    assert tracked.survivors() == []
+
+
 def test_unread_stdin_does_not_hold_up_the_cleanup(
     run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
 ) -> None:

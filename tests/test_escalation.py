@@ -787,6 +787,52 @@ async def test_close_stdin_step_is_skipped_without_a_stdin_pipe(
     assert outcome.duration < 2.5  # did not sit out the 5 s stdin wait
 
 
+async def test_close_stdin_step_is_skipped_while_the_program_holds_the_stdin_it_took(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # Taken off the tree, a stream is the program's, and cleanup leaves it open: no EOF
+    # can be given. Red before (helper-55): the step sat out its whole wait, closing
+    # nothing, and the outcome said stdin was closed.
+    policy = Escalation(steps=[(signal.SIGTERM, 1.0)], close_stdin=5.0)
+    async with open_process_tree(
+        ["cat"], escalation=policy, stdin=subprocess.PIPE, **contained
+    ) as tree:
+        kept, tree.stdin = tree.stdin, None
+    assert kept is not None
+    try:
+        outcome = tree.outcome
+        assert outcome is not None
+        assert not outcome.stdin_closed
+        assert outcome.signals == (signal.SIGTERM, signal.SIGCONT)
+        assert outcome.duration < 2.5  # did not sit out the 5 s stdin wait
+        await kept.send_all(b"")  # still open: the program's
+    finally:
+        await kept.aclose()
+    assert tracked.survivors() == []
+
+
+async def test_close_stdin_step_waits_when_the_program_closed_the_stdin_it_took(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # Closed by the program, it gave the tree its EOF: the step's wait lets it finish.
+    policy = Escalation(steps=[(signal.SIGTERM, 1.0)], close_stdin=5.0)
+    async with open_process_tree(
+        ["sh", "-c", "cat >/dev/null; exec sleep 0.5"],  # (ends 0.5 s after its EOF)
+        escalation=policy,
+        stdin=subprocess.PIPE,
+        **contained,
+    ) as tree:
+        kept, tree.stdin = tree.stdin, None
+        assert kept is not None
+        await kept.aclose()
+    outcome = tree.outcome
+    assert outcome is not None
+    assert outcome.stdin_closed
+    assert outcome.signals == ()
+    assert outcome.returncode == 0
+    assert tracked.survivors() == []
+
+
 async def test_sigkill_as_stop_signal_kills_at_once(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:

@@ -78,6 +78,11 @@ class LoopIO(Protocol):
         """
         ...
 
+    def stdin_kept_open(self) -> bool:
+        """Whether the program took the tree's stdin pipe off the tree (cleanup leaves such
+        a stream open) and holds it open still: then no close can give the tree EOF."""
+        ...
+
     async def close_streams(self, within: float) -> list[Exception]:
         """Close every pipe the driver still holds; the errors, if any.
 
@@ -148,7 +153,10 @@ class TreeCore:
         # already (by the program, or by run_process_tree once it fed the input), it
         # still gives a CLI finishing that input its wait before the first signal.
         teardown = Teardown(
-            self.policy, label=self.label, stdin_open=self.stdin_piped, killed=self._killed
+            self.policy,
+            label=self.label,
+            stdin_open=self.stdin_piped and not self._stdin_kept_open(io),
+            killed=self._killed,
         )
         errors: list[Exception] = []
         action: object = None
@@ -193,6 +201,19 @@ class TreeCore:
                 0, self._outlived(errors, hard_stop_failed=hard_stop_failed, unseen=action.unseen)
             )
         self._raise_what_failed(interrupt, errors)
+
+    def _stdin_kept_open(self, io: LoopIO) -> bool:
+        """Whether the close-stdin step is moot: the program holds the tree's stdin open,
+        off the tree, where cleanup leaves it. (It waited its whole time, closing nothing,
+        and the outcome said stdin was closed: helper-55.)"""
+        if not self.stdin_piped or self.policy.close_stdin is None or not io.stdin_kept_open():
+            return False
+        logger.debug(
+            "%s: stdin was taken off the tree and is still open: no EOF to give, the "
+            "close-stdin step is skipped",
+            self.label,
+        )
+        return True
 
     def _reap_leader(self, io: LoopIO | None) -> int | None:
         """Reap the leader (after the last group signal, never before), and close its

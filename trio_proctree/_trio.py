@@ -113,6 +113,11 @@ class _TrioIO:
     async def close_stdin(self, within: float) -> Exception | None:
         return await self._tree._close_stream("stdin", self, within)
 
+    def stdin_kept_open(self) -> bool:
+        given = self._tree._given_stdin
+        # (An FdStream's number reads -1 once it is closed.)
+        return given is not None and self._tree.stdin is None and given.fileno() >= 0
+
     async def close_streams(self, within: float) -> list[Exception]:
         deadline = self.now() + within
         errors = [
@@ -145,6 +150,8 @@ class ProcessTree(TreeView):
         self._core = core
         #: The leader's stdin, when it was ``subprocess.PIPE``.
         self.stdin: trio.abc.SendStream | None = _stream(spawned.stdin)
+        #: The stream ``stdin`` was made, while it is the program's to take off the tree.
+        self._given_stdin = self.stdin
         #: The leader's stdout, when it was ``subprocess.PIPE``.
         self.stdout: trio.abc.ReceiveStream | None = _stream(spawned.stdout)
         #: The leader's stderr, when it was ``subprocess.PIPE``.
@@ -466,7 +473,7 @@ async def run_process_tree(
             )
             stdin_stream = tree.stdin if request.feed is not None else None
             if request.feed is not None:
-                tree.stdin = None
+                tree.stdin = tree._given_stdin = None  # (fed here; closed once fed)
             await _run_to_end(tree, request.feed, stdin_stream, readers, outputs, task_status)
     finally:
         # Closed only after the tree's cleanup: on cancellation the tree is stopped by the

@@ -349,6 +349,10 @@ class _AsyncioIO:
     async def close_stdin(self, within: float) -> Exception | None:
         return await self._tree._close_stdin()  # (closes at once: nothing to bound)
 
+    def stdin_kept_open(self) -> bool:
+        given = self._tree._given_stdin
+        return given is not None and self._tree.stdin is None and not _closed(given.transport)
+
     async def close_streams(self, within: float) -> list[Exception]:
         await self._tree._close_stdin()
         self._tree._abort_stdin()
@@ -384,6 +388,8 @@ class ProcessTree(TreeView):
         #: The readers made for stdout and stderr, each with its pipe's transport.
         self._read_transports: dict[str, tuple[asyncio.StreamReader, asyncio.BaseTransport]] = {}
         self._stdin_transport: asyncio.WriteTransport | None = None
+        #: The writer ``stdin`` was made, while it is the program's to take off the tree.
+        self._given_stdin: asyncio.StreamWriter | None = None
         self._exited: asyncio.Future[None] | None = None
         #: The running cleanup, and the future callers wait on: settled when the cleanup
         #: has run.
@@ -629,7 +635,9 @@ class ProcessTree(TreeView):
             write_transport, _ = await _closing_on_error(
                 pipe, loop.connect_write_pipe(lambda: protocol, pipe)
             )
-            self.stdin = asyncio.StreamWriter(write_transport, protocol, None, loop)
+            self.stdin = self._given_stdin = asyncio.StreamWriter(
+                write_transport, protocol, None, loop
+            )
 
     def _hand(self, fd: int) -> _PipeEnd:
         """A pipe end for a transport, which owns it from now on."""
@@ -725,15 +733,20 @@ def _protocol_for(reader: asyncio.StreamReader) -> Callable[[], asyncio.StreamRe
 _DRAIN_AT_MOST = 1 << 20
 
 
+def _closed(transport: asyncio.BaseTransport) -> bool:
+    """Whether a pipe's transport is closed (or closing). uvloop's loop, as it closes,
+    closes the pipe ends of transports that go on saying they are not closing."""
+    pipe = transport.get_extra_info("pipe")
+    return transport.is_closing() or (isinstance(pipe, _PipeEnd) and pipe.closed)
+
+
 def _drain_into(reader: asyncio.StreamReader, transport: asyncio.BaseTransport) -> None:
     """Read what is still in a reader's pipe into the reader, without waiting: the last of
     what the tree said, which the loop had not read yet. (Its transport's own reads are
     paused once the reader holds 128 KiB unread; the tree, gone, writes no more.)"""
     pipe = transport.get_extra_info("pipe")
-    if pipe is None or transport.is_closing() or (isinstance(pipe, _PipeEnd) and pipe.closed):
-        # (Closed at its end already: nothing left, and its fd not ours any more. uvloop's
-        # loop, closed, closes the pipe ends of transports it leaves "not closing".)
-        return
+    if pipe is None or _closed(transport):
+        return  # (closed at its end already: nothing left, and its fd not ours any more)
     if getattr(reader, "_eof", False):  # (no public way to ask; since Python 3.4)
         return  # ended by the program itself (``feed_eof``): it wants no more
     left = _DRAIN_AT_MOST
@@ -1147,6 +1160,7 @@ async def run_process_tree(
             feeder = None
             if request.feed is not None and tree.stdin is not None:
                 writer, tree.stdin = tree.stdin, None
+                tree._given_stdin = None  # (fed here; closed once fed)
                 feeder = loop.create_task(_feed(writer, request.feed))
                 io_tasks.append(feeder)
             try:

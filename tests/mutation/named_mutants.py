@@ -1834,6 +1834,27 @@ MUTANTS = [
         "ends_a_child_cancelled_while or cancelled_at_its_next_wait or exception_leaves_it_is_not",
     ),
     (
+        "close-stdin: sat out where the program holds the stdin it took off the tree",
+        "_core.py",
+        "            stdin_open=self.stdin_piped and not self._stdin_kept_open(io),",
+        "            stdin_open=self.stdin_piped,",
+        "holds_the_stdin_it_took",
+    ),
+    (
+        "close-stdin: skipped where the program closed the stdin it took (trio)",
+        "_trio.py",
+        "        return given is not None and self._tree.stdin is None and given.fileno() >= 0",
+        "        return given is not None and self._tree.stdin is None",
+        "test_escalation.py and closed_the_stdin_it_took",
+    ),
+    (
+        "close-stdin: skipped where the program closed the stdin it took (asyncio)",
+        "asyncio.py",
+        "        return given is not None and self._tree.stdin is None and not _closed(given.transport)",
+        "        return given is not None and self._tree.stdin is None",
+        "test_asyncio_close_path.py and closed_the_stdin_it_took",
+    ),
+    (
         "close: a cancellation pending as the block raised, taken for one being handled",
         "asyncio.py",
         "            if requested and _cancellations_requested() == requested:",
@@ -1857,8 +1878,8 @@ MUTANTS = [
     (
         "loops: a pipe end uvloop closed with its loop read in the next loop's cleanup",
         "asyncio.py",
-        "    if pipe is None or transport.is_closing() or (isinstance(pipe, _PipeEnd) and pipe.closed):",
-        "    if pipe is None or transport.is_closing():",
+        "    return transport.is_closing() or (isinstance(pipe, _PipeEnd) and pipe.closed)",
+        "    return transport.is_closing()",
         "outliving_its_event_loop_is_waited",
     ),
     (
