@@ -2873,12 +2873,41 @@ async def test_extra_groups_given_as_an_iterator_reach_the_leader_whole(
     tracked: Tracked,
 ) -> None:
     # As subprocess takes any iterable. Red before: checking them used the iterator up,
-    # and the leader ran with no supplementary groups at all. (Groups other than ours:
-    # the tree gets the subreaper, whatever the containment, as for another user.)
+    # and the leader ran with no supplementary groups at all.
     result = await run_process_tree(
         ["id", "-G"], capture_stdout=True, extra_groups=iter([0, 1, 2]), env=tracked.env
     )
     assert sorted(int(gid) for gid in result.stdout.split()) == [0, 1, 2]
+    assert tracked.survivors() == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="setgroups() needs CAP_SETGID")
+async def test_a_leader_that_stays_root_keeps_its_cgroup_whatever_its_groups(
+    tracked: Tracked,
+) -> None:
+    # Root writes any cgroup's files, whatever its groups: the join works. Red before
+    # (helper-55): other groups took the tree off cgroup containment ("auto" fell back
+    # to the subreaper) and "cgroup" refused, naming user=/group=, which were not given.
+    available("cgroup")
+    groups = {"group": 1, "extra_groups": [1, 2]}
+    result = await run_process_tree(
+        ["sh", "-c", "id -g; id -G"],
+        capture_stdout=True,
+        containment="cgroup",
+        env=tracked.env,
+        **groups,
+    )
+    assert result.stdout.split(b"\n")[:2] == [b"1", b"1 2"]
+    async with open_process_tree(
+        SETSID_ESCAPEE, grace=0.5, stdout=subprocess.PIPE, env=tracked.env, **groups
+    ) as tree:
+        assert tree.containment == "cgroup"
+        assert tree.stdout is not None
+        [escapee] = await read_pids(tree.stdout, 1)
+        assert os.getsid(escapee) == escapee != tree.pid  # it did leave the session
+    assert not procs.alive(escapee)
+    assert tree.outcome is not None
+    assert tree.outcome.escapees_killed >= 1  # (its cgroup held the escapee)
     assert tracked.survivors() == []
 
 

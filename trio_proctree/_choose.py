@@ -45,7 +45,8 @@ def choose_containment(mode: str, *, changes_user: bool = False) -> ContainmentC
     ``"auto"`` takes the strongest available: a cgroup of its own where a writable cgroup
     v2 hierarchy is delegated to us, else this process as child subreaper (process-wide;
     made so when the first such tree starts), else the process group alone. A leader that
-    runs as another user (``user=``, ``group=``) cannot join a cgroup we own.
+    runs as another user (``user=``; or, unless it stays root, another ``group=`` or
+    ``extra_groups=``) cannot join a cgroup we own.
 
     Raises:
         ValueError: ``mode`` names no containment.
@@ -92,8 +93,8 @@ def _beyond_cgroups(mode: str) -> ContainmentChoice:
 def _cgroup_home_for(*, changes_user: bool) -> CgroupHome:
     if changes_user:
         raise CgroupUnavailable(
-            "the command runs as another user (user=/group=), which cannot join a cgroup "
-            "owned by this process"
+            "the command runs as another user or group (user=, group=, extra_groups=), "
+            "which cannot join a cgroup owned by this process"
         )
     return cgroup_home()
 

@@ -273,8 +273,9 @@ def _check_program(program: Any) -> None:
 def _check_user_and_group(options: dict[str, Any]) -> bool:
     """Names given for ``user=`` / ``group=`` must exist (else Popen fails after forking).
 
-    Returns whether the leader is to run as another user or group than ours: naming our
-    own (a service that passes ``user=`` whoever it runs as) changes nothing.
+    Returns whether the leader is to run as another user or group than ours, such that it
+    may not join a cgroup of ours: naming our own (a service that passes ``user=``
+    whoever it runs as) changes nothing, nor do other groups for a leader that stays root.
     """
     import grp  # noqa: PLC0415 - Unix only: importing the package must work on Windows
     import pwd  # noqa: PLC0415
@@ -291,15 +292,25 @@ def _check_user_and_group(options: dict[str, Any]) -> bool:
             group = grp.getgrnam(group).gr_gid
         except KeyError:
             raise ValueError(f"group={group!r}: no such group") from None
+    other_groups = group is not None and group != os.getegid()
+    if extra_groups is not None:
+        # Any iterable will do, as for Popen: read once, here, and handed on as a list (an
+        # iterator read here would reach Popen empty, and the leader get no groups at all).
+        extra_groups = options["extra_groups"] = list(extra_groups)
+        other_groups |= _other_than_ours(extra_groups)
     if user is not None and user != os.geteuid():
         return True
-    if group is not None and group != os.getegid():
-        return True
-    if extra_groups is None:
-        return False
-    # Any iterable will do, as for Popen: read once, here, and handed on as a list (an
-    # iterator read here would reach Popen empty, and the leader get no groups at all).
-    extra_groups = options["extra_groups"] = list(extra_groups)
+    # Still our user, the leader joins its cgroup as we would. Root may write any cgroup's
+    # files (CAP_DAC_OVERRIDE), whatever its groups: other groups took its tree off cgroup
+    # containment for nothing, with an error naming user=/group= (helper-55). Another
+    # user's right to write them may rest on its groups.
+    return other_groups and os.geteuid() != 0
+
+
+def _other_than_ours(extra_groups: list[Any]) -> bool:
+    """Whether ``extra_groups`` are other supplementary groups than ours."""
+    import grp  # noqa: PLC0415 - Unix only: importing the package must work on Windows
+
     # A name that does not resolve is Popen's to refuse; here it only counts as a change.
     gids: set[int] = set()
     for extra in extra_groups:

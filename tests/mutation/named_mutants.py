@@ -1834,6 +1834,13 @@ MUTANTS = [
         "ends_a_child_cancelled_while or cancelled_at_its_next_wait or exception_leaves_it_is_not",
     ),
     (
+        "spawn: a leader that stays root taken off cgroup containment for other groups",
+        "_spawn.py",
+        "    return other_groups and os.geteuid() != 0",
+        "    return other_groups",
+        "stays_root_keeps_its_cgroup",
+    ),
+    (
         "close-stdin: sat out where the program holds the stdin it took off the tree",
         "_core.py",
         "            stdin_open=self.stdin_piped and not self._stdin_kept_open(io),",
