@@ -2889,7 +2889,7 @@ async def test_a_leader_that_stays_root_keeps_its_cgroup_whatever_its_groups(
     # (helper-55): other groups took the tree off cgroup containment ("auto" fell back
     # to the subreaper) and "cgroup" refused, naming user=/group=, which were not given.
     available("cgroup")
-    groups = {"group": 1, "extra_groups": [1, 2]}
+    groups: dict[str, Any] = {"group": 1, "extra_groups": [1, 2]}
     result = await run_process_tree(
         ["sh", "-c", "id -g; id -G"],
         capture_stdout=True,
