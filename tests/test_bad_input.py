@@ -99,6 +99,23 @@ BAD_REQUESTS = [
     pytest.param(
         ["sleep"], {"env": {"PATH": "/nonexistent"}}, FileNotFoundError, "PATH", id="env-path"
     ),
+    pytest.param(  # (red before, helper-55: Popen's KeyError, once the tree was starting)
+        ["true"],
+        {"extra_groups": ["no-such-group-xyz"]},
+        ValueError,
+        "'no-such-group-xyz': no such group",
+        id="unknown-extra-group",
+    ),
+    # Stream options Popen cannot take: red before (helper-55), an AttributeError naming
+    # fileno, or an EBADF from the child, once the tree was starting.
+    pytest.param(["true"], {"stdout": b"x"}, TypeError, "stdout must be a file", id="bytes-out"),
+    pytest.param(["true"], {"stderr": 1.5}, TypeError, "not float", id="float-stderr"),
+    pytest.param(["true"], {"stdout": True}, TypeError, "not bool", id="bool-stdout"),
+    pytest.param(
+        ["true"], {"stdout": subprocess.STDOUT}, OSError, "stdout=-2: not an open", id="out-to-out"
+    ),
+    pytest.param(["true"], {"stderr": -5}, OSError, "stderr=-5: not an open", id="negative-fd"),
+    pytest.param(["true"], {"stderr": 987654}, OSError, "stderr=987654: not an", id="closed-fd"),
 ]
 
 
@@ -114,6 +131,16 @@ async def test_bad_request_fails_early_and_leaks_nothing(
 ) -> None:
     with pytest.raises(error, match=message):
         await entry(command, **kwargs)()
+
+
+@pytest.mark.parametrize("given", [b"data", "data"], ids=["bytes", "str"])
+async def test_input_given_to_open_process_tree_as_its_stdin_says_where_it_belongs(
+    nothing_leaks: None, given: Any
+) -> None:
+    # Red before (helper-55): "'bytes' object has no attribute 'fileno'", as the tree
+    # was starting.
+    with pytest.raises(TypeError, match=r"run_process_tree's stdin="):
+        await _open(["cat"], stdin=given)()
 
 
 @pytest.fixture

@@ -202,6 +202,8 @@ def plan_spawn(command: Command, options: Mapping[str, Any]) -> SpawnPlan:
     shell = bool(options.get("shell"))
     argv = _check_command(command, shell)
     stdin, stdout, stderr = (options.pop(name, None) for name in ("stdin", "stdout", "stderr"))
+    for name, value in (("stdin", stdin), ("stdout", stdout), ("stderr", stderr)):
+        _check_stream_option(name, value)
     _own_process_group(options)
     if options.get("preexec_fn") is not None:
         options["preexec_fn"] = _dying_with_us(options["preexec_fn"])
@@ -233,6 +235,31 @@ def _describe(command: Command, argv: list[Any]) -> str:
     else:
         label = shlex.join(os.fsdecode(arg) for arg in argv)
     return label if len(label) <= 120 else label[:117] + "..."
+
+
+def _check_stream_option(name: str, value: Any) -> None:
+    """``stdin``/``stdout``/``stderr`` must be what Popen takes: else it fails in the child
+    (an opaque EBADF) or with an AttributeError naming ``fileno``, once the tree's
+    containment is made (helper-55: ``stdin=b"..."``, run_process_tree's input given to
+    open_process_tree, said "'bytes' object has no attribute 'fileno'")."""
+    if value is None or (hasattr(value, "fileno") and not isinstance(value, (str, bytes))):
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        hint = ""
+        if name == "stdin" and isinstance(value, (bytes, bytearray, memoryview, str)):
+            hint = " (input to feed the command is run_process_tree's stdin=)"
+        raise TypeError(
+            f"{name} must be a file, a file descriptor, subprocess.PIPE, subprocess.DEVNULL "
+            f"or None, not {type(value).__name__}{hint}"
+        )
+    if value in (subprocess.PIPE, subprocess.DEVNULL) or (
+        name == "stderr" and value == subprocess.STDOUT
+    ):
+        return
+    try:
+        os.fstat(value)  # (a negative number: EBADF, as Popen fails on it in the child)
+    except OSError as exc:
+        raise OSError(exc.errno, f"{name}={value}: not an open file descriptor") from None
 
 
 def _check_command(command: Command, shell: bool) -> list[Any]:
@@ -311,13 +338,13 @@ def _other_than_ours(extra_groups: list[Any]) -> bool:
     """Whether ``extra_groups`` are other supplementary groups than ours."""
     import grp  # noqa: PLC0415 - Unix only: importing the package must work on Windows
 
-    # A name that does not resolve is Popen's to refuse; here it only counts as a change.
     gids: set[int] = set()
     for extra in extra_groups:
         try:
             gids.add(grp.getgrnam(extra).gr_gid if isinstance(extra, str) else extra)
         except KeyError:
-            return True
+            # As for user= and group= (Popen's KeyError came only as the tree started).
+            raise ValueError(f"extra_groups: {extra!r}: no such group") from None
     return gids != set(os.getgroups())
 
 

@@ -1834,6 +1834,20 @@ MUTANTS = [
         "ends_a_child_cancelled_while or cancelled_at_its_next_wait or exception_leaves_it_is_not",
     ),
     (
+        "bad input: a stream option Popen cannot take left for it to fail on",
+        "_spawn.py",
+        "        _check_stream_option(name, value)\n",
+        "        pass\n",
+        "test_bad_input.py and (fd or stderr or stdout or says_where_it_belongs)",
+    ),
+    (
+        "bad input: an unknown extra_groups= name left to Popen's KeyError",
+        "_spawn.py",
+        '            raise ValueError(f"extra_groups: {extra!r}: no such group") from None',
+        "            return True",
+        "unknown-extra-group",
+    ),
+    (
         "spawn: a leader that stays root taken off cgroup containment for other groups",
         "_spawn.py",
         "    return other_groups and os.geteuid() != 0",
