@@ -787,13 +787,12 @@ async def test_close_stdin_step_is_skipped_without_a_stdin_pipe(
     assert outcome.duration < 2.5  # did not sit out the 5 s stdin wait
 
 
-async def test_close_stdin_step_is_skipped_while_the_program_holds_the_stdin_it_took(
+async def test_close_stdin_step_says_stdin_stayed_open_where_the_program_holds_it(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:
-    # Taken off the tree, a stream is the program's, and cleanup leaves it open: no EOF
-    # can be given. Red before (helper-55): the step sat out its whole wait, closing
-    # nothing, and the outcome said stdin was closed.
-    policy = Escalation(steps=[(signal.SIGTERM, 1.0)], close_stdin=5.0)
+    # Taken off the tree, a stream is the program's, and cleanup leaves it open: the tree
+    # got no EOF. Red before (helper-55): the outcome said stdin was closed.
+    policy = Escalation(steps=[(signal.SIGTERM, 1.0)], close_stdin=0.3)
     async with open_process_tree(
         ["cat"], escalation=policy, stdin=subprocess.PIPE, **contained
     ) as tree:
@@ -804,10 +803,43 @@ async def test_close_stdin_step_is_skipped_while_the_program_holds_the_stdin_it_
         assert outcome is not None
         assert not outcome.stdin_closed
         assert outcome.signals == (signal.SIGTERM, signal.SIGCONT)
-        assert outcome.duration < 2.5  # did not sit out the 5 s stdin wait
         await kept.send_all(b"")  # still open: the program's
     finally:
         await kept.aclose()
+    assert tracked.survivors() == []
+
+
+async def test_close_stdin_step_waits_for_a_task_of_the_program_feeding_the_stdin(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # A task of the program's took stdin off the tree to own its close, and closes it once
+    # its input is fed: during the step's wait, the tree gets its EOF and ends by itself.
+    # Red when the step was skipped for a stdin held open as cleanup began (helper-57):
+    # SIGTERM at once, the input cut short.
+    policy = Escalation(steps=[(signal.SIGTERM, 1.0)], close_stdin=5.0)
+
+    async def feed(stdin: trio.abc.SendStream) -> None:
+        async with stdin:
+            await trio.sleep(0.3)  # (the block has ended by now: cleanup's step waits)
+            await stdin.send_all(b"the rest\n")
+
+    async with (
+        trio.open_nursery() as nursery,
+        open_process_tree(
+            ["sh", "-c", "cat >/dev/null; exit 0"],
+            escalation=policy,
+            stdin=subprocess.PIPE,
+            **contained,
+        ) as tree,
+    ):
+        stdin, tree.stdin = tree.stdin, None
+        assert stdin is not None
+        nursery.start_soon(feed, stdin)
+    outcome = tree.outcome
+    assert outcome is not None
+    assert outcome.signals == ()
+    assert outcome.stdin_closed
+    assert outcome.returncode == 0
     assert tracked.survivors() == []
 
 

@@ -80,7 +80,7 @@ class LoopIO(Protocol):
 
     def stdin_kept_open(self) -> bool:
         """Whether the program took the tree's stdin pipe off the tree (cleanup leaves such
-        a stream open) and holds it open still: then no close can give the tree EOF."""
+        a stream open) and holds it open still: cleanup's own close gave the tree no EOF."""
         ...
 
     async def close_streams(self, within: float) -> list[Exception]:
@@ -115,11 +115,14 @@ class TreeCore:
         self.policy = policy
         self.label = f"pid {self.leader.pid} ({plan.label})"
         #: What cleanup did, kept as it ran out, until `outcome` first reads it.
-        self._record: tuple[Teardown, int, int, float, int | None] | None = None
+        self._record: tuple[Teardown, int, int, float, int | None, bool] | None = None
         self._outcome: CleanupOutcome | None = None
         self._cleaned_up = False
         #: The containment was let go (`_release`).
         self._released = False
+        #: The program held the tree's stdin open, off the tree, as the close-stdin step's
+        #: wait ended.
+        self._stdin_held_open = False
         #: Whether the program's SIGKILL went to the whole tree (`ProcessTree.kill`).
         self._killed = False
         #: Whether the last look at who is left failed (`_pending`): a wait that runs out
@@ -155,7 +158,7 @@ class TreeCore:
         teardown = Teardown(
             self.policy,
             label=self.label,
-            stdin_open=self.stdin_piped and not self._stdin_kept_open(io),
+            stdin_open=self.stdin_piped,
             killed=self._killed,
         )
         errors: list[Exception] = []
@@ -195,25 +198,27 @@ class TreeCore:
             returncode = self._reap_leader(io)
             if emptied:
                 _open_trees.discard(self)  # else the net at interpreter exit keeps it
-            self._record = self._record_and_log(teardown, time.monotonic() - started, returncode)
+            self._record = self._record_and_log(
+                teardown, time.monotonic() - started, returncode, self._stdin_closed(teardown)
+            )
         if isinstance(action, Finished) and not action.emptied:
             errors.insert(
                 0, self._outlived(errors, hard_stop_failed=hard_stop_failed, unseen=action.unseen)
             )
         self._raise_what_failed(interrupt, errors)
 
-    def _stdin_kept_open(self, io: LoopIO) -> bool:
-        """Whether the close-stdin step is moot: the program holds the tree's stdin open,
-        off the tree, where cleanup leaves it. (It waited its whole time, closing nothing,
-        and the outcome said stdin was closed: helper-55.)"""
-        if not self.stdin_piped or self.policy.close_stdin is None or not io.stdin_kept_open():
-            return False
+    def _stdin_closed(self, teardown: Teardown) -> bool:
+        """Whether the close-stdin step ran and the tree's stdin was closed: not where the
+        program took the stream off the tree and held it open through the step's wait
+        (cleanup leaves such a stream open; it said so all the same: helper-55)."""
+        if not teardown.stdin_closed or not self._stdin_held_open:
+            return teardown.stdin_closed
         logger.debug(
-            "%s: stdin was taken off the tree and is still open: no EOF to give, the "
-            "close-stdin step is skipped",
+            "%s: stdin was taken off the tree and held open: the close-stdin step could "
+            "not close it",
             self.label,
         )
-        return True
+        return False
 
     def _reap_leader(self, io: LoopIO | None) -> int | None:
         """Reap the leader (after the last group signal, never before), and close its
@@ -293,6 +298,10 @@ class TreeCore:
                 emptied = await self._wait_empty(
                     io, action, errors, since=closed_stdin_at, leader_step=leader_step
                 )
+                if closed_stdin_at is not None:
+                    # Asked as the step's wait ends, not as it begins: a task of the
+                    # program's that feeds the tree may close it meanwhile (helper-57).
+                    self._stdin_held_open = io.stdin_kept_open()
                 closed_stdin_at, leader_step = None, None
             elif isinstance(action, CloseStdin):
                 # The wait that follows counts from here: a stream the program put in
@@ -337,8 +346,8 @@ class TreeCore:
             errors.append(exc)
 
     def _record_and_log(
-        self, teardown: Teardown, duration: float, returncode: int | None
-    ) -> tuple[Teardown, int, int, float, int | None]:
+        self, teardown: Teardown, duration: float, returncode: int | None, stdin_closed: bool
+    ) -> tuple[Teardown, int, int, float, int | None, bool]:
         """What `outcome` is made of, and the line that ends each cleanup. Escapees
         (members outside the tree's process group) are what a group alone would have left
         running: worth INFO."""
@@ -355,18 +364,18 @@ class TreeCore:
                 lingering,
                 escapees,
             )
-        return teardown, lingering, escapees, duration, returncode
+        return teardown, lingering, escapees, duration, returncode, stdin_closed
 
     @property
     def outcome(self) -> CleanupOutcome | None:
         """What cleanup did; None until it ran. Made when first read, not on the path that
         ends the tree (where its ~20 us counted)."""
         if self._outcome is None and self._record is not None:
-            teardown, lingering, escapees, duration, returncode = self._record
+            teardown, lingering, escapees, duration, returncode, stdin_closed = self._record
             self._outcome = CleanupOutcome(
                 containment=self.containment.name,
                 signals=tuple(teardown.signals),
-                stdin_closed=teardown.stdin_closed,
+                stdin_closed=stdin_closed,
                 grace_expired=teardown.grace_expired,
                 lingering_killed=lingering,
                 escapees_killed=escapees,

@@ -208,9 +208,9 @@ class Escalation:
        closed already: by the program, or by `run_process_tree` once it fed the input) and
        wait up to ``close_stdin`` seconds (for CLIs that flush their last output on EOF).
        The wait runs also where stdin was closed already, counted from the cleanup's
-       start, not from that close: a CLI still finishing its input gets it in full. Not
-       where the program took the stream off the tree (``tree.stdin = None``) and holds it
-       open still: cleanup leaves it so, and there is no EOF to give;
+       start, not from that close: a CLI still finishing its input gets it in full, and
+       where the program took the stream off the tree (``tree.stdin = None``; cleanup
+       leaves it open), a task of the program's may close it meanwhile;
     2. for each `Step`: send its signal to every process in the tree (or, with
        ``leader_only``, to the leader alone), then SIGCONT to every process (so that
        stopped members can act on it), and wait up to its ``wait``;

@@ -28,8 +28,8 @@ class CleanupOutcome:
     #: Empty when nothing was left running, or when the program had killed the tree
     #: (``kill()``) and it ended within the wait that follows (no stop signal then).
     signals: tuple[int, ...]
-    #: Whether the close-stdin step ran first (its pipe closed then, or closed already;
-    #: not run where the program took the stream off the tree and held it open).
+    #: Whether the close-stdin step ran first and the tree's stdin was closed (then, or
+    #: already; not where the program took the stream off the tree and holds it open).
     stdin_closed: bool
     #: Whether the graceful steps ran out of time, so SIGKILL was needed. False when a
     #: Ctrl-C during cleanup cut them short (SIGKILL then came at once: see ``signals``).
