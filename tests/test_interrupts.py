@@ -165,6 +165,35 @@ def test_a_cancellation_pending_as_the_block_raises_comes_at_the_next_wait(
     assert tracked.survivors() == []
 
 
+def test_a_pending_cancellation_is_not_hidden_by_a_timeout_taken_back_during_the_cleanup(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # The same pending cancellation, and a timeout around the block that expires during
+    # the cleanup and is taken back as the block's error leaves it. Red before
+    # (helper-57): the count of requests, read once the cleanup was over, held the
+    # timeout's too, and the pending one was taken for one being handled, and lost.
+    if sys.version_info < (3, 11):
+        pytest.skip("asyncio.timeout is Python 3.11+")
+
+    async def main() -> str:
+        loop = asyncio.get_running_loop()
+        current = asyncio.current_task()
+        assert current is not None
+        try:
+            async with asyncio.timeout(None) as deadline, failing_once_ready(contained):
+                deadline.reschedule(loop.time() + 0.1)  # expires in the cleanup's grace
+                current.cancel()  # pending: nothing has awaited since
+        except Flaky:
+            try:
+                await asyncio.sleep(5)
+            except asyncio.CancelledError:
+                return "cancelled"
+        return "ran on"
+
+    assert asyncio.run(main()) == "cancelled"
+    assert tracked.survivors() == []
+
+
 def test_a_cancellation_during_an_inner_blocks_cleanup_survives_the_outer_blocks(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:

@@ -138,6 +138,7 @@ async def _through_cancellation(
     *,
     drop: Callable[[], bool] | None = None,
     settled_by: tuple[asyncio.Future[Any], Callable[[Any], None]] | None = None,
+    on_cancel: Callable[[], None] | None = None,
 ) -> asyncio.CancelledError | None:
     """Wait until ``future`` is done, whatever cancellations arrive; the last one, if any.
 
@@ -148,6 +149,7 @@ async def _through_cancellation(
     done-callback (given) settles ``future``; a Ctrl-C can land in that callback, which
     then never settles it (helper-47: every waiter, and the shutdown, waited for ever), so
     the task is watched too, and the callback called here if it did not do its work.
+    ``on_cancel``: called as each cancellation is taken.
     """
     cancelled = None
     if drop is not None:
@@ -158,6 +160,8 @@ async def _through_cancellation(
             await asyncio.wait({future})
         except asyncio.CancelledError as exc:
             cancelled = exc
+            if on_cancel is not None:
+                on_cancel()
             if drop():
                 return cancelled
     waits = {future} if settled_by is None else {future, settled_by[0]}
@@ -173,6 +177,8 @@ async def _through_cancellation(
                         settled_by[1](settled_by[0])
             except asyncio.CancelledError as exc:
                 cancelled = exc
+                if on_cancel is not None:
+                    on_cancel()
     anyio = _anyio_in_use()
     if cancelled is None and anyio is not None:
         # The shield held back an anyio scope's cancellation: collect it now, so that it
@@ -181,6 +187,8 @@ async def _through_cancellation(
             await anyio.lowlevel.checkpoint_if_cancelled()
         except asyncio.CancelledError as exc:
             cancelled = exc
+            if on_cancel is not None:
+                on_cancel()
     return cancelled
 
 
@@ -593,9 +601,15 @@ class ProcessTree(TreeView):
         """Clean up while ``exc`` propagates: a cleanup error rides along, never replaces it."""
         task = self._start_cleanup()
         requested = _cancellations_requested()
+        counted: list[int] = []  # (the count of requests as each cancellation is taken)
         self._waiters += 1
         try:
-            cancelled = await _through_cancellation(task, self._rounds, settled_by=self._settler())
+            cancelled = await _through_cancellation(
+                task,
+                self._rounds,
+                settled_by=self._settler(),
+                on_cancel=lambda: counted.append(_cancellations_requested()),
+            )
         finally:
             self._waiters -= 1
         error = None if task.cancelled() else task.exception()
@@ -610,11 +624,14 @@ class ProcessTree(TreeView):
         # retried in a loop never ended). So it comes again, as trio's would, at the task's
         # next wait, unless a scope that ``exc`` left on its way out took it back first.
         if cancelled is not None and isinstance(exc, Exception):
-            if requested and _cancellations_requested() == requested:
-                # Requested before the cleanup began, delivered in it: one still pending as
-                # the block raised (a Ctrl-C landing in its busy code, or one delivered
-                # again by an inner tree's block), not one being handled. Counted in
-                # ``requested``, it was taken for handled and lost (helper-56).
+            if requested and counted and counted[0] == requested:
+                # The first taken with no request made since the cleanup began: one still
+                # pending as the block raised (a Ctrl-C landing in its busy code, or one
+                # delivered again by an inner tree's block), not one being handled.
+                # Counted in ``requested``, it was taken for handled and lost
+                # (helper-56). Asked as it is taken, not once the cleanup is over: a
+                # timeout's that comes and is taken back meanwhile must not hide it
+                # (helper-57).
                 requested -= 1
             _deliver_again_unless_withdrawn(cancelled, requested)
 

@@ -1878,9 +1878,16 @@ MUTANTS = [
     (
         "close: a cancellation pending as the block raised, taken for one being handled",
         "asyncio.py",
-        "            if requested and _cancellations_requested() == requested:",
+        "            if requested and counted and counted[0] == requested:",
         "            if False:",
         "pending_as_the_block_raises or inner_blocks_cleanup_survives",
+    ),
+    (
+        "close: a pending cancellation's count read once the cleanup is over",
+        "asyncio.py",
+        "            if requested and counted and counted[0] == requested:",
+        "            if requested and _cancellations_requested() == requested:",
+        "hidden_by_a_timeout_taken_back",
     ),
     (
         "close: an absorbed cancellation delivered again at once, not at the next wait",
