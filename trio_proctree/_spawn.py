@@ -327,10 +327,13 @@ def _check_user_and_group(options: dict[str, Any]) -> bool:
         other_groups |= _other_than_ours(extra_groups)
     if user is not None and user != os.geteuid():
         return True
-    # Still our user, the leader joins its cgroup as we would. Root may write any cgroup's
-    # files (CAP_DAC_OVERRIDE), whatever its groups: other groups took its tree off cgroup
-    # containment for nothing, with an error naming user=/group= (helper-55). Another
-    # user's right to write them may rest on its groups.
+    # Still our user, the leader joins its cgroup as we would, whatever its groups: root
+    # may write any cgroup's files (CAP_DAC_OVERRIDE), and without that capability, owns
+    # those it writes (its tree's cgroup, made by us; the cgroup.procs above it, root's in
+    # any hierarchy delegated to root). Other groups took its tree off cgroup containment
+    # for nothing, with an error naming user=/group= (helper-55). Another user's right
+    # to write them may rest on its groups. (Root whose right rests on group bits alone,
+    # without the capability, helper-57's contrived case, gets the join's error.)
     return other_groups and os.geteuid() != 0
 
 
