@@ -112,10 +112,18 @@ BAD_REQUESTS = [
     pytest.param(["true"], {"stderr": 1.5}, TypeError, "not float", id="float-stderr"),
     pytest.param(["true"], {"stdout": True}, TypeError, "not bool", id="bool-stdout"),
     pytest.param(
-        ["true"], {"stdout": subprocess.STDOUT}, OSError, "stdout=-2: not an open", id="out-to-out"
+        ["true"],
+        {"stdout": subprocess.STDOUT},
+        OSError,
+        "Bad file descriptor: stdout=-2",
+        id="out-to-out",
     ),
-    pytest.param(["true"], {"stderr": -5}, OSError, "stderr=-5: not an open", id="negative-fd"),
-    pytest.param(["true"], {"stderr": 987654}, OSError, "stderr=987654: not an", id="closed-fd"),
+    pytest.param(
+        ["true"], {"stderr": -5}, OSError, "Bad file descriptor: stderr=-5", id="negative-fd"
+    ),
+    pytest.param(
+        ["true"], {"stderr": 987654}, OSError, "descriptor: stderr=987654", id="closed-fd"
+    ),
 ]
 
 

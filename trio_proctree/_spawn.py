@@ -245,12 +245,13 @@ def _check_stream_option(name: str, value: Any) -> None:
     if value is None or (hasattr(value, "fileno") and not isinstance(value, (str, bytes))):
         return
     if isinstance(value, bool) or not isinstance(value, int):
+        kind = type(value).__name__
         hint = ""
-        if name == "stdin" and isinstance(value, (bytes, bytearray, memoryview, str)):
+        if name == "stdin" and kind in ("bytes", "bytearray", "memoryview", "str"):
             hint = " (input to feed the command is run_process_tree's stdin=)"
         raise TypeError(
             f"{name} must be a file, a file descriptor, subprocess.PIPE, subprocess.DEVNULL "
-            f"or None, not {type(value).__name__}{hint}"
+            f"or None, not {kind}{hint}"
         )
     if value in (subprocess.PIPE, subprocess.DEVNULL) or (
         name == "stderr" and value == subprocess.STDOUT
@@ -259,7 +260,7 @@ def _check_stream_option(name: str, value: Any) -> None:
     try:
         os.fstat(value)  # (a negative number: EBADF, as Popen fails on it in the child)
     except OSError as exc:
-        raise OSError(exc.errno, f"{name}={value}: not an open file descriptor") from None
+        raise OSError(exc.errno, f"{exc.strerror}: {name}={value}") from None
 
 
 def _check_command(command: Command, shell: bool) -> list[Any]:
