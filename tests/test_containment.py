@@ -1339,6 +1339,60 @@ async def test_parent_killed_with_sigkill_takes_its_trees_along(
         sibling.wait()
 
 
+# As PARENT, but a fork happens while its watchdog starts (as in another thread: a
+# multiprocessing worker, a prefork server's), before the watchdog is one that a forked
+# child's hook lets go of. After "ready", says the forked child's pid.
+FORKED_WHILE_THE_WATCHDOG_STARTS = textwrap.dedent(
+    """
+    import os, time
+    from trio_proctree import _watchdog
+
+    holder = []
+    command = _watchdog.command
+
+    def forking():  # (called as the watchdog starts, its socket made)
+        _watchdog.command = command
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(60)  # (a child that never execs: it keeps what it inherited)
+            os._exit(0)
+        holder.append(pid)
+        return command()
+
+    _watchdog.command = forking
+    """
+) + PARENT.replace(
+    'sys.stdout.write(f"{tree.pid}\\n{data.decode()}ready {tree.containment}\\n")',
+    'sys.stdout.write(f"{tree.pid}\\n{data.decode()}ready {tree.containment}\\n'
+    'holder {holder[0]}\\n")',
+)
+
+
+async def test_parent_killed_after_a_fork_while_its_watchdog_started_takes_its_trees_along(
+    tracked: Tracked, strong: str
+) -> None:
+    # Red before (helper-58): the forked child held our end of the watchdog's socket, and
+    # the watchdog, never at EOF while it lived, took our death for none: the trees ran on.
+    assert "holder {holder[0]}" in FORKED_WHILE_THE_WATCHDOG_STARTS
+    with parent_with_a_tree(tracked, strong, script=FORKED_WHILE_THE_WATCHDOG_STARTS) as (
+        parent,
+        pids,
+        _,
+    ):
+        assert parent.stdout is not None
+        holder = int(parent.stdout.readline().split()[1])
+        try:
+            assert procs.alive(holder)
+            parent.send_signal(signal.SIGKILL)
+            parent.wait()
+            await until_gone(pids, within=1.0)
+            assert [pid for pid in pids if procs.alive(pid)] == []
+        finally:
+            os.kill(holder, signal.SIGKILL)  # (ours: our child's child, tagged with our token)
+    await until_none_survive(tracked, within=1.0)
+    assert tracked.survivors() == []
+
+
 # As PARENT, with a tree whose cleanup can signal nothing (every signal refused, as to a
 # process of another user), so that it outlives its cleanup; then starts another tree, and
 # says "ready" and whether that cleanup failed.

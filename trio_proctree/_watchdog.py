@@ -561,7 +561,10 @@ def _started() -> Watchdog:
     as when the last was OOM-killed), must kill the trees open before it too. (The
     caller holds `_lock`.)"""
     global _unavailable_said  # noqa: PLW0603 - one notice per outage, for the process
-    if not _current:
+    for attempt in range(1, _STARTS_AT_MOST + 1):
+        if _current:
+            break
+        forks = _forks
         watchdog = Watchdog()
         if _registered:
             try:
@@ -573,7 +576,33 @@ def _started() -> Watchdog:
                 raise
         _current.append(watchdog)
         _unavailable_said = False  # (a later loss is a new one: said again)
+        if _forks == forks:
+            break
+        # A fork (in another thread) while it started, before it was in `_current`, which
+        # a forked child's hook lets go of: that child may hold our end of its socket, and
+        # the watchdog, never at EOF while the child lives, would take our death for none
+        # (helper-58). Another is started; this one is killed.
+        if attempt == _STARTS_AT_MOST:
+            logger.warning(
+                "the parent-death backstop (pid %d) started while other threads kept "
+                "forking: a child forked meanwhile may keep it from seeing this process die",
+                watchdog.pid,
+            )
+            break
+        _current.remove(watchdog)
+        watchdog.abandon()
     return _current[0]
+
+
+#: How many watchdogs are started, at most, while forks keep coming in other threads.
+_STARTS_AT_MOST = 8
+#: Forks of this process so far (`os.register_at_fork`'s hook, in the forking thread).
+_forks = 0
+
+
+def _before_fork() -> None:
+    global _forks  # noqa: PLW0603 - counted for the process
+    _forks += 1
 
 
 def running() -> list[Watchdog]:
@@ -709,5 +738,5 @@ def _at_exit() -> None:
 
 
 if hasattr(os, "register_at_fork"):  # not on Windows, where nothing here runs
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 atexit.register(_at_exit)

@@ -1834,6 +1834,13 @@ MUTANTS = [
         "ends_a_child_cancelled_while or cancelled_at_its_next_wait or exception_leaves_it_is_not",
     ),
     (
+        "watchdog: one started while another thread forked kept (the child holds its socket)",
+        "_watchdog.py",
+        "        if _forks == forks:\n            break\n",
+        "        if True:\n            break\n",
+        "fork_while_its_watchdog_started",
+    ),
+    (
         "bad input: a stream option Popen cannot take left for it to fail on",
         "_spawn.py",
         "        _check_stream_option(name, value)\n",
