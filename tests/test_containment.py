@@ -1341,25 +1341,44 @@ async def test_parent_killed_with_sigkill_takes_its_trees_along(
 
 # As PARENT, but a fork happens while its watchdog starts (as in another thread: a
 # multiprocessing worker, a prefork server's), before the watchdog is one that a forked
-# child's hook lets go of. After "ready", says the forked child's pid.
+# child's hook lets go of: as its socket is made (FORK_AT "as-made": in the watchdog's
+# socketpair call, once made), or just after ("made": as its command line is made).
+# After "ready", says the forked child's pid.
 FORKED_WHILE_THE_WATCHDOG_STARTS = textwrap.dedent(
     """
-    import os, time
+    import os, socket, time, types
     from trio_proctree import _watchdog
 
     holder = []
-    command = _watchdog.command
 
-    def forking():  # (called as the watchdog starts, its socket made)
-        _watchdog.command = command
+    def fork_a_holder():
         pid = os.fork()
         if pid == 0:
             time.sleep(60)  # (a child that never execs: it keeps what it inherited)
             os._exit(0)
         holder.append(pid)
-        return command()
 
-    _watchdog.command = forking
+    if FORK_AT == "as-made":
+        class Socket(types.ModuleType):  # (the watchdog's socket module, for one call)
+            def __getattr__(self, name):
+                return getattr(socket, name)
+
+            def socketpair(self, *args):
+                _watchdog.socket = socket
+                made = socket.socketpair(*args)
+                fork_a_holder()
+                return made
+
+        _watchdog.socket = Socket("socket")
+    else:
+        command = _watchdog.command
+
+        def forking():
+            _watchdog.command = command
+            fork_a_holder()
+            return command()
+
+        _watchdog.command = forking
     """
 ) + PARENT.replace(
     'sys.stdout.write(f"{tree.pid}\\n{data.decode()}ready {tree.containment}\\n")',
@@ -1368,17 +1387,15 @@ FORKED_WHILE_THE_WATCHDOG_STARTS = textwrap.dedent(
 )
 
 
+@pytest.mark.parametrize("fork_at", ["as-made", "made"])
 async def test_parent_killed_after_a_fork_while_its_watchdog_started_takes_its_trees_along(
-    tracked: Tracked, strong: str
+    tracked: Tracked, strong: str, fork_at: str
 ) -> None:
     # Red before (helper-58): the forked child held our end of the watchdog's socket, and
     # the watchdog, never at EOF while it lived, took our death for none: the trees ran on.
-    assert "holder {holder[0]}" in FORKED_WHILE_THE_WATCHDOG_STARTS
-    with parent_with_a_tree(tracked, strong, script=FORKED_WHILE_THE_WATCHDOG_STARTS) as (
-        parent,
-        pids,
-        _,
-    ):
+    script = FORKED_WHILE_THE_WATCHDOG_STARTS.replace("FORK_AT", repr(fork_at))
+    assert "holder {holder[0]}" in script
+    with parent_with_a_tree(tracked, strong, script=script) as (parent, pids, _):
         assert parent.stdout is not None
         holder = int(parent.stdout.readline().split()[1])
         try:

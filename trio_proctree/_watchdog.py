@@ -441,7 +441,16 @@ class Watchdog:
     programs set SIGPIPE back to its default)."""
 
     def __init__(self) -> None:
+        forks = _forks
         ours, its = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        # A child forked (by another thread: a multiprocessing worker, a prefork
+        # server's) from here on lets go of our end (`_after_fork_in_child`): kept, it
+        # would keep the watchdog from ever reading EOF, and our death would go unseen
+        # while that child lives (helper-58).
+        _being_started.append(ours)
+        #: Whether a fork came before that line, whose child could not let go of it:
+        #: then another watchdog is started (`_started`).
+        self.forked_as_it_started = _forks != forks
         arguments, code = command()
         try:
             self._process = subprocess.Popen(
@@ -564,8 +573,10 @@ def _started() -> Watchdog:
     for attempt in range(1, _STARTS_AT_MOST + 1):
         if _current:
             break
-        forks = _forks
-        watchdog = Watchdog()
+        try:
+            watchdog = Watchdog()
+        finally:
+            _being_started.clear()  # (its socket: in `_current` below, or closed)
         if _registered:
             try:
                 watchdog.send(["+" + entry for entry in _registered])
@@ -576,21 +587,12 @@ def _started() -> Watchdog:
                 raise
         _current.append(watchdog)
         _unavailable_said = False  # (a later loss is a new one: said again)
-        if _forks == forks:
-            break
-        # A fork (in another thread) while it started, before it was in `_current`, which
-        # a forked child's hook lets go of: that child may hold our end of its socket, and
-        # the watchdog, never at EOF while the child lives, would take our death for none
-        # (helper-58). Another is started; this one is killed.
-        if attempt == _STARTS_AT_MOST:
-            logger.warning(
-                "the parent-death backstop (pid %d) started while other threads kept "
-                "forking: a child forked meanwhile may keep it from seeing this process die",
-                watchdog.pid,
-            )
-            break
-        _current.remove(watchdog)
-        watchdog.abandon()
+        if watchdog.forked_as_it_started and attempt < _STARTS_AT_MOST:
+            # That child may hold our end of its socket: another is started, this one
+            # killed. (Microseconds in which another thread must fork: rare, and rarer
+            # twice.)
+            _current.remove(watchdog)
+            watchdog.abandon()
     return _current[0]
 
 
@@ -598,6 +600,8 @@ def _started() -> Watchdog:
 _STARTS_AT_MOST = 8
 #: Forks of this process so far (`os.register_at_fork`'s hook, in the forking thread).
 _forks = 0
+#: Our end of the socket of a watchdog being started, not yet in `_current`.
+_being_started: list[socket.socket] = []
 
 
 def _before_fork() -> None:
@@ -722,6 +726,9 @@ def _after_fork_in_child() -> None:
     _unavailable_said = False
     for watchdog in _current:
         watchdog.forget()
+    for ours in _being_started:
+        ours.close()
+    _being_started.clear()
     _current.clear()
     _deferred.clear()
     _registered.clear()

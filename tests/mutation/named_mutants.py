@@ -1834,11 +1834,18 @@ MUTANTS = [
         "ends_a_child_cancelled_while or cancelled_at_its_next_wait or exception_leaves_it_is_not",
     ),
     (
-        "watchdog: one started while another thread forked kept (the child holds its socket)",
+        "watchdog: a child forked while it starts keeps our end of its socket",
         "_watchdog.py",
-        "        if _forks == forks:\n            break\n",
-        "        if True:\n            break\n",
-        "fork_while_its_watchdog_started",
+        "        _being_started.append(ours)\n",
+        "",
+        "fork_while_its_watchdog_started and made",
+    ),
+    (
+        "watchdog: one whose socket a fork took as it was made kept, not replaced",
+        "_watchdog.py",
+        "        if watchdog.forked_as_it_started and attempt < _STARTS_AT_MOST:",
+        "        if False:",
+        "fork_while_its_watchdog_started and as-made",
     ),
     (
         "bad input: a stream option Popen cannot take left for it to fail on",
