@@ -575,17 +575,18 @@ def _started() -> Watchdog:
             break
         try:
             watchdog = Watchdog()
+            if _registered:
+                try:
+                    watchdog.send(["+" + entry for entry in _registered])
+                except OSError:
+                    # Not kept with a line cut short in it (the next write would run on
+                    # from there, and that entry be lost): the next registration starts
+                    # another.
+                    watchdog.abandon()
+                    raise
+            _current.append(watchdog)
         finally:
-            _being_started.clear()  # (its socket: in `_current` below, or closed)
-        if _registered:
-            try:
-                watchdog.send(["+" + entry for entry in _registered])
-            except OSError:
-                # Not kept with a line cut short in it (the next write would run on from
-                # there, and that entry be lost): the next registration starts another.
-                watchdog.abandon()
-                raise
-        _current.append(watchdog)
+            _being_started.clear()  # (its socket: in `_current` now, or closed)
         _unavailable_said = False  # (a later loss is a new one: said again)
         if watchdog.forked_as_it_started and attempt < _STARTS_AT_MOST:
             # That child may hold our end of its socket: another is started, this one
