@@ -2039,8 +2039,8 @@ MUTANTS = [
     (
         "watchdog: a replacement kept with its first write cut short",
         "_watchdog.py",
-        "                watchdog.abandon()\n                raise\n",
-        "                pass\n",
+        "                    watchdog.abandon()\n                    raise\n",
+        "                    pass\n",
         "cannot_take_every_registration",
     ),
     (
