@@ -15,7 +15,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from concurrent.futures.thread import BrokenThreadPool
 from pathlib import Path
 from typing import Any
@@ -138,6 +138,22 @@ def test_a_timeout_that_an_exception_passes_on_its_way_out_leaves_no_stray_cance
     assert tracked.survivors() == []
 
 
+async def the_next_wait_after(block: Callable[[asyncio.Task[Any]], Awaitable[None]]) -> str:
+    """Run ``block`` (given the current task), which fails with `Flaky`, handled here as a
+    program that retries would; then wait: "cancelled" if a cancellation comes at that
+    wait, "ran on" if none does."""
+    current = asyncio.current_task()
+    assert current is not None
+    try:
+        await block(current)
+    except Flaky:
+        try:
+            await asyncio.sleep(5)
+        except asyncio.CancelledError:
+            return "cancelled"
+    return "ran on"
+
+
 def test_a_cancellation_pending_as_the_block_raises_comes_at_the_next_wait(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:
@@ -148,20 +164,11 @@ def test_a_cancellation_pending_as_the_block_raises_comes_at_the_next_wait(
     if sys.version_info < (3, 11):
         pytest.skip("asyncio counts cancellations (Task.cancelling) from Python 3.11")
 
-    async def main() -> str:
-        current = asyncio.current_task()
-        assert current is not None
-        try:
-            async with failing_once_ready(contained):
-                current.cancel()  # pending: nothing has awaited since
-        except Flaky:
-            try:
-                await asyncio.sleep(5)
-            except asyncio.CancelledError:
-                return "cancelled"
-        return "ran on"
+    async def block(current: asyncio.Task[Any]) -> None:
+        async with failing_once_ready(contained):
+            current.cancel()  # pending: nothing has awaited since
 
-    assert asyncio.run(main()) == "cancelled"
+    assert asyncio.run(the_next_wait_after(block)) == "cancelled"
     assert tracked.survivors() == []
 
 
@@ -175,22 +182,12 @@ def test_a_pending_cancellation_is_not_hidden_by_a_timeout_taken_back_during_the
     if sys.version_info < (3, 11):
         pytest.skip("asyncio.timeout is Python 3.11+")
 
-    async def main() -> str:
-        loop = asyncio.get_running_loop()
-        current = asyncio.current_task()
-        assert current is not None
-        try:
-            async with asyncio.timeout(None) as deadline, failing_once_ready(contained):
-                deadline.reschedule(loop.time() + 0.1)  # expires in the cleanup's grace
-                current.cancel()  # pending: nothing has awaited since
-        except Flaky:
-            try:
-                await asyncio.sleep(5)
-            except asyncio.CancelledError:
-                return "cancelled"
-        return "ran on"
+    async def block(current: asyncio.Task[Any]) -> None:
+        async with asyncio.timeout(None) as deadline, failing_once_ready(contained):
+            deadline.reschedule(asyncio.get_running_loop().time() + 0.1)  # in the grace
+            current.cancel()  # pending: nothing has awaited since
 
-    assert asyncio.run(main()) == "cancelled"
+    assert asyncio.run(the_next_wait_after(block)) == "cancelled"
     assert tracked.survivors() == []
 
 
@@ -204,24 +201,14 @@ def test_a_cancellation_during_an_inner_blocks_cleanup_survives_the_outer_blocks
     if sys.version_info < (3, 11):
         pytest.skip("asyncio counts cancellations (Task.cancelling) from Python 3.11")
 
-    async def main() -> str:
-        loop = asyncio.get_running_loop()
-        current = asyncio.current_task()
-        assert current is not None
-        try:
-            async with (
-                open_process_tree(IGNORES_TERM, grace=0.3, **contained),  # the outer block
-                failing_once_ready(contained),  # the inner block
-            ):
-                loop.call_later(0.05, current.cancel)  # in the inner cleanup's grace
-        except Flaky:
-            try:
-                await asyncio.sleep(5)
-            except asyncio.CancelledError:
-                return "cancelled"
-        return "ran on"
+    async def block(current: asyncio.Task[Any]) -> None:
+        async with (
+            open_process_tree(IGNORES_TERM, grace=0.3, **contained),  # the outer block
+            failing_once_ready(contained),  # the inner block
+        ):
+            asyncio.get_running_loop().call_later(0.05, current.cancel)  # in its grace
 
-    assert asyncio.run(main()) == "cancelled"
+    assert asyncio.run(the_next_wait_after(block)) == "cancelled"
     assert tracked.survivors() == []
 
 

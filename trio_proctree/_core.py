@@ -156,10 +156,7 @@ class TreeCore:
         # already (by the program, or by run_process_tree once it fed the input), it
         # still gives a CLI finishing that input its wait before the first signal.
         teardown = Teardown(
-            self.policy,
-            label=self.label,
-            stdin_open=self.stdin_piped,
-            killed=self._killed,
+            self.policy, label=self.label, stdin_open=self.stdin_piped, killed=self._killed
         )
         errors: list[Exception] = []
         action: object = None
@@ -211,14 +208,14 @@ class TreeCore:
         """Whether the close-stdin step ran and the tree's stdin was closed: not where the
         program took the stream off the tree and held it open through the step's wait
         (cleanup leaves such a stream open; it said so all the same: helper-55)."""
-        if not teardown.stdin_closed or not self._stdin_held_open:
-            return teardown.stdin_closed
-        logger.debug(
-            "%s: stdin was taken off the tree and held open: the close-stdin step could "
-            "not close it",
-            self.label,
-        )
-        return False
+        if teardown.stdin_closed and self._stdin_held_open:
+            logger.debug(
+                "%s: stdin was taken off the tree and held open: the close-stdin step "
+                "could not close it",
+                self.label,
+            )
+            return False
+        return teardown.stdin_closed
 
     def _reap_leader(self, io: LoopIO | None) -> int | None:
         """Reap the leader (after the last group signal, never before), and close its

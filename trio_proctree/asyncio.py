@@ -601,14 +601,19 @@ class ProcessTree(TreeView):
         """Clean up while ``exc`` propagates: a cleanup error rides along, never replaces it."""
         task = self._start_cleanup()
         requested = _cancellations_requested()
-        counted: list[int] = []  # (the count of requests as each cancellation is taken)
+        counted: list[int] = []  # (the count of requests as the first cancellation is taken)
+
+        def count() -> None:
+            if not counted:  # (a storm of them must not pile up here)
+                counted.append(_cancellations_requested())
+
         self._waiters += 1
         try:
             cancelled = await _through_cancellation(
                 task,
                 self._rounds,
                 settled_by=self._settler(),
-                on_cancel=lambda: counted.append(_cancellations_requested()),
+                on_cancel=count,
             )
         finally:
             self._waiters -= 1
@@ -624,7 +629,7 @@ class ProcessTree(TreeView):
         # retried in a loop never ended). So it comes again, as trio's would, at the task's
         # next wait, unless a scope that ``exc`` left on its way out took it back first.
         if cancelled is not None and isinstance(exc, Exception):
-            if requested and counted and counted[0] == requested:
+            if requested and counted == [requested]:
                 # The first taken with no request made since the cleanup began: one still
                 # pending as the block raised (a Ctrl-C landing in its busy code, or one
                 # delivered again by an inner tree's block), not one being handled.

@@ -1871,8 +1871,8 @@ MUTANTS = [
     (
         "close-stdin: said closed where the program held the stdin it took open",
         "_core.py",
-        "        if not teardown.stdin_closed or not self._stdin_held_open:",
-        "        if True:",
+        "        if teardown.stdin_closed and self._stdin_held_open:",
+        "        if False:",
         "stdin_stayed_open_where_the_program_holds_it",
     ),
     (
@@ -1892,14 +1892,14 @@ MUTANTS = [
     (
         "close: a cancellation pending as the block raised, taken for one being handled",
         "asyncio.py",
-        "            if requested and counted and counted[0] == requested:",
+        "            if requested and counted == [requested]:",
         "            if False:",
         "pending_as_the_block_raises or inner_blocks_cleanup_survives",
     ),
     (
         "close: a pending cancellation's count read once the cleanup is over",
         "asyncio.py",
-        "            if requested and counted and counted[0] == requested:",
+        "            if requested and counted == [requested]:",
         "            if requested and _cancellations_requested() == requested:",
         "hidden_by_a_timeout_taken_back",
     ),
