@@ -28,7 +28,12 @@ from . import procs
 from .conftest import Tracked, slow_to_die
 from .test_bad_input import BAD_REQUESTS
 from .test_containment import LEADER_IGNORES_TERM_ESCAPEE_HANDLES_IT
-from .test_escalation import INPUT_CASES, LETS_A_CLI_FINISH
+from .test_escalation import (
+    INPUT_CASES,
+    LEAVES_A_READER_OF_ITS_INPUT,
+    LETS_A_CLI_FINISH,
+    LONG_INPUT,
+)
 from .test_run_process_tree import leaving_an_escapee_on_stdout
 
 TWO_SLEEPS = ["sh", "-c", "sleep 60 & echo $!; sleep 61 & echo $!; wait"]
@@ -459,6 +464,25 @@ def test_asyncio_close_stdin_step_runs_for_the_input_run_process_tree_fed(
 
     run(main)
     assert out.read_text() == "flushed\n"
+    assert tracked.survivors() == []
+
+
+def test_asyncio_close_stdin_step_stops_the_input_still_fed_once_the_leader_exited(
+    run: Callable[..., Any], tracked: Tracked, tmp_path: Path, contained: dict[str, Any]
+) -> None:
+    # As with trio (red before: the feeder went on writing through the step's wait, and
+    # the reader it left behind was SIGTERMed without seeing the input end).
+    out = tmp_path / "flushed"
+
+    async def main() -> int:
+        result = await run_process_tree(
+            ["sh", "-c", LEAVES_A_READER_OF_ITS_INPUT, str(out)],
+            stdin=LONG_INPUT, escalation=LETS_A_CLI_FINISH, **contained,
+        )  # fmt: skip
+        return result.returncode
+
+    assert run(main) == 0
+    assert out.read_text() == "flushed\n"  # (not said if SIGTERM came first)
     assert tracked.survivors() == []
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import io
 import math
 import os
 import shutil
@@ -85,6 +86,9 @@ BAD_REQUESTS = [
         ["no-such-program-xyz"], {}, FileNotFoundError, "no-such-program-xyz", id="missing"
     ),
     pytest.param(["/no/such/dir/prog"], {}, FileNotFoundError, "prog", id="missing-path"),
+    pytest.param(  # (red before, helper-61: FileNotFoundError, where Popen's exec says ENOTDIR)
+        ["/etc/passwd/x"], {}, NotADirectoryError, "Not a directory", id="path-through-a-file"
+    ),
     pytest.param(["true"], {"cwd": "/no/such/dir"}, FileNotFoundError, "directory", id="bad-cwd"),
     pytest.param(  # as subprocess says it (chdir's ENOTDIR): the path exists
         ["true"], {"cwd": "/etc/passwd"}, NotADirectoryError, "not a directory", id="file-cwd"
@@ -682,6 +686,45 @@ async def test_a_spawn_failing_after_the_checks_leaks_nothing(
 
     with pytest.raises(subprocess.SubprocessError, match="preexec_fn"):
         await _open(["true"], preexec_fn=fail, containment=containment)()
+
+
+class NoOpenDescriptor:
+    """A file-like object whose file descriptor is not open."""
+
+    def fileno(self) -> int:
+        return -5
+
+
+class NoDescriptorAtAll:
+    """A file-like object whose "file descriptor" is no number."""
+
+    def fileno(self) -> str:
+        return "3"
+
+
+def closed_file() -> Any:
+    file = open(os.devnull, "rb")  # noqa: SIM115 - closed at once, as the case needs
+    file.close()
+    return file
+
+
+@pytest.mark.parametrize(
+    ("option", "make", "error", "message"),
+    [
+        ("stdin", io.BytesIO, io.UnsupportedOperation, "fileno"),
+        ("stdout", closed_file, ValueError, "closed file"),
+        ("stderr", NoOpenDescriptor, OSError, "Bad file descriptor: stderr=-5"),
+        ("stdout", NoDescriptorAtAll, TypeError, r"stdout.fileno\(\) returned str, not int"),
+    ],
+    ids=["in-memory", "closed", "not-open", "not-a-number"],
+)
+def test_a_file_object_with_no_open_descriptor_is_refused_by_the_call(
+    nothing_leaks: None, option: str, make: Callable[[], Any], error: type[Exception], message: str
+) -> None:
+    # Red before (helper-60): accepted by the call, refused by Popen once the block was
+    # entered. Popen's own error, with the request.
+    with pytest.raises(error, match=message):
+        open_process_tree(["cat"], **{option: make()})
 
 
 def test_errors_come_from_the_call_itself_before_any_await() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import signal
@@ -106,6 +107,22 @@ def test_an_interrupted_demo_leaves_nothing_running(tracked: Tracked, sig: int) 
     # a Ctrl-C only when its command died of SIGINT (bash's wait-for-child-exit rule).
     assert demo.returncode == -sig, said
     assert "demo interrupted; nothing it started still runs" in said
+    assert tracked.survivors() == []
+
+
+def test_a_demo_whose_reader_left_ends_as_by_sigpipe_and_leaves_nothing(tracked: Tracked) -> None:
+    # Red before (helper-61: `trio-proctree demo | head -1`): a BrokenPipeError traceback.
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # (the reader gone before the first line: every write fails)
+    try:
+        demo = subprocess.run(
+            [sys.executable, "-m", "trio_proctree", "demo"],
+            stdout=write_end, stderr=subprocess.PIPE, text=True, env=tracked.env,
+            timeout=60, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert (demo.returncode, demo.stderr) == (128 + signal.SIGPIPE, "")
     assert tracked.survivors() == []
 
 

@@ -140,6 +140,65 @@ def test_run_a_file_of_no_program_format_exits_126(tracked: Tracked, tmp_path: P
     assert "Exec format error" in result.stderr
 
 
+def test_run_an_empty_program_name_exits_127_with_a_message(tracked: Tracked) -> None:
+    # Red before (helper-61): a ValueError traceback and exit status 1, which a script
+    # running `trio-proctree run -- "$CMD"` took for the command's own failure. 127, as
+    # timeout(1) says it.
+    result = run_tool("run", "--", "", env=tracked.env)
+    assert result.returncode == 127, result.stderr
+    assert result.stderr.startswith("trio-proctree: '': command not found")
+    assert "Traceback" not in result.stderr
+
+
+def test_run_a_path_through_a_file_exits_126(tracked: Tracked) -> None:
+    # Red before (helper-61): "command not found", 127; the exec fails with ENOTDIR, which
+    # timeout(1) reports as a command it could not invoke: 126.
+    result = run_tool("run", "--", "/etc/passwd/x", env=tracked.env)
+    assert result.returncode == 126, result.stderr
+    assert "/etc/passwd/x: Not a directory" in result.stderr
+
+
+#: Writes the list of its open file descriptors to the one its argument names.
+LISTS_ITS_DESCRIPTORS = textwrap.dedent(
+    """
+    import os, sys
+
+    def is_open(fd):
+        try:
+            os.fstat(fd)
+        except OSError:
+            return False
+        return True
+
+    os.write(int(sys.argv[1]), repr([fd for fd in range(1024) if is_open(fd)]).encode())
+    """
+)
+
+
+def test_run_passes_the_descriptors_it_inherited_and_no_other(tracked: Tracked) -> None:
+    # As timeout(1) does: a process substitution's /dev/fd/63, make's jobserver, a lock
+    # held open for the command. Red before (helper-61): closed, as Popen closes what it
+    # is not told to pass; and none of the tool's own (its watchdog's socket, trio's).
+    read_end, write_end = os.pipe()
+    passed = write_end
+    try:
+        result = subprocess.run(
+            [*tool(), "run", "--", *procs.python(), "-c", LISTS_ITS_DESCRIPTORS, str(passed)],
+            capture_output=True, text=True, env=tracked.env, timeout=60, check=False,
+            pass_fds=(passed,),
+        )  # fmt: skip
+        os.close(write_end)
+        write_end = -1
+        assert result.returncode == 0, result.stderr
+        said = os.read(read_end, 4096)
+    finally:
+        os.close(read_end)
+        if write_end >= 0:
+            os.close(write_end)
+    assert said == repr([0, 1, 2, passed]).encode()
+    assert tracked.survivors() == []
+
+
 CLEANUP_FAILS = textwrap.dedent(
     """
     import sys
@@ -576,6 +635,16 @@ def test_orphans_with_a_reaper_that_does_not_exist_says_so(tracked: Tracked) -> 
     result = run_tool("orphans", "--reaper", str(no_such_pid), env=tracked.env)
     assert result.returncode == 2
     assert f"no process {no_such_pid}" in result.stderr
+
+
+def test_orphans_usage_errors_show_orphans_usage(tracked: Tracked) -> None:
+    # Red before (helper-61): the top-level usage, where run's errors show run's.
+    result = run_tool("orphans", "--match", "(", env=tracked.env)
+    assert result.returncode == 2
+    assert result.stderr.startswith("usage: trio-proctree orphans ")
+    assert "trio-proctree orphans: error: --match is not a valid regular expression" in (
+        result.stderr
+    )
 
 
 def test_orphans_help_explains_itself(tracked: Tracked) -> None:

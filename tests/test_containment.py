@@ -2084,6 +2084,65 @@ async def test_parent_killed_with_sigkill_group_alone_loses_the_escapee(
     assert procs.kill_survivors(tracked.token) == [escapee]
 
 
+# As PARENT, but its tree is kept in its session, and the leader moves into the group of
+# another process of it (setpgid) before it says its pid and that process's.
+PARENT_OF_A_LEADER_THAT_MOVES = textwrap.dedent(
+    """
+    import os, subprocess, sys, trio
+    from trio_proctree import _watchdog, open_process_tree
+
+    if sys.argv[2] == "older":  # a kernel older than 6.9: groups by their id alone
+        PROBE = "GROUP_SIGNALS = group_signals_work()"
+        assert PROBE in _watchdog._WATCHDOG
+        _watchdog._WATCHDOG = _watchdog._WATCHDOG.replace(PROBE, "GROUP_SIGNALS = False")
+
+    LEADER = (
+        "import os, sys, time; os.setpgid(0, int(sys.argv[1])); "
+        "print(os.getpid(), flush=True); print(sys.argv[1], flush=True); time.sleep(60)"
+    )
+
+    async def main(containment):
+        other = subprocess.Popen(["sleep", "60"], preexec_fn=os.setpgrp)
+        async with open_process_tree(
+            [sys.executable, "-c", LEADER, str(other.pid)],
+            containment=containment,
+            start_new_session=False,
+            stdout=subprocess.PIPE,
+        ) as tree:
+            data = b""
+            while data.count(b"\\n") < 2:
+                data += await tree.stdout.receive_some()
+            sys.stdout.write(f"{tree.pid}\\n{data.decode()}ready {tree.containment}\\n")
+            sys.stdout.flush()
+            await trio.sleep_forever()
+
+    trio.run(main, sys.argv[1])
+    """
+)
+
+
+@pytest.mark.parametrize("kernel", ["6.9+", "older"])
+async def test_parent_killed_with_sigkill_takes_a_leader_that_left_its_group_along(
+    tracked: Tracked, kernel: str
+) -> None:
+    # Red before: the watchdog killed the group alone, which the leader had left.
+    with parent_with_a_tree(tracked, "group", kernel, script=PARENT_OF_A_LEADER_THAT_MOVES) as (
+        parent,
+        (leader, said_leader, other),
+        _,
+    ):
+        assert said_leader == leader
+        assert procs.pgid_of(leader) == other != leader
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        await until_gone([leader], within=1.0)
+        assert not procs.alive(leader)
+        # The watchdog's exit: then nothing it does is left to come.
+        await until_gone([pid for pid in tracked.survivors() if pid != other], within=1.0)
+        assert procs.alive(other)  # outside the tree: the group it moved to is not killed
+    assert procs.kill_survivors(tracked.token) == [other]
+
+
 # --- an unprivileged user ----------------------------------------------------------------
 
 NOBODY = 65534

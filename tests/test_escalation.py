@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import functools
 import inspect
 import logging
 import math
@@ -685,6 +686,35 @@ async def test_close_stdin_step_runs_for_the_input_run_process_tree_fed(
     finally:
         os.close(cue_write)
         await cues.aclose()
+    assert out.read_text() == "flushed\n"
+    assert tracked.survivors() == []
+
+
+#: The leader leaves a reader of its input behind, which says "flushed" into $0 once the
+#: input ends, and exits at once. (A background list's stdin is /dev/null unless given.)
+LEAVES_A_READER_OF_ITS_INPUT = (
+    'exec 3<&0; { while read -r line; do sleep 0.01; done; echo flushed > "$0"; } <&3 & exit 0'
+)
+#: Enough input to be still fed when the leader exits (~6 s of it, at 10 ms a line).
+LONG_INPUT = (b"x" * 16384 + b"\n") * 640
+
+
+async def test_close_stdin_step_stops_the_input_still_fed_once_the_leader_exited(
+    tracked: Tracked, tmp_path: Path, contained: dict[str, Any]
+) -> None:
+    # Red before (helper-60): the leader gone, the cleanup ran while the feeder still
+    # wrote: the step closed nothing, its reader never saw the input end and was SIGTERMed
+    # at the end of the step's wait, and outcome.stdin_closed said True all the same.
+    out = tmp_path / "flushed"
+    async with trio.open_nursery() as nursery:
+        tree = await nursery.start(
+            functools.partial(
+                run_process_tree, ["sh", "-c", LEAVES_A_READER_OF_ITS_INPUT, str(out)],
+                stdin=LONG_INPUT, escalation=LETS_A_CLI_FINISH, **contained,
+            )
+        )  # fmt: skip
+    assert tree.outcome is not None
+    assert (tree.outcome.signals, tree.outcome.stdin_closed) == ((), True)
     assert out.read_text() == "flushed\n"
     assert tracked.survivors() == []
 

@@ -100,6 +100,64 @@ async def test_keeping_the_session_still_gives_a_group_of_its_own(
     assert tracked.survivors() == []
 
 
+#: A leader that moves into the process group given as its argument (one of the caller's
+#: session: its own is not a session leader's, and so may be left), then prints its pid and
+#: waits for SIGTERM, on which it exits 0.
+LEAVES_ITS_GROUP = textwrap.dedent(
+    """
+    import os, signal, sys
+    signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(0))
+    os.setpgid(0, int(sys.argv[1]))
+    print(os.getpid(), flush=True)
+    while True:
+        signal.pause()
+    """
+)
+
+
+@pytest.mark.parametrize("stopped_by", ["cleanup", "send_signal"])
+async def test_a_leader_that_moves_to_another_group_of_the_session_still_gets_the_signal(
+    tracked: Tracked, contained: dict[str, Any], stopped_by: str
+) -> None:
+    # Red before: the group's signal missed the leader. cgroup and subreaper containment
+    # SIGKILLed it once the grace ran out (its handler never ran); group containment never
+    # reached it at all, and cleanup failed with "processes outlived SIGKILL".
+    # (A group of its own in our session; it starts at once.)
+    if sys.version_info >= (3, 11):
+        other = subprocess.Popen(["sleep", "60"], env=tracked.env, process_group=0)  # noqa: ASYNC220
+    else:  # pragma: no cover - Python 3.10 only
+        other = subprocess.Popen(  # noqa: ASYNC220
+            ["sleep", "60"],
+            env=tracked.env,
+            preexec_fn=os.setpgrp,  # noqa: PLW1509 - one thread
+        )
+    try:
+        async with open_process_tree(
+            [*procs.python(), "-c", LEAVES_ITS_GROUP, str(other.pid)],
+            start_new_session=False,
+            grace=0.5,
+            stdout=subprocess.PIPE,
+            **contained,
+        ) as tree:
+            assert tree.stdout is not None
+            assert await read_pids(tree.stdout, 1) == [tree.pid]
+            assert os.getpgid(tree.pid) == other.pid != tree.pid
+            if stopped_by == "send_signal":
+                tree.send_signal(signal.SIGTERM)
+                with trio.fail_after(5):
+                    assert await tree.wait() == 0
+        assert tree.outcome is not None
+        assert tree.outcome.returncode == 0
+        assert not tree.outcome.grace_expired
+        if stopped_by == "cleanup":
+            assert tree.outcome.signals == (signal.SIGTERM, signal.SIGCONT)
+        assert procs.untouched_child(other.pid)  # the group it moved to: not signalled
+    finally:
+        other.kill()
+        other.wait()
+    assert tracked.survivors() == []
+
+
 def test_another_process_group_is_refused() -> None:
     with pytest.raises(ValueError, match="process_group"):
         open_process_tree(["sleep", "1"], process_group=os.getpgid(0))
@@ -1456,4 +1514,30 @@ async def test_a_kept_cgroup_someone_put_a_process_in_serves_no_tree(tracked: Tr
         assert procs.untouched_child(stranger.pid)
     finally:
         stop_stranger(stranger)
+    assert tracked.survivors() == []
+
+
+async def test_a_retired_cgroup_goes_once_its_stranger_has_gone(tracked: Tracked) -> None:
+    # Red before (helper-59): the first start after it was retired tried to remove it once,
+    # failed (its process was still in it), and forgot it: it stayed until interpreter
+    # exit, one more for each such event in a long-running program.
+    available("cgroup")
+    home = _cgroup_home.cgroup_home()
+    stranger = start_stranger(tracked.env)
+    try:
+        async with open_process_tree(["true"], containment="cgroup", env=tracked.env):
+            pass  # its cgroup, emptied, is kept: the last one given back is taken first
+        kept = home._free[-1]
+        with open(os.path.join(kept, "cgroup.procs"), "w") as procs_file:
+            procs_file.write(str(stranger.pid))
+        for _ in range(2):  # the first start retires it, the second finds it still in use
+            async with open_process_tree(["true"], containment="cgroup", env=tracked.env):
+                pass
+        assert Path(kept).is_dir()  # noqa: ASYNC240 - a cgroupfs lookup: at once
+        assert procs.untouched_child(stranger.pid)
+    finally:
+        stop_stranger(stranger)
+    async with open_process_tree(["true"], containment="cgroup", env=tracked.env):
+        pass
+    assert not Path(kept).exists()  # noqa: ASYNC240 - a cgroupfs lookup: at once
     assert tracked.survivors() == []

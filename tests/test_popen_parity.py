@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from trio_proctree import open_process_tree, run_process_tree
-from trio_proctree._subreaper import MARKER_PREFIX
+from trio_proctree._spawn import MARKER_PREFIX
 
 from . import procs
 from .conftest import Tracked, kernel_refuses

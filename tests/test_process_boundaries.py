@@ -911,12 +911,17 @@ def test_a_watchdog_kills_a_process_that_joins_its_killed_cgroup_while_it_emptie
 # the outer program relays the inner tree's pids, then waits.
 INNER = textwrap.dedent(
     """
-    import sys, trio
+    import os, sys, trio
     from trio_proctree import open_process_tree
 
     async def main():
         command = ["sh", "-c", "echo $$; setsid -f sh -c 'echo $$; exec sleep 60'; exec sleep 60"]
-        async with open_process_tree(command, containment=sys.argv[1], stdout=-1) as tree:
+        options = {}
+        if sys.argv[2] == "given":  # an environment of its own, as many programs give
+            options["env"] = {name: os.environ[name] for name in ("PATH", sys.argv[3])}
+        async with open_process_tree(
+            command, containment=sys.argv[1], stdout=-1, **options
+        ) as tree:
             data = b""
             while data.count(b"\\n") < 2:
                 data += await tree.stdout.receive_some()
@@ -932,7 +937,7 @@ OUTER = textwrap.dedent(
     from trio_proctree import open_process_tree
 
     async def main():
-        inner = [*sys.argv[2:], "-c", sys.argv[1], "subreaper"]
+        inner = [*sys.argv[5:], "-c", *sys.argv[1:5]]
         async with open_process_tree(inner, containment="subreaper", stdout=-1) as tree:
             data = b""
             while data.count(b"\\n") < 2:
@@ -945,12 +950,20 @@ OUTER = textwrap.dedent(
 )
 
 
-def test_nested_subreaper_trees_die_with_the_outer_parent(tracked: Tracked) -> None:
+@pytest.mark.parametrize("inner", ["subreaper", "cgroup"])
+@pytest.mark.parametrize("environment", ["inherited", "given"])
+def test_nested_trees_die_with_the_outer_subreaper_parent(
+    tracked: Tracked, inner: str, environment: str
+) -> None:
     # Red before (3 runs in 4): the inner tree's processes carried only the inner tree's
-    # marker, and the outer watchdog killed the inner watchdog before it could act.
+    # marker, and the outer watchdog killed the inner watchdog before it could act. And
+    # again where the inner tree's program gave it an environment of its own (helper-59:
+    # 3 runs in 3 under the subreaper, 1 in 2 with the inner tree in a cgroup): it had
+    # the inner marker alone.
     available("subreaper")
+    available(inner)
     outer = subprocess.Popen(
-        [*procs.python(), "-c", OUTER, INNER, *procs.python()],
+        [*procs.python(), "-c", OUTER, INNER, inner, environment, procs.TOKEN_VAR, *procs.python()],
         stdout=subprocess.PIPE,
         env=tracked.env,
     )

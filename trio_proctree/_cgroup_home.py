@@ -69,12 +69,7 @@ class CgroupHome:
         """An empty tree cgroup: (its path, whether it served a tree before)."""
         # Retired cgroups go whenever a tree starts, not only when none is kept: else one
         # a member froze stayed, unused, for as long as spares were left.
-        with self._lock:
-            retired, self._retired = self._retired, []
-        for tree in retired:
-            cgroupfs.remove_inner(tree)
-            with contextlib.suppress(OSError):  # (a cgroup inside it would not go: left)
-                os.rmdir(tree)
+        self._remove_retired()
         while True:
             with self._lock:
                 if not self._free:
@@ -124,6 +119,25 @@ class CgroupHome:
             except OSError as exc:
                 raise CgroupUnavailable(_why_no_tree_cgroup(self.path, exc)) from exc
             return path, False
+
+    def _remove_retired(self) -> None:
+        with self._lock:
+            retired, self._retired = self._retired, []
+        still_in_use: list[str] = []
+        for tree in retired:
+            cgroupfs.remove_inner(tree)
+            try:
+                os.rmdir(tree)
+            except FileNotFoundError:
+                pass  # (removed by someone else)
+            except OSError:
+                # A process is still in it (or a cgroup inside it that would not go): tried
+                # again at the next start. Forgotten, it stayed until interpreter exit, one
+                # more for each such event in a program that runs for long (helper-59).
+                still_in_use.append(tree)
+        if still_in_use:
+            with self._lock:
+                self._retired.extend(still_in_use[: max(0, self.KEEP - len(self._retired))])
 
     def give_back(self, tree: str, *, killed: bool) -> None:
         """Keep an empty tree cgroup for reuse (or remove it, when enough are kept).

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
+import signal
 import sys
 import textwrap
 from collections.abc import Sequence
@@ -191,6 +193,7 @@ def _build_parser() -> argparse.ArgumentParser:
             """
         ),
     )
+    orphans.set_defaults(parser=orphans)
     orphans.add_argument(
         "--match", metavar="REGEX", help="only processes whose command line matches REGEX"
     )
@@ -207,6 +210,17 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # A reader that left early (`trio-proctree demo | head -1`): the end a tool killed
+        # by SIGPIPE has, not a traceback (helper-61). Its output goes nowhere from here,
+        # or Python's flush at exit would fail on it once more.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
     if args.command in ("demo", "orphans") and (foreign := foreign_proc()) is not None:
@@ -232,7 +246,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         re.compile(args.match or "")
     except re.error as exc:
-        parser.error(f"orphans: --match is not a valid regular expression: {exc}")
+        # orphans' own usage, as run's errors show run's (helper-61: the top-level one).
+        args.parser.error(f"--match is not a valid regular expression: {exc}")
     return list_orphans(args.match, args.json, args.reaper)
 
 

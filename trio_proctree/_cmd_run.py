@@ -64,17 +64,43 @@ class RunOptions:
     stop_signal: int
     timeout: float | None
     containment: str
+    #: The descriptors above 2 passed on to the command (`inherited_descriptors`).
+    pass_fds: tuple[int, ...] = ()
 
 
 def run(options: RunOptions) -> int:
     """Run the command; its exit status (see the module's docstring). Ends this process
     by a signal where the command ended by one, or a stop request came."""
+    if not options.command[0]:
+        # As timeout(1) says it: an empty variable (`run -- "$CMD"`) is no program. Raised
+        # by the library as a ValueError, it came out as a traceback with status 1, the
+        # status of a command that failed (helper-61).
+        _complain("'': command not found (an empty program name)")
+        return NOT_FOUND
+    options = attrs.evolve(options, pass_fds=inherited_descriptors())
     with _warnings_named_as_the_tool():
         try:
             returncode = trio.run(_run, options)
         except (OSError, ContainmentUnavailable, NotImplementedError, CleanupError) as exc:
             return _failed(options.command[0], exc)
     return end_by(-returncode) if returncode < 0 else returncode
+
+
+def inherited_descriptors() -> tuple[int, ...]:
+    """The descriptors above 2 this process was started with, to pass on to the command as
+    timeout(1) does: a process substitution's ``/dev/fd/63``, make's jobserver, a lock
+    held for the command. Closed, as Popen closes what it is not told to pass, they were
+    lost to it (helper-61). Those marked close-on-exec were not meant for a child, and
+    none of this process's own is passed: Python opens them so (PEP 446)."""
+    passed: list[int] = []
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            if fd > 2 and os.get_inheritable(fd):
+                passed.append(fd)
+        except OSError:
+            continue  # (the listing's own, closed by now)
+    return tuple(sorted(passed))
 
 
 @contextlib.contextmanager
@@ -98,8 +124,8 @@ def _failed(name: str, exc: Exception) -> int:
     if isinstance(exc, FileNotFoundError):
         _complain(f"{name}: command not found ({exc.strerror})")
         return NOT_FOUND
-    # Not executable, or found but no program the kernel runs.
-    if isinstance(exc, PermissionError) or (
+    # Not executable, found but no program the kernel runs, or a path through a file.
+    if isinstance(exc, (PermissionError, NotADirectoryError)) or (
         isinstance(exc, OSError) and exc.errno == errno.ENOEXEC
     ):
         _complain(f"{name}: {exc.strerror}")
@@ -169,6 +195,7 @@ async def _run_with(options: RunOptions, terminal: Terminal | None) -> int:
                 # A session of its own detaches the command from the terminal: interactive
                 # commands keep ours, in a group of their own that gets the terminal.
                 start_new_session=not interactive,
+                pass_fds=options.pass_fds,
             ) as tree:
                 if terminal is not None:
                     terminal.hand_to(tree.pid)  # (its group's id: a group of its own)

@@ -109,6 +109,7 @@ class TreeCore:
             spawned.started_within,
             spawned.parent_thread,
             lost=spawned.lost,
+            heads_session=bool(plan.options.get("start_new_session")),
         )
         self.containment = containment
         containment.attach(self.leader)

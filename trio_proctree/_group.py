@@ -13,7 +13,7 @@ from . import _watchdog as watchdog
 from ._containment import NEED_SCAN, ContainmentLost, Pending, signal_leader_alone
 from ._leader import Leader
 from ._orphans import reap_orphans
-from ._pidfd import Pidfds, pin_process, signal_group_of
+from ._pidfd import Pidfds, pin_process, signal_group_of, signal_pidfd
 from ._procfs import ProcStat, process_table, read_stat
 from ._spawn import Spawned, SpawnPlan
 
@@ -155,12 +155,32 @@ class ProcessGroupContainment:
         """``killpg``, the caller having just seen the unreaped leader pin the group id
         (`Leader.pins_group`): asking the kernel again would only delay the signal.
         ``wake``: then SIGCONT, so that stopped members act on ``sig``."""
+        assert self._leader is not None
+        # A leader kept in the caller's session may have moved to another group of it
+        # (setpgid): the group's signal missed it, and it sat out the grace for SIGKILL, or
+        # ran on past cleanup under this containment. It is signalled through its pidfd,
+        # looked at before the group's signal (after it, one that moved in between would
+        # take the signal twice, and a handler would run twice).
+        leader_moved = not self._leader.heads_session and self._leader_moved()
         try:
             os.killpg(self._pgid, sig)
             if wake:
                 os.killpg(self._pgid, signal.SIGCONT)
         except ProcessLookupError:
             pass  # nothing left in the group, not even the leader's zombie
+        if leader_moved:
+            signal_pidfd(self._leader.pidfd, sig)
+            if wake:
+                signal_pidfd(self._leader.pidfd, signal.SIGCONT)
+
+    def _leader_moved(self) -> bool:
+        """Whether the unreaped leader (its pid is still its own) is in another group."""
+        assert self._leader is not None
+        stat = read_stat(self._leader.pid)
+        if stat is None or stat.pgid == self._pgid:
+            return False
+        logger.debug("leader %d left its process group for %d", self._leader.pid, stat.pgid)
+        return True
 
     def kill(self) -> None:
         self._step_taken()

@@ -55,6 +55,7 @@ class Leader:
         parent_thread: int = 0,
         *,
         lost: bool = False,
+        heads_session: bool = False,
     ) -> None:
         #: The Popen that started the leader, if one did: told the exit status when it is
         #: settled, so that it never waits for (or reaps) this pid itself.
@@ -67,6 +68,9 @@ class Leader:
         self.parent_thread = parent_thread
         #: Readable once the leader has exited; owned by the tree, closed after the reap.
         self.pidfd = pidfd
+        #: Whether it leads a session of its own, and so can never leave its process group
+        #: (one kept in the caller's session can move to another group of it: setpgid).
+        self.heads_session = heads_session
         self._returncode: int | None = None
         self.reaped = False
         #: Someone else (an ``os.wait()`` elsewhere in the program) reaped the leader: its

@@ -208,6 +208,8 @@ def plan_spawn(command: Command, options: Mapping[str, Any]) -> SpawnPlan:
     if options.get("preexec_fn") is not None:
         options["preexec_fn"] = _dying_with_us(options["preexec_fn"])
     changes_user = _check_user_and_group(options)
+    if options.get("env") is not None:
+        options["env"] = _with_outer_markers(options["env"])
     if shell:
         program = options.get("executable") or "/bin/sh"
     else:
@@ -228,6 +230,29 @@ def plan_spawn(command: Command, options: Mapping[str, Any]) -> SpawnPlan:
     )
 
 
+#: The start of each tree's marker: a variable in its processes' environment, by which the
+#: subreaper containment and the watchdog know them (`SubreaperContainment`).
+MARKER_PREFIX = "TRIO_PROCTREE_TREE_"
+
+
+def _with_outer_markers(env: Mapping[Any, Any]) -> Mapping[Any, Any]:
+    """``env``, with the markers of the trees this process runs in added (where it is a
+    member of a subreaper tree that starts trees of its own). Given an environment of its
+    own, a nested tree carried its own marker alone, and the outer tree's watchdog, which
+    kills by marker, missed its processes when the outer parent was SIGKILLed (helper-59).
+    """
+    prefix = MARKER_PREFIX.encode()
+    markers: dict[Any, Any] = {
+        name: value for name, value in os.environb.items() if name.startswith(prefix)
+    }
+    if not markers:
+        return env
+    if not any(isinstance(name, bytes) for name in env):
+        markers = {os.fsdecode(name): os.fsdecode(value) for name, value in markers.items()}
+    missing = {name: value for name, value in markers.items() if name not in env}
+    return {**env, **missing} if missing else env
+
+
 def _describe(command: Command, argv: list[Any]) -> str:
     """How logs name the command: ``sleep 60``, shortened to fit a log line."""
     if isinstance(command, (str, bytes)):
@@ -241,8 +266,16 @@ def _check_stream_option(name: str, value: Any) -> None:
     """``stdin``/``stdout``/``stderr`` must be what Popen takes: else it fails in the child
     (an opaque EBADF) or with an AttributeError naming ``fileno``, once the tree's
     containment is made (helper-55: ``stdin=b"..."``, run_process_tree's input given to
-    open_process_tree, said "'bytes' object has no attribute 'fileno'")."""
-    if value is None or (hasattr(value, "fileno") and not isinstance(value, (str, bytes))):
+    open_process_tree, said "'bytes' object has no attribute 'fileno'"). A file object's
+    descriptor is asked for as Popen asks, and raises as it would (an in-memory file, a
+    closed one), but with the request (helper-60)."""
+    if value is None:
+        return
+    if hasattr(value, "fileno") and not isinstance(value, (str, bytes)):
+        descriptor = value.fileno()
+        if isinstance(descriptor, bool) or not isinstance(descriptor, int):
+            raise TypeError(f"{name}.fileno() returned {type(descriptor).__name__}, not int")
+        _check_open(name, descriptor)
         return
     if isinstance(value, bool) or not isinstance(value, int):
         kind = type(value).__name__
@@ -257,10 +290,14 @@ def _check_stream_option(name: str, value: Any) -> None:
         name == "stderr" and value == subprocess.STDOUT
     ):
         return
+    _check_open(name, value)
+
+
+def _check_open(name: str, descriptor: int) -> None:
     try:
-        os.fstat(value)  # (a negative number: EBADF, as Popen fails on it in the child)
+        os.fstat(descriptor)  # (a negative number: EBADF, as Popen fails on it in the child)
     except OSError as exc:
-        raise OSError(exc.errno, f"{exc.strerror}: {name}={value}") from None
+        raise OSError(exc.errno, f"{exc.strerror}: {name}={descriptor}") from None
 
 
 def _check_command(command: Command, shell: bool) -> list[Any]:
@@ -464,7 +501,7 @@ def resolve_executable(
         path = name if directory is None else os.path.join(directory, name)
         found = look_at(path)
         if found == MISSING:
-            raise FileNotFoundError(errno.ENOENT, "no such executable", name)
+            raise _missing(path, name)
         if isinstance(found, OSError):  # (EACCES: a directory on the way we may not search)
             raise type(found)(found.errno, found.strerror, name)
         if found == NOT_EXECUTABLE:
@@ -507,6 +544,18 @@ def resolve_executable(
             _found_before.clear()
         _found_before[key] = resolved
     return resolved
+
+
+def _missing(path: str, name: str) -> OSError:
+    """The error for a program path that names nothing, as Popen raises it: through a
+    file (``/etc/passwd/x``), NotADirectoryError; else FileNotFoundError."""
+    try:
+        os.stat(path)
+    except NotADirectoryError:
+        return NotADirectoryError(errno.ENOTDIR, "Not a directory", name)
+    except OSError:
+        pass
+    return FileNotFoundError(errno.ENOENT, "no such executable", name)
 
 
 def nothing_came_before(resolved: Resolved) -> bool:

@@ -34,16 +34,15 @@ from ._member_tracking import MemberTracking
 from ._orphans import adopted_children, become_subreaper, children_of, exited_child
 from ._pidfd import exited, open_pidfd
 from ._procfs import ProcStat, read_environ, read_stat
-from ._spawn import SpawnPlan, inherited_environment
+from ._spawn import MARKER_PREFIX, SpawnPlan, inherited_environment
 from ._watchdog import is_watchdog
 
 logger = logging.getLogger("trio_proctree")
 
 #: Each tree's marker is a variable of its own, ``TRIO_PROCTREE_TREE_<id>=1``: a tree
 #: started inside another tree's member adds its marker to the outer one's instead of
-#: replacing it, so the outer tree (and its watchdog) still knows the inner tree's
-#: processes as its own.
-MARKER_PREFIX = "TRIO_PROCTREE_TREE_"
+#: replacing it (and keeps the outer one in an ``env=`` of its own: `plan_spawn`), so the
+#: outer tree (and its watchdog) still knows the inner tree's processes as its own.
 
 _tree_numbers = itertools.count()
 

@@ -503,6 +503,12 @@ async def _run_to_end(  # noqa: PLR0917 - one private call site
                 nursery.start_soon(_read_all, stream, outputs[name], done)
             task_status.started(tree)
             await tree.wait()
+            if stdin_stream is not None and tree.stdin is None:
+                # The input goes back on the tree, for its cleanup to close (its close-stdin
+                # step, if any): what the leader left reading it then sees it end, as on
+                # a cancellation, where the feeder ends first. Left to the feeder, it was
+                # fed on through the step's wait, and its reader SIGTERMed (helper-60).
+                tree.stdin = stdin_stream
             # The leader is done: stop what it left behind, so the pipes reach EOF.
             await tree.aclose()
             with bound(PIPE_DRAIN_TIMEOUT, virtual=clock_is_virtual()) as drain:

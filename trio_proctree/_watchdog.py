@@ -170,10 +170,11 @@ def removed(path):
 def kill_group(pgid, earliest, latest):
     fields = stat(pgid)
     if fields is not None and earliest <= int(fields[19]) <= latest:  # it pins the pgid
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except OSError:
-            pass
+        for kill in (os.killpg, os.kill):  # (a leader may have left its group: setpgid)
+            try:
+                kill(pgid, signal.SIGKILL)
+            except OSError:
+                pass
 
 # Linux 6.9+: a signal to the process group of a pidfd's process, reached through the
 # kernel's object for the group's id, not through the number: it reaches the group's
@@ -218,10 +219,13 @@ def unpin(fd):
     os.close(fd)
 
 def kill_pinned_group(fd):
-    try:
-        signal.pidfd_send_signal(fd, signal.SIGKILL, None, PIDFD_SIGNAL_PROCESS_GROUP)
-    except OSError:
-        pass  # nothing is left in that group
+    # The group, and its leader itself: one kept in our session may have left the group
+    # for another of it (setpgid), which the group's signal misses.
+    for flags in (PIDFD_SIGNAL_PROCESS_GROUP, 0):
+        try:
+            signal.pidfd_send_signal(fd, signal.SIGKILL, None, flags)
+        except OSError:
+            pass  # nothing is left in that group, or the leader has gone
 
 def read_environ(path):
     try:

@@ -1179,22 +1179,26 @@ async def run_process_tree(
                 # at the end, as the trio driver's nursery raises it.)
                 readers[-1].add_done_callback(functools.partial(_close_if_failed, transport))
             io_tasks.extend(readers)
-            feeder = None
-            if request.feed is not None and tree.stdin is not None:
-                writer, tree.stdin = tree.stdin, None
-                tree._given_stdin = None  # (fed here; closed once fed)
+            feeder, writer = None, tree.stdin
+            if request.feed is not None and writer is not None:
+                tree.stdin = tree._given_stdin = None  # (fed here; closed once fed)
                 feeder = loop.create_task(_feed(writer, request.feed))
                 io_tasks.append(feeder)
             try:
                 await tree.wait()
-            except BaseException:
-                # Left early (cancelled, say): the input stops and its pipe closes before
-                # the cleanup, as the trio driver's feeder ends with its nursery, so the
-                # close-stdin step gives a CLI the EOF to finish on.
-                if feeder is not None:
+            finally:
+                # Left early (cancelled, say), or the leader done: the input stops and its
+                # pipe closes before the cleanup, as the trio driver's feeder ends with
+                # its nursery, so the close-stdin step gives a CLI (or what the leader
+                # left reading it) the EOF to finish on. Fed on through the step's wait,
+                # a reader the leader left was SIGTERMed without it (helper-60).
+                if feeder is not None and writer is not None and not feeder.done():
                     feeder.cancel()
                     await asyncio.wait({feeder})
-                raise
+                    if not writer.transport.is_closing():
+                        # Cancelled before its first step (the leader exited at once), it
+                        # never ran to close the pipe: its reader would wait for ever.
+                        writer.transport.abort()
             # The leader is done: stop what it left behind, so the pipes reach EOF.
             await tree.aclose()
             if readers:
