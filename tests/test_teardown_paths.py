@@ -18,7 +18,7 @@ import trio
 import trio.testing
 
 import trio_proctree._trio
-from trio_proctree import open_process_tree
+from trio_proctree import Escalation, open_process_tree
 
 from . import procs
 from .conftest import Tracked, read_pids, slow_to_die
@@ -229,6 +229,29 @@ async def test_members_stopped_with_the_leader_are_not_counted_as_lingering(
         assert tree.outcome is not None
         assert tree.outcome.signals == (signal.SIGTERM, signal.SIGCONT)
         assert tree.outcome.lingering_killed == 0
+    assert tracked.survivors() == []
+
+
+async def test_a_member_that_ends_on_its_own_in_the_close_stdin_wait_is_not_lingering(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # Red before (group containment only): a member still running as cleanup began, after
+    # the leader's exit, counted as lingering at once, though it ended on its own within
+    # the close-stdin step's wait and no signal was sent; the other containments count one
+    # only if it is still running at a signal step.
+    async with open_process_tree(
+        ["sh", "-c", "sleep 0.2 & echo $!; exit 0"],
+        escalation=Escalation(steps=[(signal.SIGTERM, 0.5)], close_stdin=2.0),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        **contained,
+    ) as tree:
+        assert tree.stdout is not None
+        [member] = await read_pids(tree.stdout, 1)
+        assert await tree.wait() == 0
+        assert procs.alive(member)  # (0.2 s to go: cleanup begins while it runs)
+    assert tree.outcome is not None
+    assert (tree.outcome.signals, tree.outcome.lingering_killed) == ((), 0)
     assert tracked.survivors() == []
 
 

@@ -38,10 +38,9 @@ class ProcessGroupContainment:
         self._started = False
         self._scan_after: int | None = None
         self._lingering: set[int] = set()
-        #: Members found after the leader exited, once cleanup had begun its steps: they
-        #: linger if still running at the next step (else they were dying of the last).
+        #: Members found after the leader exited: they linger if still running at
+        #: cleanup's next step (else they were dying of the last, or ended on their own).
         self._outliving: set[int] = set()
-        self._stepped = False
         #: Processes found in a group with the tree's id that could be no one's but could
         #: not be told to be the tree's (`Leader.never_watched`): `release` reports them.
         self._left_alone = 0
@@ -98,17 +97,15 @@ class ProcessGroupContainment:
             with contextlib.suppress(ContainmentLost):  # (as for any signal to the group)
                 self._signal(signal.SIGCONT)  # (see signal_leader_alone)
             return True
+        # (After the program's kill(), what cleanup finds running was dying of it: like any
+        # member found after the leader's exit, it lingers only if still running at
+        # cleanup's next step, here its hard stop.)
         self._signal(sig, wake=escalation)
-        if sig == signal.SIGKILL:
-            # The program's kill() is a step too: what cleanup then finds running was
-            # dying of it, and lingers only if still running at cleanup's hard stop.
-            self._stepped = True
         return False
 
     def _step_taken(self) -> None:
         """A step of cleanup: who it finds still running, found after the leader exited
         past the step before, lingers (see `_outliving`)."""
-        self._stepped = True
         self._watched.forget_exited()
         self._lingering.update(pid for pid in self._outliving if pid in self._watched)
 
@@ -229,9 +226,11 @@ class ProcessGroupContainment:
                 self._left_alone = max(self._left_alone, len(found))
             return []
         for pid, fd in found.items():
-            # Outliving the leader: on its own before cleanup's first step; after one,
-            # only if still running at the next (it may be dying of this one).
-            (self._outliving if self._stepped else self._lingering).add(pid)
+            # Outliving the leader: it lingers if still running at cleanup's next step
+            # (after one, it may be dying of it; before the first, it may end on its own
+            # in the close-stdin step's wait, and then no signal was needed: counted at
+            # once, it was, as no other containment counts it).
+            self._outliving.add(pid)
             self._watched[pid] = fd
         return list(self._watched.values())
 

@@ -1750,11 +1750,16 @@ MUTANTS = [
     (
         "group: a member dying of the program's kill() counted as left behind by the leader",
         "_group.py",
-        "            # dying of it, and lingers only if still running at cleanup's hard stop.\n"
-        "            self._stepped = True",
-        "            # dying of it, and lingers only if still running at cleanup's hard stop.\n"
-        "            pass",
+        "            self._outliving.add(pid)\n",
+        "            self._lingering.add(pid)\n",
         "program_killed and group",
+    ),
+    (
+        "group: a member that ended on its own in the close-stdin wait counted as lingering",
+        "_group.py",
+        "            self._outliving.add(pid)\n",
+        "            self._lingering.add(pid)\n",
+        "ends_on_its_own_in_the_close and group",
     ),
     (
         "watchdog: a killed cgroup waited on by its cgroup.events alone",
