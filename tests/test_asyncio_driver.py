@@ -30,9 +30,11 @@ from .test_bad_input import BAD_REQUESTS
 from .test_containment import LEADER_IGNORES_TERM_ESCAPEE_HANDLES_IT
 from .test_escalation import (
     INPUT_CASES,
-    LEAVES_A_READER_OF_ITS_INPUT,
+    LEAVES_A_FAST_READER_OF_ITS_INPUT,
+    LEAVES_A_SLOW_READER_OF_ITS_INPUT,
     LETS_A_CLI_FINISH,
     LONG_INPUT,
+    SHORT_CLOSE_STDIN,
 )
 from .test_run_process_tree import leaving_an_escapee_on_stdout
 
@@ -467,22 +469,96 @@ def test_asyncio_close_stdin_step_runs_for_the_input_run_process_tree_fed(
     assert tracked.survivors() == []
 
 
-def test_asyncio_close_stdin_step_stops_the_input_still_fed_once_the_leader_exited(
+def test_asyncio_input_still_fed_once_the_leader_exited_reaches_what_it_left_in_full(
     run: Callable[..., Any], tracked: Tracked, tmp_path: Path, contained: dict[str, Any]
 ) -> None:
-    # As with trio (red before: the feeder went on writing through the step's wait, and
-    # the reader it left behind was SIGTERMed without seeing the input end).
-    out = tmp_path / "flushed"
+    # As with trio (red with the input cut as the leader exited: helper-62).
+    out = tmp_path / "taken"
 
     async def main() -> int:
         result = await run_process_tree(
-            ["sh", "-c", LEAVES_A_READER_OF_ITS_INPUT, str(out)],
+            ["sh", "-c", LEAVES_A_FAST_READER_OF_ITS_INPUT, str(out)],
             stdin=LONG_INPUT, escalation=LETS_A_CLI_FINISH, **contained,
         )  # fmt: skip
         return result.returncode
 
     assert run(main) == 0
-    assert out.read_text() == "flushed\n"  # (not said if SIGTERM came first)
+    assert out.read_bytes() == LONG_INPUT
+    assert tracked.survivors() == []
+
+
+def test_asyncio_input_still_fed_as_the_close_stdin_wait_ends_is_not_said_closed(
+    run: Callable[..., Any],
+    tracked: Tracked,
+    tmp_path: Path,
+    contained: dict[str, Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # As with trio (red before, helper-60: said closed). The asyncio run_process_tree hands
+    # no tree back: its cleanup's log says it.
+    caplog.set_level(logging.DEBUG, logger="trio_proctree")
+    out = tmp_path / "flushed"
+
+    async def main() -> None:
+        await run_process_tree(
+            ["sh", "-c", LEAVES_A_SLOW_READER_OF_ITS_INPUT, str(out)],
+            stdin=LONG_INPUT, escalation=SHORT_CLOSE_STDIN, **contained,
+        )  # fmt: skip
+
+    run(main)
+    said = [record.getMessage() for record in caplog.records]
+    assert any("the close-stdin step could not close it" in line for line in said), said
+    assert not out.exists()
+    assert tracked.survivors() == []
+
+
+#: Under this task factory a new task running trio_proctree's feeder of input waits 10 s
+#: before it starts it: one cancelled meanwhile never runs a line of the feeder.
+def _feeders_start_late(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> Any:
+    if getattr(coro, "__qualname__", "") == "_feed":
+
+        async def late(coro: Any = coro) -> None:
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                coro.close()
+                raise
+            await coro
+
+        coro = late()
+    return asyncio.Task(coro, loop=loop, **kwargs)
+
+
+def test_asyncio_input_whose_feeder_never_began_still_ends_for_the_cli(
+    tracked: Tracked, tmp_path: Path, contained: dict[str, Any]
+) -> None:
+    # Red before: cancelled before its first step, the feeder never ran to close the pipe,
+    # and the CLI waited for the input's end through the close-stdin step's wait, then
+    # was SIGTERMed before it could flush.
+    out = tmp_path / "flushed"
+    script = 'echo started >&2; cat >/dev/null; echo flushed > "$0"'
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_task_factory(_feeders_start_late)
+        cue_read, cue_write = os.pipe()
+        try:
+            running = asyncio.get_running_loop().create_task(
+                run_process_tree(
+                    ["sh", "-c", script, str(out)], stdin=b"work\n", stderr=cue_write,
+                    escalation=LETS_A_CLI_FINISH, **contained,
+                )
+            )  # fmt: skip
+            said = await asyncio.get_running_loop().run_in_executor(None, os.read, cue_read, 64)
+            assert said == b"started\n"
+            running.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await running
+        finally:
+            os.close(cue_read)
+            os.close(cue_write)
+
+    asyncio.run(main())
+    assert out.read_text() == "flushed\n"
     assert tracked.survivors() == []
 
 

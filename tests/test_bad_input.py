@@ -89,6 +89,20 @@ BAD_REQUESTS = [
     pytest.param(  # (red before, helper-61: FileNotFoundError, where Popen's exec says ENOTDIR)
         ["/etc/passwd/x"], {}, NotADirectoryError, "Not a directory", id="path-through-a-file"
     ),
+    pytest.param(  # (red before, helper-62: Popen reports the last place's ENOTDIR)
+        ["x"],
+        {"env": {"PATH": "/no/such/dir:/etc/passwd"}},
+        NotADirectoryError,
+        "Not a directory",
+        id="path-ending-with-a-file",
+    ),
+    pytest.param(  # (as Popen does: the last place's ENOENT)
+        ["x"],
+        {"env": {"PATH": "/etc/passwd:/no/such/dir"}},
+        FileNotFoundError,
+        "no such executable on PATH",
+        id="path-ending-with-nothing",
+    ),
     pytest.param(["true"], {"cwd": "/no/such/dir"}, FileNotFoundError, "directory", id="bad-cwd"),
     pytest.param(  # as subprocess says it (chdir's ENOTDIR): the path exists
         ["true"], {"cwd": "/etc/passwd"}, NotADirectoryError, "not a directory", id="file-cwd"

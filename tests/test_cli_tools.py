@@ -150,6 +150,25 @@ def test_run_an_empty_program_name_exits_127_with_a_message(tracked: Tracked) ->
     assert "Traceback" not in result.stderr
 
 
+def test_run_whose_stderr_reader_left_and_stdout_is_closed_ends_as_by_sigpipe(
+    tracked: Tracked,
+) -> None:
+    # Red before (helper-62): the handler of the broken pipe failed on the closed stdout,
+    # and the tool ended with status 1, a failed command's.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    command = shlex.join([*tool(), "run", "--", "no-such-command-xyz"])
+    try:
+        result = subprocess.run(
+            ["sh", "-c", f"exec >&-; exec {command}"],
+            stderr=write_end, env=tracked.env, timeout=60, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert result.returncode == 128 + signal.SIGPIPE
+    assert tracked.survivors() == []
+
+
 def test_run_a_path_through_a_file_exits_126(tracked: Tracked) -> None:
     # Red before (helper-61): "command not found", 127; the exec fails with ENOTDIR, which
     # timeout(1) reports as a command it could not invoke: 126.

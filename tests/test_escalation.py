@@ -692,30 +692,54 @@ async def test_close_stdin_step_runs_for_the_input_run_process_tree_fed(
 
 #: The leader leaves a reader of its input behind, which says "flushed" into $0 once the
 #: input ends, and exits at once. (A background list's stdin is /dev/null unless given.)
-LEAVES_A_READER_OF_ITS_INPUT = (
+LEAVES_A_SLOW_READER_OF_ITS_INPUT = (
     'exec 3<&0; { while read -r line; do sleep 0.01; done; echo flushed > "$0"; } <&3 & exit 0'
 )
-#: Enough input to be still fed when the leader exits (~6 s of it, at 10 ms a line).
+#: The same, with cat: it takes 8 MB in tens of milliseconds, into the file $0.
+LEAVES_A_FAST_READER_OF_ITS_INPUT = 'exec 3<&0; { cat > "$0"; } <&3 & exit 0'
+#: More input than the slow reader takes in the close-stdin step's wait (~6 s of it).
 LONG_INPUT = (b"x" * 16384 + b"\n") * 640
+#: A close-stdin step short beside that.
+SHORT_CLOSE_STDIN = Escalation(steps=[(signal.SIGTERM, 1.0)], close_stdin=0.3)
 
 
-async def test_close_stdin_step_stops_the_input_still_fed_once_the_leader_exited(
+async def test_input_still_fed_once_the_leader_exited_reaches_what_it_left_in_full(
     tracked: Tracked, tmp_path: Path, contained: dict[str, Any]
 ) -> None:
-    # Red before (helper-60): the leader gone, the cleanup ran while the feeder still
-    # wrote: the step closed nothing, its reader never saw the input end and was SIGTERMed
-    # at the end of the step's wait, and outcome.stdin_closed said True all the same.
-    out = tmp_path / "flushed"
+    # The leader gone, its reader takes the rest of the input during the close-stdin
+    # step's wait, and the step ends with the input's end. Red with the input cut as the
+    # leader exited (helper-62): 0 to 2.8 MB of the 8 MB arrived, no signal, nothing said.
+    out = tmp_path / "taken"
     async with trio.open_nursery() as nursery:
         tree = await nursery.start(
             functools.partial(
-                run_process_tree, ["sh", "-c", LEAVES_A_READER_OF_ITS_INPUT, str(out)],
+                run_process_tree, ["sh", "-c", LEAVES_A_FAST_READER_OF_ITS_INPUT, str(out)],
                 stdin=LONG_INPUT, escalation=LETS_A_CLI_FINISH, **contained,
             )
         )  # fmt: skip
     assert tree.outcome is not None
     assert (tree.outcome.signals, tree.outcome.stdin_closed) == ((), True)
-    assert out.read_text() == "flushed\n"
+    assert out.read_bytes() == LONG_INPUT
+    assert tracked.survivors() == []
+
+
+async def test_input_still_fed_as_the_close_stdin_wait_ends_is_not_said_closed(
+    tracked: Tracked, tmp_path: Path, contained: dict[str, Any]
+) -> None:
+    # Red before (helper-60): outcome.stdin_closed said True, though the step could not
+    # close the input run_process_tree was still feeding, and its reader never saw it end.
+    out = tmp_path / "flushed"
+    async with trio.open_nursery() as nursery:
+        tree = await nursery.start(
+            functools.partial(
+                run_process_tree, ["sh", "-c", LEAVES_A_SLOW_READER_OF_ITS_INPUT, str(out)],
+                stdin=LONG_INPUT, escalation=SHORT_CLOSE_STDIN, **contained,
+            )
+        )  # fmt: skip
+    assert tree.outcome is not None
+    assert tree.outcome.signals[:1] == (signal.SIGTERM,)
+    assert tree.outcome.stdin_closed is False
+    assert not out.exists()  # (cut short by SIGTERM: the input had not ended)
     assert tracked.survivors() == []
 
 

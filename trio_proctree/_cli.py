@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import re
@@ -215,8 +216,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         # A reader that left early (`trio-proctree demo | head -1`): the end a tool killed
         # by SIGPIPE has, not a traceback (helper-61). Its output goes nowhere from here,
-        # or Python's flush at exit would fail on it once more.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        # or Python's flush at exit would fail on it once more (stdout's or stderr's: the
+        # one that broke is not told; either may be closed, or None: helper-62).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(AttributeError, OSError, ValueError):
+                os.dup2(devnull, stream.fileno())
+        os.close(devnull)
         return 128 + signal.SIGPIPE
 
 

@@ -205,8 +205,8 @@ class Escalation:
     In order:
 
     1. if ``close_stdin`` is set and the tree's stdin was made a pipe, close it (unless
-       closed already: by the program, or by `run_process_tree` once it fed the input;
-       input it is still feeding stops here, cut short, the leader gone or not) and
+       closed already: by the program, or by `run_process_tree` once it fed the input,
+       which it goes on feeding during the wait, while the tree takes it) and
        wait up to ``close_stdin`` seconds (for CLIs that flush their last output on EOF).
        The wait runs also where stdin was closed already, counted from the cleanup's
        start, not from that close: a CLI still finishing its input gets it in full, and

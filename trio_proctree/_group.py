@@ -157,8 +157,12 @@ class ProcessGroupContainment:
         # (setpgid): the group's signal missed it, and it sat out the grace for SIGKILL, or
         # ran on past cleanup under this containment. It is signalled through its pidfd,
         # looked at before the group's signal (after it, one that moved in between would
-        # take the signal twice, and a handler would run twice).
-        leader_moved = not self._leader.heads_session and self._leader_moved()
+        # take the signal twice, and a handler would run twice). The look and the signal
+        # are two steps, and one that moves in between is missed by both: SIGKILL, which
+        # harms nothing twice, goes to it whatever the look says (helper-62).
+        leader_moved = not self._leader.heads_session and (
+            sig == signal.SIGKILL or self._leader_moved()
+        )
         try:
             os.killpg(self._pgid, sig)
             if wake:

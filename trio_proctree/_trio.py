@@ -473,7 +473,11 @@ async def run_process_tree(
             )
             stdin_stream = tree.stdin if request.feed is not None else None
             if request.feed is not None:
-                tree.stdin = tree._given_stdin = None  # (fed here; closed once fed)
+                # Fed here, and closed once fed: off the tree, as a stream the program takes
+                # is. Its cleanup's close-stdin step then waits for the input to be taken
+                # in full, and says whether it was (``stdin_closed``). Cut short as the
+                # leader exits, it was lost, unsaid, to what the leader left reading it.
+                tree.stdin = None
             await _run_to_end(tree, request.feed, stdin_stream, readers, outputs, task_status)
     finally:
         # Closed only after the tree's cleanup: on cancellation the tree is stopped by the
@@ -503,12 +507,6 @@ async def _run_to_end(  # noqa: PLR0917 - one private call site
                 nursery.start_soon(_read_all, stream, outputs[name], done)
             task_status.started(tree)
             await tree.wait()
-            if stdin_stream is not None and tree.stdin is None:
-                # The input goes back on the tree, for its cleanup to close (its close-stdin
-                # step, if any): what the leader left reading it then sees it end, as on
-                # a cancellation, where the feeder ends first. Left to the feeder, it was
-                # fed on through the step's wait, and its reader SIGTERMed (helper-60).
-                tree.stdin = stdin_stream
             # The leader is done: stop what it left behind, so the pipes reach EOF.
             await tree.aclose()
             with bound(PIPE_DRAIN_TIMEOUT, virtual=clock_is_virtual()) as drain:

@@ -1181,24 +1181,24 @@ async def run_process_tree(
             io_tasks.extend(readers)
             feeder, writer = None, tree.stdin
             if request.feed is not None and writer is not None:
-                tree.stdin = tree._given_stdin = None  # (fed here; closed once fed)
+                # Fed here, and closed once fed: off the tree, as in the trio driver.
+                tree.stdin = None
                 feeder = loop.create_task(_feed(writer, request.feed))
                 io_tasks.append(feeder)
             try:
                 await tree.wait()
-            finally:
-                # Left early (cancelled, say), or the leader done: the input stops and its
-                # pipe closes before the cleanup, as the trio driver's feeder ends with
-                # its nursery, so the close-stdin step gives a CLI (or what the leader
-                # left reading it) the EOF to finish on. Fed on through the step's wait,
-                # a reader the leader left was SIGTERMed without it (helper-60).
-                if feeder is not None and writer is not None and not feeder.done():
+            except BaseException:
+                # Left early (cancelled, say): the input stops and its pipe closes before
+                # the cleanup, as the trio driver's feeder ends with its nursery, so the
+                # close-stdin step gives a CLI the EOF to finish on.
+                if feeder is not None and writer is not None:
                     feeder.cancel()
                     await asyncio.wait({feeder})
                     if not writer.transport.is_closing():
                         # Cancelled before its first step (the leader exited at once), it
                         # never ran to close the pipe: its reader would wait for ever.
                         writer.transport.abort()
+                raise
             # The leader is done: stop what it left behind, so the pipes reach EOF.
             await tree.aclose()
             if readers:
