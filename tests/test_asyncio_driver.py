@@ -562,6 +562,33 @@ def test_asyncio_input_whose_feeder_never_began_still_ends_for_the_cli(
     assert tracked.survivors() == []
 
 
+def test_asyncio_readers_take_a_limit_as_create_subprocess_exec_does(
+    run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # Red before (helper-64): "unknown option(s) for a process tree: limit", and a line
+    # over 64 KiB could not be read with readline() (line-delimited JSON, logs).
+    line = b"x" * 200_000 + b"\n"
+
+    async def main() -> tuple[bytes, bytes]:
+        async with open_process_tree(
+            ["sh", "-c", "head -c 200000 /dev/zero | tr '\\0' x; echo; echo y >&2"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, limit=2**20, **contained,
+        ) as tree:  # fmt: skip
+            assert tree.stdout is not None and tree.stderr is not None
+            return await tree.stdout.readline(), await tree.stderr.readline()
+
+    assert run(main) == (line, b"y\n")
+    assert tracked.survivors() == []
+
+
+@pytest.mark.parametrize(
+    ("limit", "error"), [(0, ValueError), (-1, ValueError), (1.5, TypeError), (True, TypeError)]
+)
+def test_asyncio_a_bad_limit_is_refused_by_the_call(limit: Any, error: type[Exception]) -> None:
+    with pytest.raises(error, match="limit"):
+        open_process_tree(["true"], stdout=subprocess.PIPE, limit=limit)
+
+
 @pytest.mark.parametrize("taken", [True, False], ids=["taken-off", "kept"])
 def test_a_reader_holds_all_the_tree_said_as_it_stopped_after_cleanup(
     run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any], taken: bool

@@ -255,6 +255,70 @@ async def test_a_member_that_ends_on_its_own_in_the_close_stdin_wait_is_not_ling
     assert tracked.survivors() == []
 
 
+async def test_a_task_reading_stdout_as_the_block_ends_gets_all_the_tree_said_then_eof(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # A reader task outside the block (a log reader, say), slow with each chunk: the tree
+    # says its last words as it stops, and cleanup closes the pipe once the tree is gone.
+    # Red before (helper-64): the reader's next read raised ClosedResourceError, and the
+    # last words were lost (the asyncio driver's reader had them all).
+    said: list[bytes] = []
+    stopping = (
+        "trap 'echo draining; echo drained; exit 0' TERM; echo ready; while :; do sleep 0.05; done"
+    )
+
+    async def read_slowly(stream: trio.abc.ReceiveStream, first: trio.Event) -> None:
+        async for chunk in stream:
+            said.append(bytes(chunk))
+            first.set()
+            await trio.sleep(0.3)  # (the tree stops, and cleanup ends, meanwhile)
+
+    first = trio.Event()
+    async with (
+        trio.open_nursery() as nursery,
+        open_process_tree(
+            ["sh", "-c", stopping], stdout=subprocess.PIPE, grace=2.0, **contained
+        ) as tree,
+    ):
+        # (The block ends before the nursery: the reader, outside it, reads on.)
+        assert tree.stdout is not None
+        nursery.start_soon(read_slowly, tree.stdout, first)
+        await first.wait()
+    assert b"".join(said) == b"ready\ndraining\ndrained\n"
+    assert tree.outcome is not None and tree.outcome.signals == (signal.SIGTERM, signal.SIGCONT)
+    assert tracked.survivors() == []
+
+
+async def test_a_stream_kept_by_the_program_holds_what_the_tree_said_as_it_stopped(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # Kept, not read until the block is over: what the tree said as it stopped is read from
+    # the pipe as cleanup closes it, and given, then the end; no descriptor stays open.
+    # (Red before: it raised ClosedResourceError, its last words lost.) Closed by the
+    # program, it raises as any closed trio stream does.
+    stopping = "trap 'seq 1 2000; exit 0' TERM; echo ready; while :; do sleep 0.05; done"
+    async with open_process_tree(["true"], stdout=subprocess.PIPE, **contained):
+        pass  # (what stays open for good: the watchdog's socket)
+    before = procs.open_fds()
+    async with open_process_tree(
+        ["sh", "-c", stopping], stdout=subprocess.PIPE, **contained
+    ) as tree:
+        kept = tree.stdout
+        assert kept is not None
+        assert await kept.receive_some() == b"ready\n"
+    assert procs.open_fds() == before
+    said = b""
+    while chunk := await kept.receive_some(1000):
+        assert len(chunk) <= 1000
+        said += chunk
+    assert said == b"".join(b"%d\n" % n for n in range(1, 2001))
+    assert await kept.receive_some() == b""  # (the end, again)
+    await kept.aclose()
+    with pytest.raises(trio.ClosedResourceError):
+        await kept.receive_some()
+    assert tracked.survivors() == []
+
+
 async def test_a_tree_that_already_ended_gets_no_signal(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -137,11 +138,12 @@ class ProcessTree(TreeView):
     Made by `open_process_tree` and `run_process_tree`; its cleanup runs when their scope
     ends, or earlier with `aclose`.
 
-    Cleanup closes the pipes it made (stdout and stderr once the tree is gone). To read
-    all that a tree says as it stops, take the stream off it first (``stdout, tree.stdout
-    = tree.stdout, None``): it is then yours, left open by cleanup, to read to its end
-    and close. (A stream you put in its place is closed by cleanup, within the policy's
-    bound.)
+    Cleanup closes the pipes it made (stdout and stderr once the tree is gone, reading
+    what is left in them first: a task still reading, or a program that kept the stream,
+    gets all the tree said as it stopped, then the end). A stream taken off the tree
+    (``stdout, tree.stdout = tree.stdout, None``) is left open by cleanup, yours to read
+    to its end and close, whoever still writes to it. (A stream you put in its place is
+    closed by cleanup, within the policy's bound.)
     """
 
     _public_name = "trio_proctree.ProcessTree"
@@ -153,9 +155,9 @@ class ProcessTree(TreeView):
         #: The stream ``stdin`` was made, while it is the program's to take off the tree.
         self._given_stdin = self.stdin
         #: The leader's stdout, when it was ``subprocess.PIPE``.
-        self.stdout: trio.abc.ReceiveStream | None = _stream(spawned.stdout)
+        self.stdout: trio.abc.ReceiveStream | None = _output(spawned.stdout)
         #: The leader's stderr, when it was ``subprocess.PIPE``.
-        self.stderr: trio.abc.ReceiveStream | None = _stream(spawned.stderr)
+        self.stderr: trio.abc.ReceiveStream | None = _output(spawned.stderr)
         self._wait_lock = trio.Lock()
         #: Output streams cleanup leaves open: those `run_process_tree` handed back, the
         #: caller's to read to their end (as `trio.run_process` leaves them).
@@ -254,7 +256,9 @@ class ProcessTree(TreeView):
             return None
         setattr(self, name, None)
         try:
-            if isinstance(stream, trio.lowlevel.FdStream):
+            if isinstance(stream, TreeOutput):
+                stream.drain_and_close()
+            elif isinstance(stream, trio.lowlevel.FdStream):
                 # Closed without aclose()'s checkpoint: cleanup yields when it waits, and a
                 # scheduler round trip per pipe was a tenth of a cooperative teardown.
                 stream.close()
@@ -281,6 +285,72 @@ class ProcessTree(TreeView):
 
 def _stream(fd: int | None) -> trio.lowlevel.FdStream | None:
     return None if fd is None else trio.lowlevel.FdStream(fd)
+
+
+def _output(fd: int | None) -> TreeOutput | None:
+    return None if fd is None else TreeOutput(fd)
+
+
+class TreeOutput(trio.abc.ReceiveStream):
+    """The tree's stdout or stderr: its pipe, which cleanup closes once the tree is gone,
+    first reading what is still in it (the last of what the tree said, as it stopped),
+    which this stream then gives, and then its end. A task still reading it (a log reader,
+    outside the block) so gets all the tree said, then EOF, as the asyncio driver's readers
+    do: closed under it, its next read raised ClosedResourceError, and those last words
+    were lost (helper-64)."""
+
+    def __init__(self, fd: int) -> None:
+        self._pipe = trio.lowlevel.FdStream(fd)
+        #: What cleanup read from the pipe as it closed it; None until then.
+        self._rest: bytearray | None = None
+        self._closed = False
+
+    def fileno(self) -> int:
+        return self._pipe.fileno()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        if self._rest is None:
+            try:
+                return await self._pipe.receive_some(max_bytes)
+            except trio.ClosedResourceError:
+                if self._rest is None:
+                    raise  # (closed by the program)
+        if self._closed:
+            raise trio.ClosedResourceError("the stream was closed")
+        await trio.lowlevel.checkpoint()
+        rest = self._rest
+        size = len(rest) if max_bytes is None else max_bytes
+        if size < 1 and max_bytes is not None:
+            raise ValueError("max_bytes must be >= 1")
+        chunk = bytes(rest[:size])
+        del rest[:size]
+        return chunk  # (b"" once all is given: the end)
+
+    async def aclose(self) -> None:
+        self.close()
+        await trio.lowlevel.checkpoint()
+
+    def close(self) -> None:
+        self._closed = True
+        self._rest = None
+        self._pipe.close()
+
+    def drain_and_close(self) -> None:
+        """Read what the pipe still holds, without waiting (the tree, gone, writes no
+        more: at most `_DRAIN_AT_MOST`, from a writer outside it), then close it."""
+        fd = self._pipe.fileno()
+        if fd < 0 or self._closed:
+            return
+        rest = bytearray()
+        with contextlib.suppress(BlockingIOError):  # (non-blocking: all there is, was read)
+            while len(rest) < _DRAIN_AT_MOST and (data := os.read(fd, 65536)):
+                rest += data
+        self._rest = rest
+        self._pipe.close()
+
+
+#: The most cleanup reads from an output pipe as it closes it.
+_DRAIN_AT_MOST = 1 << 20
 
 
 class _TreeScope:
@@ -451,7 +521,7 @@ async def run_process_tree(
         hands_back_streams=task_status is not trio.TASK_STATUS_IGNORED,
     )
     outputs: dict[str, list[bytes]] = {name: [] for name in request.capture}
-    readers: list[tuple[str, trio.lowlevel.FdStream]] = []
+    readers: list[tuple[str, TreeOutput]] = []
     try:
         async with open_process_tree(
             command,
@@ -494,7 +564,7 @@ async def _run_to_end(  # noqa: PLR0917 - one private call site
     tree: ProcessTree,
     feed: bytes | None,
     stdin_stream: trio.abc.SendStream | None,
-    readers: list[tuple[str, trio.lowlevel.FdStream]],
+    readers: list[tuple[str, TreeOutput]],
     outputs: Mapping[str, list[bytes]],
     task_status: trio.TaskStatus[ProcessTree],
 ) -> None:

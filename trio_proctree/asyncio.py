@@ -640,11 +640,11 @@ class ProcessTree(TreeView):
                 requested -= 1
             _deliver_again_unless_withdrawn(cancelled, requested)
 
-    async def _connect(self, spawned: Spawned) -> None:
+    async def _connect(self, spawned: Spawned, *, limit: int) -> None:
         loop = asyncio.get_running_loop()
         for name, fd in (("stdout", spawned.stdout), ("stderr", spawned.stderr)):
             if fd is not None:
-                reader = asyncio.StreamReader()
+                reader = asyncio.StreamReader(limit=limit)
                 pipe = self._hand(fd)
                 read_transport, _ = await _closing_on_error(
                     pipe, loop.connect_read_pipe(_protocol_for(reader), pipe)
@@ -985,8 +985,11 @@ async def _closing_on_error(pipe: _PipeEnd, connecting: Coroutine[Any, Any, T]) 
 class _TreeScope:
     """The async context manager `open_process_tree` returns."""
 
-    def __init__(self, plan: SpawnPlan, policy: Escalation, containment: ContainmentChoice) -> None:
+    def __init__(
+        self, plan: SpawnPlan, policy: Escalation, containment: ContainmentChoice, *, limit: int
+    ) -> None:
         self._plan = plan
+        self._limit = limit
         self._policy = policy
         self._containment = containment
         self._tree: ProcessTree | None = None
@@ -1010,7 +1013,7 @@ class _TreeScope:
                 # then waits for this one.
                 await spawn.stop_started(cancelled)
                 raise cancelled  # noqa: TRY301 - (see above)
-            await tree._connect(spawn.spawned)
+            await tree._connect(spawn.spawned, limit=self._limit)
         except BaseException as exc:
             await spawn.stop_under(exc)
             raise
@@ -1114,15 +1117,34 @@ def open_process_tree(
     ``grace`` + 2 s with the defaults (``escalation.worst_case``).
 
     ``stdin``/``stdout``/``stderr`` set to ``subprocess.PIPE`` give an
-    `asyncio.StreamWriter` / `asyncio.StreamReader` on the tree.
+    `asyncio.StreamWriter` / `asyncio.StreamReader` on the tree; ``limit=`` sets the
+    readers' buffer (the longest line ``readline()`` reads), as for
+    `asyncio.create_subprocess_exec` (64 KiB unless given).
 
     Bad input is refused before anything is started, with the same errors as
     `trio_proctree.open_process_tree`.
     """
+    limit = _reader_limit(options.pop("limit", _DEFAULT_LIMIT))
     policy = resolve_policy(grace, stop_signal, escalation)
     plan = plan_spawn(command, options)
     choice = choose_containment(containment, changes_user=plan.changes_user)
-    return _TreeScope(plan, policy, choice)
+    return _TreeScope(plan, policy, choice, limit=limit)
+
+
+#: asyncio's own default for a StreamReader's buffer (``limit``), 64 KiB.
+_DEFAULT_LIMIT = 2**16
+
+
+def _reader_limit(limit: object) -> int:
+    """``limit=``, as `asyncio.create_subprocess_exec` takes it: the buffer of the
+    StreamReaders made for stdout and stderr, and so the longest line ``readline()``
+    reads. Refused with the request, where asyncio would refuse it once the pipes are
+    made."""
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError(f"limit must be an int, not {type(limit).__name__}")
+    if limit <= 0:
+        raise ValueError(f"limit must be more than 0, not {limit}")
+    return limit
 
 
 async def run_process_tree(

@@ -2592,6 +2592,27 @@ MUTANTS = [
         "stderr_reader_left",
     ),
     (
+        "asyncio: the readers' limit= not passed on",
+        "asyncio.py",
+        "                reader = asyncio.StreamReader(limit=limit)\n",
+        "                reader = asyncio.StreamReader()\n",
+        "limit_as_create_subprocess_exec",
+    ),
+    (
+        "trio: an output pipe closed under its reader, the tree's last words lost",
+        "_trio.py",
+        "                stream.drain_and_close()\n",
+        "                stream.close()\n",
+        "reading_stdout_as_the_block or kept_by_the_program_holds",
+    ),
+    (
+        "trio: what cleanup read from an output pipe never given",
+        "_trio.py",
+        '        return chunk  # (b"" once all is given: the end)\n',
+        '        return b""\n',
+        "reading_stdout_as_the_block or kept_by_the_program_holds",
+    ),
+    (
         "cgroup home: a retired cgroup still in use forgotten after one try",
         "_cgroup_home.py",
         "                still_in_use.append(tree)\n",
