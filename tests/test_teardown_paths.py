@@ -307,7 +307,21 @@ async def test_a_stream_kept_by_the_program_holds_what_the_tree_said_as_it_stopp
         assert kept is not None
         assert await kept.receive_some() == b"ready\n"
     assert procs.open_fds() == before
-    said = b""
+    with pytest.raises(ValueError, match="max_bytes"):
+        await kept.receive_some(0)
+    busy: list[BaseException] = []
+
+    async def receive_too() -> None:
+        try:
+            await kept.receive_some(1)
+        except trio.BusyResourceError as exc:
+            busy.append(exc)
+
+    async with trio.open_nursery() as nursery:  # two receivers at once: as trio's streams,
+        nursery.start_soon(receive_too)  # the second is refused
+        nursery.start_soon(receive_too)
+    assert len(busy) == 1
+    said = b"1"  # (the byte the other receiver took)
     while chunk := await kept.receive_some(1000):
         assert len(chunk) <= 1000
         said += chunk

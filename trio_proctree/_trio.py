@@ -304,6 +304,7 @@ class TreeOutput(trio.abc.ReceiveStream):
         #: What cleanup read from the pipe as it closed it; None until then.
         self._rest: bytearray | None = None
         self._closed = False
+        self._receiving = False
 
     def fileno(self) -> int:
         return self._pipe.fileno()
@@ -317,11 +318,19 @@ class TreeOutput(trio.abc.ReceiveStream):
                     raise  # (closed by the program)
         if self._closed:
             raise trio.ClosedResourceError("the stream was closed")
-        await trio.lowlevel.checkpoint()
+        if max_bytes is not None and max_bytes < 1:
+            raise ValueError("max_bytes must be >= 1")
+        if self._receiving:  # (as FdStream says it, for the pipe)
+            raise trio.BusyResourceError("another task is using this stream for receive")
+        self._receiving = True
+        try:
+            await trio.lowlevel.checkpoint()  # (every receive is one, as trio's rule is)
+        finally:
+            self._receiving = False
+        if self._closed:  # (by another task, meanwhile)
+            raise trio.ClosedResourceError("the stream was closed")
         rest = self._rest
         size = len(rest) if max_bytes is None else max_bytes
-        if size < 1 and max_bytes is not None:
-            raise ValueError("max_bytes must be >= 1")
         chunk = bytes(rest[:size])
         del rest[:size]
         return chunk  # (b"" once all is given: the end)
