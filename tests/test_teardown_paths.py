@@ -333,6 +333,37 @@ async def test_a_stream_kept_by_the_program_holds_what_the_tree_said_as_it_stopp
     assert tracked.survivors() == []
 
 
+async def test_a_tree_output_handed_to_another_process_keeps_all_it_has_not_read(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # A pipeline: the tree's stdout is the stdin of a slow consumer, which still has the
+    # tree's output to read as the block ends. Red before (helper-66): cleanup read what
+    # was left in the pipe, for a reader of the stream, and the consumer got 0 of 60000.
+    counted: list[bytes] = []
+
+    async def consume(stdin: Any, started: trio.Event) -> None:
+        async with open_process_tree(
+            ["sh", "-c", "sleep 0.3; wc -c"], stdin=stdin, stdout=subprocess.PIPE, **contained
+        ) as consumer:
+            started.set()  # (it holds the pipe's read end now)
+            assert consumer.stdout is not None
+            counted.append(b"".join([chunk async for chunk in consumer.stdout]))
+            await consumer.wait()
+
+    async with (
+        trio.open_nursery() as nursery,
+        open_process_tree(
+            ["head", "-c", "60000", "/dev/zero"], stdout=subprocess.PIPE, **contained
+        ) as tree,
+    ):
+        started = trio.Event()
+        nursery.start_soon(consume, tree.stdout, started)
+        await started.wait()
+        assert await tree.wait() == 0
+    assert [int(said) for said in counted] == [60000]
+    assert tracked.survivors() == []
+
+
 async def test_a_tree_that_already_ended_gets_no_signal(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:

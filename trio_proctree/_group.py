@@ -170,9 +170,17 @@ class ProcessGroupContainment:
         except ProcessLookupError:
             pass  # nothing left in the group, not even the leader's zombie
         if leader_moved:
-            signal_pidfd(self._leader.pidfd, sig)
-            if wake:
-                signal_pidfd(self._leader.pidfd, signal.SIGCONT)
+            try:
+                signal_pidfd(self._leader.pidfd, sig)
+                if wake:
+                    signal_pidfd(self._leader.pidfd, signal.SIGCONT)
+            except PermissionError:
+                # A leader we may not signal (it runs a set-user-ID program): SIGKILL went
+                # to it unlooked-at, and the group's reached it unless it moved (one that
+                # did, and outlives it, is said as such at the end of cleanup). Raised, it
+                # turned a refusal the group's signal passes over into a cleanup error.
+                if sig != signal.SIGKILL:
+                    raise
 
     def _leader_moved(self) -> bool:
         """Whether the unreaped leader (its pid is still its own) is in another group."""

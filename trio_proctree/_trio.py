@@ -292,12 +292,14 @@ def _output(fd: int | None) -> TreeOutput | None:
 
 
 class TreeOutput(trio.abc.ReceiveStream):
-    """The tree's stdout or stderr: its pipe, which cleanup closes once the tree is gone,
-    first reading what is still in it (the last of what the tree said, as it stopped),
-    which this stream then gives, and then its end. A task still reading it (a log reader,
-    outside the block) so gets all the tree said, then EOF, as the asyncio driver's readers
-    do: closed under it, its next read raised ClosedResourceError, and those last words
-    were lost (helper-64)."""
+    """The tree's stdout or stderr: its pipe, which cleanup closes once the tree is gone.
+    Where the program reads this stream, cleanup first reads what is still in the pipe
+    (the last of what the tree said, as it stopped), which the stream then gives, and then
+    its end. A task still reading it (a log reader, outside the block) so gets all the tree
+    said, then EOF, as the asyncio driver's readers do: closed under it, its next read
+    raised ClosedResourceError, and those last words were lost (helper-64). Not where its
+    descriptor was handed on (``stdin=tree.stdout`` for another process: a pipeline):
+    read here, what the other process had still to read was taken from it (helper-66)."""
 
     def __init__(self, fd: int) -> None:
         self._pipe = trio.lowlevel.FdStream(fd)
@@ -305,11 +307,16 @@ class TreeOutput(trio.abc.ReceiveStream):
         self._rest: bytearray | None = None
         self._closed = False
         self._receiving = False
+        #: Whether the program has read from it, and whether its descriptor was asked for.
+        self._read_from = False
+        self._handed_on = False
 
     def fileno(self) -> int:
+        self._handed_on = True
         return self._pipe.fileno()
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        self._read_from = True
         if self._rest is None:
             try:
                 return await self._pipe.receive_some(max_bytes)
@@ -345,10 +352,14 @@ class TreeOutput(trio.abc.ReceiveStream):
         self._pipe.close()
 
     def drain_and_close(self) -> None:
-        """Read what the pipe still holds, without waiting (the tree, gone, writes no
-        more: at most `_DRAIN_AT_MOST`, from a writer outside it), then close it."""
+        """Where the program reads it, read what the pipe still holds, without waiting
+        (the tree, gone, writes no more: at most `_DRAIN_AT_MOST`, from a writer outside
+        it); then close it."""
         fd = self._pipe.fileno()
         if fd < 0 or self._closed:
+            return
+        if self._handed_on or not self._read_from:
+            self._pipe.close()  # (nobody here to give it to)
             return
         rest = bytearray()
         with contextlib.suppress(BlockingIOError):  # (non-blocking: all there is, was read)

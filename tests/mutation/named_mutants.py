@@ -2613,6 +2613,13 @@ MUTANTS = [
         "reading_stdout_as_the_block or kept_by_the_program_holds",
     ),
     (
+        "trio: an output pipe handed to another process drained by cleanup",
+        "_trio.py",
+        "        if self._handed_on or not self._read_from:\n",
+        "        if not self._read_from:\n",
+        "handed_to_another_process",
+    ),
+    (
         "cgroup home: a retired cgroup still in use forgotten after one try",
         "_cgroup_home.py",
         "                still_in_use.append(tree)\n",
