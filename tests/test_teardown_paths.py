@@ -240,8 +240,8 @@ async def test_a_member_that_ends_on_its_own_in_the_close_stdin_wait_is_not_ling
     # the close-stdin step's wait and no signal was sent; the other containments count one
     # only if it is still running at a signal step.
     async with open_process_tree(
-        ["sh", "-c", "sleep 0.2 & echo $!; exit 0"],
-        escalation=Escalation(steps=[(signal.SIGTERM, 0.5)], close_stdin=2.0),
+        ["sh", "-c", "sleep 1 & echo $!; exit 0"],
+        escalation=Escalation(steps=[(signal.SIGTERM, 0.5)], close_stdin=3.0),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         **contained,
@@ -249,7 +249,7 @@ async def test_a_member_that_ends_on_its_own_in_the_close_stdin_wait_is_not_ling
         assert tree.stdout is not None
         [member] = await read_pids(tree.stdout, 1)
         assert await tree.wait() == 0
-        assert procs.alive(member)  # (0.2 s to go: cleanup begins while it runs)
+        assert procs.alive(member)  # (a second to go: cleanup begins while it runs)
     assert tree.outcome is not None
     assert (tree.outcome.signals, tree.outcome.lingering_killed) == ((), 0)
     assert tracked.survivors() == []
