@@ -428,6 +428,31 @@ def test_output_held_open_outside_the_group_is_read_for_a_bounded_time_with_a_wa
     assert tracked.survivors() == []
 
 
+async def cancelled_once_it_says(
+    cue: bytes, command: list[str], feed: bytes, contained: dict[str, Any]
+) -> None:
+    """run_process_tree of ``command``, fed ``feed``, its stderr read until it has said
+    ``cue``; then cancelled, and the cancellation seen raised once its cleanup is done."""
+    cue_read, cue_write = os.pipe()
+    try:
+        running = asyncio.get_running_loop().create_task(
+            run_process_tree(
+                command, stdin=feed, stderr=cue_write, escalation=LETS_A_CLI_FINISH, **contained
+            )
+        )
+        said = b""
+        while cue not in said:
+            chunk = await asyncio.get_running_loop().run_in_executor(None, os.read, cue_read, 4096)
+            assert chunk, said
+            said += chunk
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+    finally:
+        os.close(cue_read)
+        os.close(cue_write)
+
+
 @pytest.mark.parametrize("cancelled", list(INPUT_CASES))
 def test_asyncio_close_stdin_step_runs_for_the_input_run_process_tree_fed(
     run: Callable[..., Any],
@@ -440,31 +465,8 @@ def test_asyncio_close_stdin_step_runs_for_the_input_run_process_tree_fed(
     # writing through the cleanup's wait, so the input never ended).
     script, feed, cue = INPUT_CASES[cancelled]
     out = tmp_path / "flushed"
-
-    async def main() -> None:
-        cue_read, cue_write = os.pipe()
-        try:
-            running = asyncio.get_running_loop().create_task(
-                run_process_tree(
-                    ["sh", "-c", script, str(out)], stdin=feed, stderr=cue_write,
-                    escalation=LETS_A_CLI_FINISH, **contained,
-                )
-            )  # fmt: skip
-            said = b""
-            while cue not in said:  # the CLI is under way: its stdin is being fed
-                chunk = await asyncio.get_running_loop().run_in_executor(
-                    None, os.read, cue_read, 4096
-                )
-                assert chunk, said
-                said += chunk
-            running.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await running
-        finally:
-            os.close(cue_read)
-            os.close(cue_write)
-
-    run(main)
+    # (Once it says so, the CLI is under way: its stdin is being fed.)
+    run(cancelled_once_it_says, cue, ["sh", "-c", script, str(out)], feed, contained)
     assert out.read_text() == "flushed\n"
     assert tracked.survivors() == []
 
@@ -540,22 +542,9 @@ def test_asyncio_input_whose_feeder_never_began_still_ends_for_the_cli(
 
     async def main() -> None:
         asyncio.get_running_loop().set_task_factory(_feeders_start_late)
-        cue_read, cue_write = os.pipe()
-        try:
-            running = asyncio.get_running_loop().create_task(
-                run_process_tree(
-                    ["sh", "-c", script, str(out)], stdin=b"work\n", stderr=cue_write,
-                    escalation=LETS_A_CLI_FINISH, **contained,
-                )
-            )  # fmt: skip
-            said = await asyncio.get_running_loop().run_in_executor(None, os.read, cue_read, 64)
-            assert said == b"started\n"
-            running.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await running
-        finally:
-            os.close(cue_read)
-            os.close(cue_write)
+        await cancelled_once_it_says(
+            b"started\n", ["sh", "-c", script, str(out)], b"work\n", contained
+        )
 
     asyncio.run(main())
     assert out.read_text() == "flushed\n"

@@ -20,6 +20,7 @@ import trio
 from trio_proctree import (
     CleanupOutcome,
     Escalation,
+    ProcessTree,
     Step,
     _cgroup,
     _containment,
@@ -703,6 +704,21 @@ LONG_INPUT = (b"x" * 16384 + b"\n") * 640
 SHORT_CLOSE_STDIN = Escalation(steps=[(signal.SIGTERM, 1.0)], close_stdin=0.3)
 
 
+async def fed_long_input(
+    script: str, out: Path, escalation: Escalation, contained: dict[str, Any]
+) -> ProcessTree:
+    """The tree of ``sh -c script out``, run to its end by run_process_tree with LONG_INPUT
+    as its input; handed back (nursery.start), for its outcome."""
+    async with trio.open_nursery() as nursery:
+        tree: ProcessTree = await nursery.start(
+            functools.partial(
+                run_process_tree, ["sh", "-c", script, str(out)],
+                stdin=LONG_INPUT, escalation=escalation, **contained,
+            )
+        )  # fmt: skip
+    return tree
+
+
 async def test_input_still_fed_once_the_leader_exited_reaches_what_it_left_in_full(
     tracked: Tracked, tmp_path: Path, contained: dict[str, Any]
 ) -> None:
@@ -710,13 +726,9 @@ async def test_input_still_fed_once_the_leader_exited_reaches_what_it_left_in_fu
     # step's wait, and the step ends with the input's end. Red with the input cut as the
     # leader exited (helper-62): 0 to 2.8 MB of the 8 MB arrived, no signal, nothing said.
     out = tmp_path / "taken"
-    async with trio.open_nursery() as nursery:
-        tree = await nursery.start(
-            functools.partial(
-                run_process_tree, ["sh", "-c", LEAVES_A_FAST_READER_OF_ITS_INPUT, str(out)],
-                stdin=LONG_INPUT, escalation=LETS_A_CLI_FINISH, **contained,
-            )
-        )  # fmt: skip
+    tree = await fed_long_input(
+        LEAVES_A_FAST_READER_OF_ITS_INPUT, out, LETS_A_CLI_FINISH, contained
+    )
     assert tree.outcome is not None
     # (No step at all, where the reader was done before cleanup began: seen in CI.)
     assert tree.outcome.signals == ()
@@ -730,13 +742,9 @@ async def test_input_still_fed_as_the_close_stdin_wait_ends_is_not_said_closed(
     # Red before (helper-60): outcome.stdin_closed said True, though the step could not
     # close the input run_process_tree was still feeding, and its reader never saw it end.
     out = tmp_path / "flushed"
-    async with trio.open_nursery() as nursery:
-        tree = await nursery.start(
-            functools.partial(
-                run_process_tree, ["sh", "-c", LEAVES_A_SLOW_READER_OF_ITS_INPUT, str(out)],
-                stdin=LONG_INPUT, escalation=SHORT_CLOSE_STDIN, **contained,
-            )
-        )  # fmt: skip
+    tree = await fed_long_input(
+        LEAVES_A_SLOW_READER_OF_ITS_INPUT, out, SHORT_CLOSE_STDIN, contained
+    )
     assert tree.outcome is not None
     assert tree.outcome.signals[:1] == (signal.SIGTERM,)
     assert tree.outcome.stdin_closed is False

@@ -100,6 +100,25 @@ async def test_keeping_the_session_still_gives_a_group_of_its_own(
     assert tracked.survivors() == []
 
 
+@contextmanager
+def another_group_of_our_session(tracked: Tracked) -> Iterator[subprocess.Popen[bytes]]:
+    """A process outside every tree, in a group of its own in our session (one a leader
+    kept in our session may move to), killed at the end."""
+    if sys.version_info >= (3, 11):
+        other = subprocess.Popen(["sleep", "60"], env=tracked.env, process_group=0)
+    else:  # pragma: no cover - Python 3.10 only
+        other = subprocess.Popen(
+            ["sleep", "60"],
+            env=tracked.env,
+            preexec_fn=os.setpgrp,  # noqa: PLW1509 - one thread
+        )
+    try:
+        yield other
+    finally:
+        other.kill()
+        other.wait()
+
+
 #: A leader that moves into the process group given as its argument (one of the caller's
 #: session: its own is not a session leader's, and so may be left), then prints its pid and
 #: waits for SIGTERM, on which it exits 0.
@@ -122,16 +141,7 @@ async def test_a_leader_that_moves_to_another_group_of_the_session_still_gets_th
     # Red before: the group's signal missed the leader. cgroup and subreaper containment
     # SIGKILLed it once the grace ran out (its handler never ran); group containment never
     # reached it at all, and cleanup failed with "processes outlived SIGKILL".
-    # (A group of its own in our session; it starts at once.)
-    if sys.version_info >= (3, 11):
-        other = subprocess.Popen(["sleep", "60"], env=tracked.env, process_group=0)  # noqa: ASYNC220
-    else:  # pragma: no cover - Python 3.10 only
-        other = subprocess.Popen(  # noqa: ASYNC220
-            ["sleep", "60"],
-            env=tracked.env,
-            preexec_fn=os.setpgrp,  # noqa: PLW1509 - one thread
-        )
-    try:
+    with another_group_of_our_session(tracked) as other:
         async with open_process_tree(
             [*procs.python(), "-c", LEAVES_ITS_GROUP, str(other.pid)],
             start_new_session=False,
@@ -152,9 +162,6 @@ async def test_a_leader_that_moves_to_another_group_of_the_session_still_gets_th
         if stopped_by == "cleanup":
             assert tree.outcome.signals == (signal.SIGTERM, signal.SIGCONT)
         assert procs.untouched_child(other.pid)  # the group it moved to: not signalled
-    finally:
-        other.kill()
-        other.wait()
     assert tracked.survivors() == []
 
 
@@ -173,15 +180,7 @@ async def test_a_leader_that_moves_as_it_is_looked_at_still_gets_sigkill(
     # second SIGKILL harms nothing: the hard stop sends one through its pidfd whatever the
     # look said. The look is made to say what it says in that race: still in the group.
     monkeypatch.setattr(ProcessGroupContainment, "_leader_moved", lambda self: False)
-    if sys.version_info >= (3, 11):
-        other = subprocess.Popen(["sleep", "60"], env=tracked.env, process_group=0)  # noqa: ASYNC220
-    else:  # pragma: no cover - Python 3.10 only
-        other = subprocess.Popen(  # noqa: ASYNC220
-            ["sleep", "60"],
-            env=tracked.env,
-            preexec_fn=os.setpgrp,  # noqa: PLW1509 - one thread
-        )
-    try:
+    with another_group_of_our_session(tracked) as other:
         async with open_process_tree(
             [*procs.python(), "-c", LEAVES_ITS_GROUP_IGNORING_TERM, str(other.pid)],
             start_new_session=False, grace=0.2, stdout=subprocess.PIPE,
@@ -192,9 +191,6 @@ async def test_a_leader_that_moves_as_it_is_looked_at_still_gets_sigkill(
         assert tree.outcome is not None
         assert tree.outcome.returncode == -signal.SIGKILL
         assert procs.untouched_child(other.pid)
-    finally:
-        other.kill()
-        other.wait()
     assert tracked.survivors() == []
 
 

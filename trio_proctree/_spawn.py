@@ -534,10 +534,11 @@ def resolve_executable(
     if resolved is not None:
         resolved = attrs.evolve(resolved, searched=tuple(search))
     if resolved is None:
-        if candidates and isinstance(_missing(candidates[-1], name), NotADirectoryError):
+        last = _missing(candidates[-1], name) if candidates else None
+        if isinstance(last, NotADirectoryError):
             # Popen's exec reports the last place's error where none was worse than "not
             # there": a PATH that ends with a file says ENOTDIR (helper-62).
-            raise NotADirectoryError(errno.ENOTDIR, "Not a directory", name)
+            raise last
         raise FileNotFoundError(
             errno.ENOENT,
             f"no such executable on PATH ({os.pathsep.join(map(os.fsdecode, search))})",

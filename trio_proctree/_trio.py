@@ -323,8 +323,6 @@ class TreeOutput(trio.abc.ReceiveStream):
             except trio.ClosedResourceError:
                 if self._rest is None:
                     raise  # (closed by the program)
-        if self._closed:
-            raise trio.ClosedResourceError("the stream was closed")
         if max_bytes is not None and max_bytes < 1:
             raise ValueError("max_bytes must be >= 1")
         if self._receiving:  # (as FdStream says it, for the pipe)
@@ -356,8 +354,8 @@ class TreeOutput(trio.abc.ReceiveStream):
         (the tree, gone, writes no more: at most `_DRAIN_AT_MOST`, from a writer outside
         it); then close it."""
         fd = self._pipe.fileno()
-        if fd < 0 or self._closed:
-            return
+        if fd < 0:
+            return  # (closed by the program)
         if self._handed_on or not self._read_from:
             self._pipe.close()  # (nobody here to give it to)
             return

@@ -1217,8 +1217,8 @@ async def run_process_tree(
                     feeder.cancel()
                     await asyncio.wait({feeder})
                     if not writer.transport.is_closing():
-                        # Cancelled before its first step (the leader exited at once), it
-                        # never ran to close the pipe: its reader would wait for ever.
+                        # Cancelled before its first step (the run was cancelled at once),
+                        # it never ran to close the pipe: its reader would wait for ever.
                         writer.transport.abort()
                 raise
             # The leader is done: stop what it left behind, so the pipes reach EOF.

@@ -2580,7 +2580,7 @@ MUTANTS = [
     (
         "spawn: a PATH search ending with a file taken for a missing program",
         "_spawn.py",
-        "        if candidates and isinstance(_missing(candidates[-1], name), NotADirectoryError):\n",
+        "        if isinstance(last, NotADirectoryError):\n",
         "        if False:\n",
         "path-ending",
     ),
