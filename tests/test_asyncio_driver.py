@@ -610,6 +610,36 @@ def test_a_reader_holds_all_the_tree_said_as_it_stopped_after_cleanup(
     assert tracked.survivors() == []
 
 
+def test_a_tree_writing_more_than_its_reader_takes_in_as_it_stops_stops_gracefully(
+    run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # Read for its first line only, then kept: on SIGTERM the tree says ~469 KB, more
+    # than the reader takes in unread (twice its limit) and a pipe hold. While the tree
+    # stops, the reader takes in up to 1 MiB, so the tree exits as it asks, and the reader
+    # gives it all after the block. Red before: blocked on the full pipe, the tree was
+    # SIGKILLed at the grace's end. The limit is the reader's own again after it.
+    last = 80000
+    stopping = f"trap 'seq 1 {last}; exit 0' TERM; echo ready; while :; do sleep 0.05; done"
+
+    async def main() -> None:
+        async with open_process_tree(
+            ["sh", "-c", stopping], grace=0.5, stdout=subprocess.PIPE, limit=1000, **contained
+        ) as tree:
+            reader = tree.stdout
+            assert reader is not None
+            assert await reader.readline() == b"ready\n"
+        assert tree.outcome is not None
+        assert not tree.outcome.grace_expired
+        assert tree.outcome.returncode == 0
+        with pytest.raises(asyncio.LimitOverrunError):  # (nothing taken: over 1000 bytes)
+            await reader.readuntil(b"80000\n")
+        said = await reader.read()
+        assert said == b"".join(b"%d\n" % n for n in range(1, last + 1))
+
+    run(main)
+    assert tracked.survivors() == []
+
+
 def reading(transport: Any) -> bool:
     """Whether a read transport reads (is not paused)."""
     try:

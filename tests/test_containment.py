@@ -32,8 +32,10 @@ import trio
 import trio.testing
 
 import trio_proctree
+import trio_proctree._watchdog
 import trio_proctree.asyncio as aio
 from trio_proctree import (
+    CleanupError,
     ContainmentUnavailable,
     Escalation,
     ProcessTree,
@@ -1446,6 +1448,51 @@ CLEANUP_FAILED_PARENT = textwrap.dedent(
     trio.run(main)
     """
 )
+
+
+async def test_the_cgroup_of_a_tree_that_outlived_its_cleanup_goes_once_it_has_emptied(
+    tracked: Tracked, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A tree its cleanup could not stop (every signal refused, as if stuck in
+    # uninterruptible sleep) keeps its cgroup and watchdog entry while it runs; once it has
+    # gone, the next tree start removes the cgroup and drops the entry. Red before: both
+    # stayed until interpreter exit, one more for each such failure (helper-63).
+    available("cgroup")
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise PermissionError(1, "Operation not permitted (injected)")
+
+    policy = Escalation(steps=[(signal.SIGTERM, 0.1)], kill_wait=0.1)
+    with pytest.raises(CleanupError, match="outlived"):  # (the premise)
+        async with open_process_tree(
+            ["sh", "-c", "sleep 60 & echo $!; wait"],
+            escalation=policy,
+            stdout=subprocess.PIPE,
+            env=tracked.env,
+            containment="cgroup",
+        ) as tree:
+            assert tree.stdout is not None
+            [member] = await read_pids(tree.stdout, 1)
+            containment = tree._core.containment
+            assert isinstance(containment, CgroupContainment)
+            cgroup = containment.path
+            monkeypatch.setattr(containment, "signal", refused)
+            monkeypatch.setattr(containment, "kill", refused)
+    entry = f"cgroup {cgroup}"
+    assert Path(cgroup).is_dir()  # noqa: ASYNC240 - a cgroupfs lookup: at once
+    assert entry in trio_proctree._watchdog._registered
+    async with open_process_tree(["true"], env=tracked.env, containment="cgroup"):
+        pass  # (a start while the tree still runs: it stays)
+    assert Path(cgroup).is_dir()  # noqa: ASYNC240
+    assert entry in trio_proctree._watchdog._registered
+    for pid in (member, tree.pid):  # (gone now, as a stuck process goes in the end)
+        assert procs.wait_exited(pid, kill=True)
+    async with open_process_tree(["true"], env=tracked.env, containment="cgroup"):
+        pass
+    assert not Path(cgroup).exists()  # noqa: ASYNC240
+    assert entry not in trio_proctree._watchdog._registered
+    tree._core.leader.reap()  # (its zombie stays until exit: documented)
+    assert tracked.survivors() == []
 
 
 async def test_a_tree_that_outlived_its_cleanup_dies_with_a_parent_killed_later(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import subprocess
@@ -285,8 +286,9 @@ async def test_tree_flushing_into_a_full_pipe_on_sigterm_is_still_stopped(
     tracked: Tracked,
     contained: dict[str, Any],
 ) -> None:
-    # On SIGTERM it writes its last words into a pipe that is already full: blocked for good.
-    script = "trap 'head -c 1000000 /dev/zero; exit 0' TERM; echo ready; while :; do sleep 1; done"
+    # On SIGTERM it writes more than cleanup reads for it (1 MiB unread) and a pipe hold:
+    # blocked for good.
+    script = "trap 'head -c 3000000 /dev/zero; exit 0' TERM; echo ready; while :; do sleep 1; done"
     with trio.fail_after(10):
         async with open_process_tree(
             ["sh", "-c", script], grace=0.3, stdout=subprocess.PIPE, **contained
@@ -295,6 +297,36 @@ async def test_tree_flushing_into_a_full_pipe_on_sigterm_is_still_stopped(
             await tree.stdout.receive_some()
     assert tree.outcome is not None
     assert tree.outcome.signals[-1] == 9
+    assert tracked.survivors() == []
+
+
+async def test_a_cancelled_run_whose_tree_writes_as_it_stops_stops_gracefully(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # Cancelled, the run stops reading the output it captures; on SIGTERM the tree writes
+    # more (~289 KB) than a pipe holds. Cleanup reads it meanwhile (and drops it: the run
+    # returns nothing), so the tree stops as it asks. Red before: blocked on the full
+    # pipe, it was SIGKILLed once the grace ran out.
+    stopping = "trap 'seq 1 50000; exit 0' TERM; echo ready >&2; while :; do sleep 0.05; done"
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            tree = await nursery.start(
+                functools.partial(
+                    run_process_tree,
+                    ["sh", "-c", stopping],
+                    capture_stdout=True,
+                    stderr=subprocess.PIPE,
+                    grace=0.5,
+                    **contained,
+                )
+            )
+            assert tree.stderr is not None
+            assert await tree.stderr.receive_some() == b"ready\n"  # (its trap is set)
+            nursery.cancel_scope.cancel()
+        await tree.stderr.aclose()
+    assert tree.outcome is not None
+    assert not tree.outcome.grace_expired
+    assert tree.outcome.returncode == 0
     assert tracked.survivors() == []
 
 

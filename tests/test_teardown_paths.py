@@ -333,6 +333,113 @@ async def test_a_stream_kept_by_the_program_holds_what_the_tree_said_as_it_stopp
     assert tracked.survivors() == []
 
 
+#: On SIGTERM, more (~289 KB) than a pipe holds, then a graceful exit.
+SAYS_MUCH_AS_IT_STOPS = "trap 'seq 1 50000; exit 0' TERM; echo ready; while :; do sleep 0.05; done"
+SAID_AS_IT_STOPPED = b"".join(b"%d\n" % n for n in range(1, 50001))
+
+
+async def test_a_tree_writing_more_than_a_pipe_holds_as_it_stops_stops_gracefully(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # Read for its first line only, then kept: the tree's last words fill the pipe, and it
+    # could not exit until someone read them. Cleanup reads them as the tree stops, and
+    # the stream gives them after the block. Red before: blocked on the full pipe, the
+    # tree was SIGKILLed at the grace's end (and the stream held what one pipe holds).
+    async with open_process_tree(
+        ["sh", "-c", SAYS_MUCH_AS_IT_STOPS], grace=0.5, stdout=subprocess.PIPE, **contained
+    ) as tree:
+        kept = tree.stdout
+        assert kept is not None
+        assert await kept.receive_some() == b"ready\n"
+    assert tree.outcome is not None
+    assert not tree.outcome.grace_expired
+    assert tree.outcome.returncode == 0
+    said = b""
+    while chunk := await kept.receive_some():
+        said += chunk
+    assert said == SAID_AS_IT_STOPPED
+    assert tracked.survivors() == []
+
+
+async def test_a_tree_writing_as_it_stops_to_a_pipe_never_read_stops_gracefully(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # stdout is never read: what the tree writes there as it stops is read, and dropped,
+    # as cleanup would drop it when it closes the pipe. Red before: SIGKILL at the grace's
+    # end. (The trap is known to be set by a line on stderr.)
+    stopping = SAYS_MUCH_AS_IT_STOPS.replace("echo ready", "echo ready >&2")
+    async with open_process_tree(
+        ["sh", "-c", stopping],
+        grace=0.5,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **contained,
+    ) as tree:
+        assert tree.stderr is not None
+        assert await tree.stderr.receive_some() == b"ready\n"
+    assert tree.outcome is not None
+    assert not tree.outcome.grace_expired
+    assert tree.outcome.returncode == 0
+    assert tracked.survivors() == []
+
+
+async def test_a_cli_writing_its_result_on_eof_into_a_full_pipe_finishes_in_the_close_stdin_wait(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # A CLI that writes its result (~289 KB, more than a pipe holds) once its input ends:
+    # cleanup reads it during the close-stdin step's wait, so no signal is needed. Red
+    # before: blocked on the full pipe, it got SIGTERM once the wait ran out.
+    cli = "echo ready; cat >/dev/null; seq 1 50000"
+    async with open_process_tree(
+        ["sh", "-c", cli],
+        escalation=Escalation(steps=[(signal.SIGTERM, 0.5)], close_stdin=0.5),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        **contained,
+    ) as tree:
+        kept = tree.stdout
+        assert kept is not None
+        assert await kept.receive_some() == b"ready\n"
+    assert tree.outcome is not None
+    assert (tree.outcome.stdin_closed, tree.outcome.signals) == (True, ())
+    assert tree.outcome.returncode == 0
+    said = b""
+    while chunk := await kept.receive_some():
+        said += chunk
+    assert said == SAID_AS_IT_STOPPED
+    assert tracked.survivors() == []
+
+
+async def test_a_reader_and_cleanup_taking_turns_on_a_pipe_keep_its_order(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # A task outside the block reads in small chunks, yielding between them, while
+    # cleanup reads the same pipe for the stopping tree whenever that task is not in a
+    # read: every byte comes once, in order, then the end.
+    said: list[bytes] = []
+
+    async def read_in_small_chunks(stream: trio.abc.ReceiveStream, first: trio.Event) -> None:
+        while chunk := await stream.receive_some(1000):
+            said.append(bytes(chunk))
+            first.set()
+            await trio.lowlevel.checkpoint()
+
+    first = trio.Event()
+    async with (
+        trio.open_nursery() as nursery,
+        open_process_tree(
+            ["sh", "-c", SAYS_MUCH_AS_IT_STOPS], grace=2.0, stdout=subprocess.PIPE, **contained
+        ) as tree,
+    ):
+        assert tree.stdout is not None
+        nursery.start_soon(read_in_small_chunks, tree.stdout, first)
+        await first.wait()
+    assert b"".join(said) == b"ready\n" + SAID_AS_IT_STOPPED
+    assert tree.outcome is not None
+    assert not tree.outcome.grace_expired
+    assert tracked.survivors() == []
+
+
 async def test_a_tree_output_handed_to_another_process_keeps_all_it_has_not_read(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:

@@ -562,7 +562,8 @@ class CgroupContainment(MemberTracking):
         if self._removed:
             return
         if not (emptied and self._emptied):
-            logger.warning("cgroup %s may not be empty; leaving it for the sweep", self.path)
+            logger.warning("cgroup %s may not be empty; it goes once it is", self.path)
+            self._home.retire_outlived(self.path, self.backstop)
             return
         # Cgroups that members made inside ours are removed when it is next taken, in the
         # spawn's worker thread, not on the path that ends a tree (`CgroupHome.take_tree`).

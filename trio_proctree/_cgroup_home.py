@@ -56,6 +56,9 @@ class CgroupHome:
     relative: str
     _free: list[str] = attrs.field(factory=list[str])
     _retired: list[str] = attrs.field(factory=list[str])
+    #: The watchdog entries of retired cgroups whose tree outlived its cleanup: dropped
+    #: once the cgroup is removed (`retire_outlived`).
+    _backstops: dict[str, list[str]] = attrs.field(factory=dict[str, list[str]])
     _counter: Iterator[int] = attrs.field(factory=itertools.count)
     _lock: threading.Lock = attrs.field(factory=threading.Lock)
 
@@ -135,9 +138,29 @@ class CgroupHome:
                 # again at the next start. Forgotten, it stayed until interpreter exit, one
                 # more for each such event in a program that runs for long (helper-59).
                 still_in_use.append(tree)
+                continue
+            with self._lock:
+                backstop = self._backstops.pop(tree, None)
+            if backstop:  # (empty, and gone: nothing is left for the watchdog to kill)
+                watchdog.unregister(*backstop)
         if still_in_use:
             with self._lock:
-                self._retired.extend(still_in_use[: max(0, self.KEEP - len(self._retired))])
+                kept = max(0, self.KEEP - len(self._retired))
+                self._retired.extend(still_in_use[:kept])
+                for forgotten in still_in_use[kept:]:  # (their entries stay, harmless)
+                    self._backstops.pop(forgotten, None)
+
+    def retire_outlived(self, tree: str, backstop: list[str]) -> None:
+        """A tree cgroup whose processes outlived the tree's cleanup (in uninterruptible
+        sleep past ``kill_wait``, on a hung NFS or FUSE mount, say): removed at the first
+        tree start after they have gone, and its watchdog entry, ``backstop``, dropped then
+        (it stays until then: a parent killed meanwhile takes them along). Kept for good,
+        it stayed until interpreter exit, one more for each such failure, each counted
+        against any ``cgroup.max.descendants`` above (helper-63)."""
+        with self._lock:
+            if len(self._retired) < self.KEEP:
+                self._retired.append(tree)
+                self._backstops[tree] = backstop
 
     def give_back(self, tree: str, *, killed: bool) -> None:
         """Keep an empty tree cgroup for reuse (or remove it, when enough are kept).

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import os
 import select
 import signal
@@ -94,6 +95,19 @@ class LoopIO(Protocol):
         """``fd`` is about to be closed: wake anything in the loop still waiting on it."""
         ...
 
+    def keep_output_flowing(self) -> None:
+        """From now until `close_streams`, read the tree's output pipes that nobody reads
+        (into their streams, up to a bound): a program that writes as it stops must not
+        block on a full pipe, unable to act on the step, until SIGKILL."""
+        ...
+
+
+#: Seconds after a graceful step before cleanup reads the output pipes that nobody reads:
+#: a tree that stops at once (most do, within a millisecond) never pays for the reader
+#: (a task, under trio: a seventh of a cooperative teardown, measured), and one blocked
+#: writing to a full pipe loses a hundredth of a second.
+OUTPUT_FLOWS_AFTER = 0.01
+
 
 class TreeCore:
     """A running tree: its leader, its containment, its stop policy, and its cleanup."""
@@ -129,6 +143,9 @@ class TreeCore:
         #: Whether the last look at who is left failed (`_pending`): a wait that runs out
         #: then has not seen the tree run on, and must not say it did.
         self._look_failed = False
+        #: When cleanup is to read the tree's output pipes (`_until_output_flows`): None
+        #: until a graceful step asks for it, infinity once it does.
+        self._output_flows_at: float | None = None
         self.stdin_piped = spawned.stdin is not None
         _open_trees.add(self)
         logger.debug("%s started, contained by %s", self.label, containment.name)
@@ -302,6 +319,7 @@ class TreeCore:
                     self._stdin_held_open = io.stdin_kept_open()
                 closed_stdin_at, leader_step = None, None
             elif isinstance(action, CloseStdin):
+                self._let_output_flow(io)  # (a CLI writes its result on EOF)
                 # The wait that follows counts from here: a stream the program put in
                 # place of stdin, slow to close, spends it (never more than it).
                 closed_stdin_at = io.now()
@@ -309,6 +327,7 @@ class TreeCore:
                 if (error := await io.close_stdin(within)) is not None:
                     errors.append(error)
             elif isinstance(action, SendSignal):
+                self._let_output_flow(io)  # (a program writes its last words as it stops)
                 leader_step = self._step(errors, action.signal, leader_only=action.leader_only)
             elif isinstance(action, KillAll):  # pragma: no branch
                 hard_stop_failed = not self._hard_stop(errors)
@@ -474,10 +493,29 @@ class TreeCore:
             if isinstance(pending, list):
                 # Event-driven: a pidfd turns readable when its process exits.
                 within = self.containment.ask_again_within
-                await io.wait_readable(pending[0], min(remaining, within or remaining))
+                timeout = min(remaining, within or remaining, self._until_output_flows(io))
+                await io.wait_readable(pending[0], timeout)
             else:
-                await io.sleep(min(remaining, pending))
+                await io.sleep(min(remaining, pending, self._until_output_flows(io)))
         return True
+
+    def _let_output_flow(self, io: LoopIO) -> None:
+        """A graceful step is taken: the tree's output pipes are to be read from
+        `OUTPUT_FLOWS_AFTER` seconds on, if it still runs then (`_until_output_flows`)."""
+        if self._output_flows_at is None:
+            self._output_flows_at = io.now() + OUTPUT_FLOWS_AFTER
+
+    def _until_output_flows(self, io: LoopIO) -> float:
+        """Seconds the tree's wait may last before cleanup must read its output pipes
+        (`LoopIO.keep_output_flowing`); that reading begins, once the time has come."""
+        if self._output_flows_at is None:
+            return math.inf
+        left = self._output_flows_at - io.now()
+        if left <= 0:
+            self._output_flows_at = math.inf  # (once)
+            io.keep_output_flowing()
+            return math.inf
+        return left
 
     def _failed(self, step: LeaderStep) -> bool:
         """Whether the leader, which alone had ``step``, is gone having failed it (see

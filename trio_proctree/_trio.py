@@ -131,6 +131,14 @@ class _TrioIO:
     def forget_fd(self, fd: int) -> None:
         trio.lowlevel.notify_closing(fd)
 
+    def keep_output_flowing(self) -> None:
+        tree = self._tree
+        for stream in (tree.stdout, tree.stderr, *tree._read_by_run):
+            if isinstance(stream, TreeOutput) and not any(
+                stream is kept for kept in tree._left_open
+            ):
+                stream.keep_flowing()
+
 
 class ProcessTree(TreeView):
     """A running process tree: a leader and everything it starts.
@@ -140,10 +148,12 @@ class ProcessTree(TreeView):
 
     Cleanup closes the pipes it made (stdout and stderr once the tree is gone, reading
     what is left in them first: a task still reading, or a program that kept the stream,
-    gets all the tree said as it stopped, then the end). A stream taken off the tree
-    (``stdout, tree.stdout = tree.stdout, None``) is left open by cleanup, yours to read
-    to its end and close, whoever still writes to it. (A stream you put in its place is
-    closed by cleanup, within the policy's bound.)
+    gets all the tree said as it stopped, then the end). While the tree stops, it reads
+    them whenever no task of the program's does, up to 1 MiB unread, so that a program
+    writing as it stops does not block on a full pipe until SIGKILL (see `TreeOutput`).
+    A stream taken off the tree (``stdout, tree.stdout = tree.stdout, None``) is left open
+    by cleanup, yours to read to its end and close, whoever still writes to it. (A stream
+    you put in its place is closed by cleanup, within the policy's bound.)
     """
 
     _public_name = "trio_proctree.ProcessTree"
@@ -162,6 +172,9 @@ class ProcessTree(TreeView):
         #: Output streams cleanup leaves open: those `run_process_tree` handed back, the
         #: caller's to read to their end (as `trio.run_process` leaves them).
         self._left_open: list[trio.abc.ReceiveStream] = []
+        #: Output streams `run_process_tree` reads (off the tree): cancelled, it reads
+        #: them no more, and cleanup reads them while the tree stops, as those on it.
+        self._read_by_run: list[TreeOutput] = []
         self._cleanup_started = False
         self._cleanup_done = trio.Event()
 
@@ -257,6 +270,8 @@ class ProcessTree(TreeView):
         setattr(self, name, None)
         try:
             if isinstance(stream, TreeOutput):
+                if stream.flowing:
+                    await io._kept(stream.stop_flowing)
                 stream.drain_and_close()
             elif isinstance(stream, trio.lowlevel.FdStream):
                 # Closed without aclose()'s checkpoint: cleanup yields when it waits, and a
@@ -293,23 +308,39 @@ def _output(fd: int | None) -> TreeOutput | None:
 
 class TreeOutput(trio.abc.ReceiveStream):
     """The tree's stdout or stderr: its pipe, which cleanup closes once the tree is gone.
-    Where the program reads this stream, cleanup first reads what is still in the pipe
-    (the last of what the tree said, as it stopped), which the stream then gives, and then
-    its end. A task still reading it (a log reader, outside the block) so gets all the tree
-    said, then EOF, as the asyncio driver's readers do: closed under it, its next read
-    raised ClosedResourceError, and those last words were lost (helper-64). Not where its
-    descriptor was handed on (``stdin=tree.stdout`` for another process: a pipeline):
-    read here, what the other process had still to read was taken from it (helper-66)."""
+
+    While the tree stops, cleanup reads the pipe whenever no task of the program is in a
+    read of it (`keep_flowing`): a program that writes as it stops (its last log lines, a
+    CLI's result on EOF) into a pipe nobody reads any more would block, unable to act on
+    the stop signal, and get SIGKILL at the grace's end. What cleanup read, the stream
+    gives first (up to `_DRAIN_AT_MOST` unread: past that, cleanup reads no more, and the
+    tree is stopped as before), then the pipe, then, once cleanup closed it, its end. A
+    task still reading (a log reader, outside the block) so gets all the tree said, then
+    EOF, as the asyncio driver's readers do: closed under it, its next read raised
+    ClosedResourceError, and those last words were lost (helper-64). A stream the program
+    never read from keeps nothing once the pipe is closed. Not where its descriptor was
+    handed on (``stdin=tree.stdout`` for another process: a pipeline): read here, what the
+    other process had still to read was taken from it (helper-66).
+    """
 
     def __init__(self, fd: int) -> None:
         self._pipe = trio.lowlevel.FdStream(fd)
-        #: What cleanup read from the pipe as it closed it; None until then.
-        self._rest: bytearray | None = None
+        #: What cleanup read from the pipe, not given yet.
+        self._rest = bytearray()
+        #: Whether cleanup closed the pipe: the stream ends once ``_rest`` is given.
+        self._ended = False
         self._closed = False
         self._receiving = False
         #: Whether the program has read from it, and whether its descriptor was asked for.
         self._read_from = False
         self._handed_on = False
+        #: Set while no task of the program's is in a read of the pipe itself.
+        self._pipe_free = _set_event()
+        #: Cleanup's reader while the tree stops (`keep_flowing`), and its end.
+        self._flowing: trio.CancelScope | None = None
+        self._flowed = _set_event()
+        #: Set, and replaced, each time cleanup's reader reads or ends: a receive waits on it.
+        self._more = trio.Event()
 
     def fileno(self) -> int:
         self._handed_on = True
@@ -317,28 +348,46 @@ class TreeOutput(trio.abc.ReceiveStream):
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
         self._read_from = True
-        if self._rest is None:
-            try:
-                return await self._pipe.receive_some(max_bytes)
-            except trio.ClosedResourceError:
-                if self._rest is None:
-                    raise  # (closed by the program)
         if max_bytes is not None and max_bytes < 1:
             raise ValueError("max_bytes must be >= 1")
         if self._receiving:  # (as FdStream says it, for the pipe)
             raise trio.BusyResourceError("another task is using this stream for receive")
         self._receiving = True
         try:
-            await trio.lowlevel.checkpoint()  # (every receive is one, as trio's rule is)
+            while True:
+                if self._closed:
+                    await trio.lowlevel.checkpoint()  # (a receive is one, even refused)
+                    raise trio.ClosedResourceError("the stream was closed")
+                if self._rest or self._ended:
+                    return await self._give(max_bytes)
+                if self._flowing is not None:
+                    await self._more.wait()  # (cleanup's reader reads, or ends)
+                    continue
+                try:
+                    return await self._from_pipe(max_bytes)
+                except trio.ClosedResourceError:
+                    if not self._ended:
+                        raise  # (closed by the program)
         finally:
             self._receiving = False
+
+    async def _from_pipe(self, max_bytes: int | None) -> bytes:
+        self._pipe_free = trio.Event()
+        try:
+            return await self._pipe.receive_some(max_bytes)
+        finally:
+            self._pipe_free.set()
+
+    async def _give(self, max_bytes: int | None) -> bytes:
+        """What cleanup read, first; b"" once it is all given and cleanup closed the pipe."""
+        await trio.lowlevel.checkpoint()  # (every receive is one, as trio's rule is)
         if self._closed:  # (by another task, meanwhile)
             raise trio.ClosedResourceError("the stream was closed")
         rest = self._rest
         size = len(rest) if max_bytes is None else max_bytes
         chunk = bytes(rest[:size])
         del rest[:size]
-        return chunk  # (b"" once all is given: the end)
+        return chunk  # (b"" once all is given and the pipe closed: the end)
 
     async def aclose(self) -> None:
         self.close()
@@ -346,29 +395,103 @@ class TreeOutput(trio.abc.ReceiveStream):
 
     def close(self) -> None:
         self._closed = True
-        self._rest = None
+        self._rest = bytearray()
+        self._stop_flowing()
         self._pipe.close()
+
+    def keep_flowing(self) -> None:
+        """Read the pipe while the tree stops, whenever no task of the program's is in a
+        read of it (see the class's docstring); until `drain_and_close`. In a system task:
+        cleanup runs in the program's task, which has no nursery to lend, and a task of
+        the run's own takes neither the program's cancellations nor its Ctrl-C."""
+        if self._flowing is not None or self._handed_on or self._pipe.fileno() < 0:
+            return
+        scope = trio.CancelScope()
+        try:
+            trio.lowlevel.spawn_system_task(self._flow, scope, name=_FLOW_TASK)
+        except RuntimeError:
+            # The run is ending (cleanup in an async generator that trio finalises after
+            # its system tasks): no reader, as before there was one.
+            return
+        self._flowing = scope
+        self._flowed = trio.Event()
+
+    async def _flow(self, scope: trio.CancelScope) -> None:
+        try:
+            with scope:
+                await self._pipe_free.wait()  # (a read of the program's ends first)
+                await self._read_while_it_stops()
+        except trio.ClosedResourceError:
+            pass  # (closed by the program)
+        except Exception:  # (a system task's error would end the whole run)
+            # (The pipe is in a state its last read will report.)
+            logger.debug("reading %r as its tree stops failed", self, exc_info=True)
+        finally:
+            self._flowing = None
+            self._flowed.set()
+            self._wake()
+
+    async def _read_while_it_stops(self) -> None:
+        fd = self._pipe.fileno()
+        while len(self._rest) < _DRAIN_AT_MOST:
+            await trio.lowlevel.wait_readable(fd)
+            try:
+                data = os.read(fd, 65536)
+            except BlockingIOError:
+                continue
+            if not data:
+                return  # (every writer is gone: the rest is the end, as cleanup closes it)
+            self._rest += data
+            self._wake()
+
+    def _wake(self) -> None:
+        self._more.set()
+        self._more = trio.Event()
+
+    def _stop_flowing(self) -> None:
+        if self._flowing is not None:
+            self._flowing.cancel()
+
+    @property
+    def flowing(self) -> bool:
+        """Whether cleanup's reader (`keep_flowing`) is on."""
+        return self._flowing is not None
+
+    async def stop_flowing(self) -> None:
+        """End `keep_flowing`'s reading, and wait for it to be over."""
+        self._stop_flowing()
+        await self._flowed.wait()
 
     def drain_and_close(self) -> None:
         """Where the program reads it, read what the pipe still holds, without waiting
-        (the tree, gone, writes no more: at most `_DRAIN_AT_MOST`, from a writer outside
-        it); then close it."""
+        (the tree, gone, writes no more: at most `_DRAIN_AT_MOST` unread, from a writer
+        outside it); then close it. Cleanup's reader is over by now (`stop_flowing`)."""
         fd = self._pipe.fileno()
         if fd < 0:
             return  # (closed by the program)
         if self._handed_on or not self._read_from:
-            self._pipe.close()  # (nobody here to give it to)
+            self._rest = bytearray()  # (nobody here to give it to)
+            self._pipe.close()
             return
-        rest = bytearray()
+        self._ended = True
+        rest = self._rest
         with contextlib.suppress(BlockingIOError):  # (non-blocking: all there is, was read)
             while len(rest) < _DRAIN_AT_MOST and (data := os.read(fd, 65536)):
                 rest += data
-        self._rest = rest
         self._pipe.close()
+        self._wake()
 
 
-#: The most cleanup reads from an output pipe as it closes it.
+def _set_event() -> trio.Event:
+    event = trio.Event()
+    event.set()
+    return event
+
+
+#: The most an output pipe holds read by cleanup (as the tree stops, and as it closes the
+#: pipe) and not yet given.
 _DRAIN_AT_MOST = 1 << 20
+_FLOW_TASK = "trio_proctree: reading the output of a stopping tree"
 
 
 class _TreeScope:
@@ -554,6 +677,7 @@ async def run_process_tree(
             for name in request.capture:
                 readers.append((name, getattr(tree, name)))
                 setattr(tree, name, None)
+            tree._read_by_run.extend(stream for _, stream in readers)
             # Output pipes handed back (nursery.start) are the caller's, to read to their
             # end after the run: its cleanup leaves them open.
             tree._left_open.extend(

@@ -34,9 +34,9 @@ import subprocess
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator, Iterable
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, SupportsIndex, TypeVar
 
 from ._begins_anyway import BeginsAnyway
 from ._choose import ContainmentChoice, ContainmentUnavailable, choose_containment, start_tree
@@ -369,6 +369,11 @@ class _AsyncioIO:
     def forget_fd(self, fd: int) -> None:
         self._tree._stop_watching_leader()
 
+    def keep_output_flowing(self) -> None:
+        for reader, _ in self._tree._read_transports.values():
+            if isinstance(reader, _TreeReader):
+                reader.keep_flowing()
+
 
 class ProcessTree(TreeView):
     """A running process tree (asyncio): a leader and everything it starts.
@@ -378,6 +383,9 @@ class ProcessTree(TreeView):
     Cleanup closes the pipes it made (stdout and stderr once the tree is gone, each once
     what is still in it is in its reader): a reader kept from the tree (``stdout =
     tree.stdout``) holds all that the tree said as it stopped, to be read after cleanup.
+    While the tree stops, a reader on the tree takes in up to 1 MiB unread, not twice its
+    ``limit``, so that a program writing as it stops does not block on a full pipe until
+    SIGKILL (see `_TreeReader`).
     """
 
     _public_name = "trio_proctree.asyncio.ProcessTree"
@@ -644,7 +652,7 @@ class ProcessTree(TreeView):
         loop = asyncio.get_running_loop()
         for name, fd in (("stdout", spawned.stdout), ("stderr", spawned.stderr)):
             if fd is not None:
-                reader = asyncio.StreamReader(limit=limit)
+                reader = _TreeReader(limit=limit)
                 pipe = self._hand(fd)
                 read_transport, _ = await _closing_on_error(
                     pipe, loop.connect_read_pipe(_protocol_for(reader), pipe)
@@ -753,6 +761,42 @@ def _protocol_for(reader: asyncio.StreamReader) -> Callable[[], asyncio.StreamRe
 #: Bytes a reader's pipe is read for, at most, before it closes with its tree: all it can
 #: hold, unless something outside the tree (an escapee of a bare group) keeps writing.
 _DRAIN_AT_MOST = 1 << 20
+
+
+class _TreeReader(asyncio.StreamReader):
+    """A reader of the tree's stdout or stderr, whose transport, while the tree stops,
+    reads on until it holds `_DRAIN_AT_MOST` unread, not twice its ``limit``: a program
+    that writes as it stops (its last log lines, a CLI's result on EOF) into a pipe nobody
+    reads any more would block, unable to act on the stop signal, and get SIGKILL at the
+    grace's end. (asyncio's StreamReader has no public way to say so: its ``_limit``,
+    ``_paused`` and ``_maybe_resume_transport`` have been what they are since Python 3.4.)
+    """
+
+    _flowing = False
+
+    def keep_flowing(self) -> None:
+        """From now on, take in up to `_DRAIN_AT_MOST` unread (see the class)."""
+        if not self._flowing:
+            self._flowing = True
+            with self._flowing_limit():
+                self._maybe_resume_transport()  # type: ignore[attr-defined]
+
+    def feed_data(self, data: Iterable[SupportsIndex]) -> None:
+        if not self._flowing:
+            super().feed_data(data)
+            return
+        with self._flowing_limit():
+            super().feed_data(data)
+
+    @contextlib.contextmanager
+    def _flowing_limit(self) -> Generator[None]:
+        """The limit the transport pauses at is twice the reader's ``limit``."""
+        limit = self._limit  # type: ignore[has-type]
+        self._limit = max(limit, _DRAIN_AT_MOST // 2)
+        try:
+            yield
+        finally:
+            self._limit = limit
 
 
 def _closed(transport: asyncio.BaseTransport) -> bool:
