@@ -1179,6 +1179,48 @@ def test_a_tree_outliving_its_event_loop_is_waited_for_in_the_next(
     assert tracked.survivors() == []
 
 
+def test_a_tree_ended_in_the_next_loop_with_its_reader_paused_is_still_stopped(
+    tracked: Tracked,
+    contained: dict[str, Any],
+    run: Callable[..., Any],
+    request: pytest.FixtureRequest,
+) -> None:
+    # Its stdout reader paused in the first loop (it holds more than twice its limit), the
+    # tree ignoring SIGTERM, ended in the next loop: cleanup reads the output of a tree
+    # that still runs 10 ms after its stop signal, but not through a transport of a loop
+    # that has closed. Red before (helper-67): resuming it raised "Event loop is closed"
+    # (under uvloop, "the handler is closed"), which ended the cleanup there: no SIGKILL,
+    # and the tree ran on.
+    script = "head -c 200000 /dev/zero; trap '' TERM; echo ready >&2; while :; do sleep 0.05; done"
+    scope = open_process_tree(
+        ["sh", "-c", script],
+        grace=0.2,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **contained,
+    )
+
+    async def first() -> ProcessTree:
+        tree = await scope.__aenter__()
+        assert tree.stderr is not None
+        assert await tree.stderr.readline() == b"ready\n"  # (all 200000 bytes written)
+        return tree
+
+    async def second() -> None:
+        await scope.__aexit__(None, None, None)
+
+    with warnings.catch_warnings():
+        if request.node.callspec.params["run"] == "uvloop.run":
+            warnings.simplefilter("ignore", ResourceWarning)  # (as in the test above)
+        tree = run(first)
+        run(second)
+        gc.collect()
+    assert tree.outcome is not None
+    assert tree.outcome.grace_expired
+    assert tree.outcome.returncode == -signal.SIGKILL
+    assert tracked.survivors() == []
+
+
 def entered_in_one_loop_and_ended_in_the_next(
     contained: dict[str, Any], run: Callable[..., Any]
 ) -> tuple[int, Any]:

@@ -680,6 +680,40 @@ def test_a_reader_the_program_ended_itself_is_left_alone_and_cleanup_completes(
     assert tracked.survivors() == []
 
 
+def test_a_reader_the_program_ended_is_not_read_into_while_the_tree_stops(
+    run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # As above, the program ends its paused reader itself (feed_eof); the tree then
+    # writes as it stops, and runs on past the 10 ms after which cleanup reads output.
+    # That reader wants no more, and is left paused. Red before (helper-67): it was
+    # resumed, and each chunk read into it reported "feed_data after feed_eof" to the
+    # loop as an error.
+    trap = "trap 'head -c 20000 /dev/zero; sleep 0.1; exit 0' TERM; "
+    stopping = trap + "head -c 150000 /dev/zero; echo ready >&2; while :; do sleep 0.05; done"
+    reported: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _, context: reported.append(context))
+        async with open_process_tree(
+            ["sh", "-c", stopping], stdout=subprocess.PIPE, stderr=subprocess.PIPE, **contained
+        ) as tree:
+            assert tree.stdout is not None and tree.stderr is not None
+            assert await tree.stderr.readline() == b"ready\n"
+            transport = tree.stdout._transport  # type: ignore[attr-defined]
+            deadline = time.monotonic() + 5
+            while reading(transport):  # (no event says it paused)
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.001)
+            tree.stdout.feed_eof()
+        assert tree.outcome is not None
+        assert (tree.outcome.returncode, tree.outcome.grace_expired) == (0, False)
+
+    run(main)
+    assert reported == []
+    assert tracked.survivors() == []
+
+
 @pytest.mark.parametrize("taken", [True, False], ids=["taken-off", "kept"])
 def test_a_readers_pipe_an_escapee_holds_is_closed_with_its_tree(
     run: Callable[..., Any], tracked: Tracked, taken: bool

@@ -410,6 +410,50 @@ async def test_a_cli_writing_its_result_on_eof_into_a_full_pipe_finishes_in_the_
     assert tracked.survivors() == []
 
 
+async def test_output_flows_while_a_stream_put_in_place_of_stdin_flushes_as_it_closes(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # The program put a buffering stream in place of stdin, whose close flushes ~289 KB to
+    # the tree, which writes it all out: the close-stdin step's close must not wait on a
+    # full output pipe. Red before (helper-67): it did, for the step's whole wait, and the
+    # tree got SIGTERM.
+    class Buffered(trio.abc.SendStream):
+        def __init__(self, inner: trio.abc.SendStream) -> None:
+            self.inner, self.held = inner, bytearray()
+
+        async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+            self.held += data
+            await trio.lowlevel.checkpoint()
+
+        async def wait_send_all_might_not_block(self) -> None:
+            await trio.lowlevel.checkpoint()
+
+        async def aclose(self) -> None:
+            async with self.inner:
+                await self.inner.send_all(self.held)
+
+    async with open_process_tree(
+        ["sh", "-c", "echo ready; exec cat"],
+        escalation=Escalation(steps=[(signal.SIGTERM, 0.5)], close_stdin=0.5),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        **contained,
+    ) as tree:
+        kept = tree.stdout
+        assert kept is not None and tree.stdin is not None
+        assert await kept.receive_some() == b"ready\n"
+        tree.stdin = Buffered(tree.stdin)
+        await tree.stdin.send_all(SAID_AS_IT_STOPPED)
+    assert tree.outcome is not None
+    assert (tree.outcome.stdin_closed, tree.outcome.signals) == (True, ())
+    assert tree.outcome.returncode == 0
+    said = b""
+    while chunk := await kept.receive_some():
+        said += chunk
+    assert said == SAID_AS_IT_STOPPED
+    assert tracked.survivors() == []
+
+
 async def test_a_reader_and_cleanup_taking_turns_on_a_pipe_keep_its_order(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:
@@ -437,6 +481,51 @@ async def test_a_reader_and_cleanup_taking_turns_on_a_pipe_keep_its_order(
     assert b"".join(said) == b"ready\n" + SAID_AS_IT_STOPPED
     assert tree.outcome is not None
     assert not tree.outcome.grace_expired
+    assert tracked.survivors() == []
+
+
+async def test_a_tree_output_handed_to_another_tree_reaches_it_in_blocking_mode(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # A pipeline: the producer's stdout, a trio stream (its pipe in non-blocking mode, as
+    # trio needs), is the consumer's stdin, which must wait for the producer as a shell's
+    # pipeline does. Red before: the consumer got the pipe in non-blocking mode, as trio's
+    # own processes do (trio issue #1707), and its read of the pipe while the producer
+    # paused failed: "Resource temporarily unavailable", exit status 1.
+    producer = ["sh", "-c", "seq 1 1000; sleep 0.2; seq 1001 2000"]
+    async with (
+        open_process_tree(producer, stdout=subprocess.PIPE, **contained) as tree,
+        open_process_tree(
+            ["wc", "-c"], stdin=tree.stdout, stdout=subprocess.PIPE, **contained
+        ) as consumer,
+    ):
+        assert consumer.stdout is not None
+        counted = b"".join([chunk async for chunk in consumer.stdout])
+        assert await consumer.wait() == 0
+    assert int(counted) == len(b"".join(b"%d\n" % n for n in range(1, 2001)))
+    assert tracked.survivors() == []
+
+
+async def test_a_tree_input_handed_to_another_tree_as_its_output_is_in_blocking_mode(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # The other way round: the consumer's stdin, a trio stream, is the producer's stdout,
+    # and the producer writes more than the pipe holds while the consumer has yet to read.
+    # Red before: its write to the full pipe failed with EAGAIN, and it exited 1.
+    async with open_process_tree(
+        ["sh", "-c", "sleep 0.2; wc -c"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        **contained,
+    ) as consumer:
+        assert consumer.stdin is not None and consumer.stdout is not None
+        async with open_process_tree(
+            ["seq", "1", "50000"], stdout=consumer.stdin, **contained
+        ) as producer:
+            assert await producer.wait() == 0
+        await consumer.stdin.aclose()
+        counted = b"".join([chunk async for chunk in consumer.stdout])
+    assert int(counted) == len(SAID_AS_IT_STOPPED)
     assert tracked.survivors() == []
 
 

@@ -493,10 +493,10 @@ class TreeCore:
             if isinstance(pending, list):
                 # Event-driven: a pidfd turns readable when its process exits.
                 within = self.containment.ask_again_within
-                timeout = min(remaining, within or remaining, self._until_output_flows(io))
+                timeout = min(remaining, within or remaining, self._until_output_flows(io, errors))
                 await io.wait_readable(pending[0], timeout)
             else:
-                await io.sleep(min(remaining, pending, self._until_output_flows(io)))
+                await io.sleep(min(remaining, pending, self._until_output_flows(io, errors)))
         return True
 
     def _let_output_flow(self, io: LoopIO) -> None:
@@ -505,7 +505,7 @@ class TreeCore:
         if self._output_flows_at is None:
             self._output_flows_at = io.now() + OUTPUT_FLOWS_AFTER
 
-    def _until_output_flows(self, io: LoopIO) -> float:
+    def _until_output_flows(self, io: LoopIO, errors: list[Exception]) -> float:
         """Seconds the tree's wait may last before cleanup must read its output pipes
         (`LoopIO.keep_output_flowing`); that reading begins, once the time has come."""
         if self._output_flows_at is None:
@@ -513,7 +513,10 @@ class TreeCore:
         left = self._output_flows_at - io.now()
         if left <= 0:
             self._output_flows_at = math.inf  # (once)
-            io.keep_output_flowing()
+            try:
+                io.keep_output_flowing()
+            except Exception as exc:  # noqa: BLE001 - even a bug here must not stop the escalation
+                errors.append(exc)
             return math.inf
         return left
 

@@ -650,6 +650,9 @@ def spawn(plan: SpawnPlan) -> Spawned:
             ours["stderr"], stdio["stderr"] = _pipe(child_ends, child_reads=False)
         elif plan.stderr == subprocess.STDOUT and "stdout" in ours:
             stdio["stderr"] = stdio["stdout"]
+        for name, given in stdio.items():
+            if name not in ours and (view := _blocking_view(given, child_ends)) is not None:
+                stdio[name] = view
         before = boot_ticks()
         pid = _start_in_cgroup(plan, stdio)
         popen = None
@@ -773,6 +776,34 @@ def _refuse_what_sh_would_run_as_a_script(plan: SpawnPlan) -> None:
     /bin/sh's exec run (as a script: sh's way with a file the kernel refuses)."""
     if plan.through_sh and plan.resolved is not None and plan.resolved.refused is not None:
         raise plan.resolved.refused
+
+
+def _blocking_view(given: Any, child_ends: list[int]) -> int | None:
+    """For a pipe given as the command's stdin, stdout or stderr in non-blocking mode (a
+    trio stream's, ``stdin=tree.stdout`` in a pipeline, which trio needs so): the same
+    pipe opened anew, in blocking mode, for the child (added to ``child_ends``, closed
+    once it started). The mode belongs to an open file, shared by every descriptor of it:
+    handed on as it was, the command's read of an empty pipe (or write to a full one)
+    failed with EAGAIN, "Resource temporarily unavailable", where a shell's pipeline
+    waits (trio issue #1707, helper-67). None for anything else, or where the pipe cannot
+    be opened anew (one end with nobody at the other): the command gets it as given."""
+    if given in (None, subprocess.PIPE, subprocess.DEVNULL, subprocess.STDOUT):
+        return None
+    try:
+        fd = given if isinstance(given, int) else given.fileno()
+        if os.get_blocking(fd) or not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return None
+        import fcntl  # noqa: PLC0415 - POSIX only, and the package imports on Windows
+
+        access = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
+        # Opened without waiting for the other end (/proc/self/fd of a pipe opens it as a
+        # FIFO), then put in blocking mode: a new open file, whose mode is its own.
+        view = os.open(f"/proc/self/fd/{fd}", access | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    child_ends.append(view)
+    os.set_blocking(view, True)
+    return view
 
 
 def _pipe(child_ends: list[int], *, child_reads: bool) -> tuple[int, int]:

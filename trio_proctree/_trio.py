@@ -112,6 +112,11 @@ class _TrioIO:
         await self._kept(trio.sleep_forever, timeout=seconds)
 
     async def close_stdin(self, within: float) -> Exception | None:
+        if not isinstance(self._tree.stdin, trio.lowlevel.FdStream | None):
+            # A stream the program put in its place may flush, as it closes, to a tree that
+            # writes it out: its output must flow meanwhile, or the tree blocks on a full
+            # pipe and the close with it, for the step's whole wait (helper-67).
+            self.keep_output_flowing()
         return await self._tree._close_stream("stdin", self, within)
 
     def stdin_kept_open(self) -> bool:
@@ -150,7 +155,7 @@ class ProcessTree(TreeView):
     what is left in them first: a task still reading, or a program that kept the stream,
     gets all the tree said as it stopped, then the end). While the tree stops, it reads
     them whenever no task of the program's does, up to 1 MiB unread, so that a program
-    writing as it stops does not block on a full pipe until SIGKILL (see `TreeOutput`).
+    writing as it stops does not block on a full pipe until SIGKILL.
     A stream taken off the tree (``stdout, tree.stdout = tree.stdout, None``) is left open
     by cleanup, yours to read to its end and close, whoever still writes to it. (A stream
     you put in its place is closed by cleanup, within the policy's bound.)

@@ -370,9 +370,11 @@ class _AsyncioIO:
         self._tree._stop_watching_leader()
 
     def keep_output_flowing(self) -> None:
-        for reader, _ in self._tree._read_transports.values():
-            if isinstance(reader, _TreeReader):
-                reader.keep_flowing()
+        for reader, transport in self._tree._read_transports.values():
+            # Not a reader of a loop that has closed (a tree ended in the next loop): its
+            # transport cannot read any more, and the resume raised (helper-67).
+            if isinstance(reader, _TreeReader) and not _closed(transport):
+                reader.keep_flowing(self._loop)
 
 
 class ProcessTree(TreeView):
@@ -385,7 +387,7 @@ class ProcessTree(TreeView):
     tree.stdout``) holds all that the tree said as it stopped, to be read after cleanup.
     While the tree stops, a reader on the tree takes in up to 1 MiB unread, not twice its
     ``limit``, so that a program writing as it stops does not block on a full pipe until
-    SIGKILL (see `_TreeReader`).
+    SIGKILL.
     """
 
     _public_name = "trio_proctree.asyncio.ProcessTree"
@@ -774,12 +776,16 @@ class _TreeReader(asyncio.StreamReader):
 
     _flowing = False
 
-    def keep_flowing(self) -> None:
-        """From now on, take in up to `_DRAIN_AT_MOST` unread (see the class)."""
-        if not self._flowing:
-            self._flowing = True
-            with self._flowing_limit():
-                self._maybe_resume_transport()  # type: ignore[attr-defined]
+    def keep_flowing(self, loop: asyncio.AbstractEventLoop) -> None:
+        """From now on, take in up to `_DRAIN_AT_MOST` unread (see the class): where
+        ``loop``, the running one, is the reader's, and the program has not ended the
+        reader itself (``feed_eof``: it wants no more, and each chunk read into it would
+        be reported to the loop as an error, helper-67)."""
+        if self._flowing or self._eof or self._loop is not loop:  # type: ignore[attr-defined]
+            return
+        self._flowing = True
+        with self._flowing_limit():
+            self._maybe_resume_transport()  # type: ignore[attr-defined]
 
     def feed_data(self, data: Iterable[SupportsIndex]) -> None:
         if not self._flowing:

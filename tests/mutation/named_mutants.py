@@ -771,8 +771,8 @@ MUTANTS = [
     (
         "cgroup: the deferred listing waits for the leader's exit without a bound",
         "_core.py",
-        "                timeout = min(remaining, within or remaining, self._until_output_flows(io))",
-        "                timeout = min(remaining, self._until_output_flows(io))",
+        "                timeout = min(remaining, within or remaining, self._until_output_flows(io, errors))",
+        "                timeout = min(remaining, self._until_output_flows(io, errors))",
         "leader_ignores_it and (cgroup or auto)",
     ),
     (
@@ -2671,7 +2671,7 @@ MUTANTS = [
     (
         "asyncio: readers pause at twice their limit while the tree stops",
         "asyncio.py",
-        "                reader.keep_flowing()\n",
+        "                reader.keep_flowing(self._loop)\n",
         "                pass\n",
         "more_than_its_reader_takes_in",
     ),
@@ -2709,6 +2709,34 @@ MUTANTS = [
         "                watchdog.unregister(*backstop)\n",
         "                pass\n",
         "goes_once_it_has_emptied",
+    ),
+    (
+        "asyncio: a reader of a loop that closed resumed while its tree stops",
+        "asyncio.py",
+        "        if self._flowing or self._eof or self._loop is not loop:  # type: ignore[attr-defined]\n",
+        "        if self._flowing or self._eof:\n",
+        "next_loop_with_its_reader_paused",
+    ),
+    (
+        "asyncio: a reader the program ended resumed while its tree stops",
+        "asyncio.py",
+        "        if self._flowing or self._eof or self._loop is not loop:  # type: ignore[attr-defined]\n",
+        "        if self._flowing or self._loop is not loop:  # type: ignore[attr-defined]\n",
+        "program_ended_is_not_read_into",
+    ),
+    (
+        "trio: output not read while a stream put in place of stdin closes",
+        "_trio.py",
+        "            self.keep_output_flowing()\n",
+        "            pass\n",
+        "stream_put_in_place_of_stdin",
+    ),
+    (
+        "spawn: a pipe given in non-blocking mode handed on so",
+        "_spawn.py",
+        "            if name not in ours and (view := _blocking_view(given, child_ends)) is not None:\n",
+        "            if False:\n",
+        "in_blocking_mode",
     ),
     (
         "cli: a reader that left early shown a traceback",
