@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import trio_proctree.asyncio
-from trio_proctree.asyncio import open_process_tree, run_process_tree
+from trio_proctree.asyncio import Escalation, open_process_tree, run_process_tree
 
 from . import procs
 from .conftest import Tracked, slow_to_die
@@ -635,6 +635,34 @@ def test_a_tree_writing_more_than_its_reader_takes_in_as_it_stops_stops_graceful
             await reader.readuntil(b"80000\n")
         said = await reader.read()
         assert said == b"".join(b"%d\n" % n for n in range(1, last + 1))
+
+    run(main)
+    assert tracked.survivors() == []
+
+
+def test_a_cli_writing_more_than_its_reader_takes_in_on_eof_finishes_in_the_close_stdin_wait(
+    run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # The trio driver's twin: a CLI that writes its result (~469 KB) once its input ends.
+    # The reader takes it in during the close-stdin step's wait, so no signal is needed.
+    last = 80000
+    cli = f"echo ready; cat >/dev/null; seq 1 {last}"
+
+    async def main() -> None:
+        async with open_process_tree(
+            ["sh", "-c", cli],
+            escalation=Escalation(steps=[(signal.SIGTERM, 0.5)], close_stdin=0.5),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            **contained,
+        ) as tree:
+            reader = tree.stdout
+            assert reader is not None
+            assert await reader.readline() == b"ready\n"
+        assert tree.outcome is not None
+        assert (tree.outcome.stdin_closed, tree.outcome.signals) == (True, ())
+        assert tree.outcome.returncode == 0
+        assert await reader.read() == b"".join(b"%d\n" % n for n in range(1, last + 1))
 
     run(main)
     assert tracked.survivors() == []

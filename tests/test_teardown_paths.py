@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import random
 import re
 import shlex
 import signal
 import subprocess
+import textwrap
 import threading
 from pathlib import Path
 from typing import Any
@@ -526,6 +528,100 @@ async def test_a_tree_input_handed_to_another_tree_as_its_output_is_in_blocking_
         await consumer.stdin.aclose()
         counted = b"".join([chunk async for chunk in consumer.stdout])
     assert int(counted) == len(SAID_AS_IT_STOPPED)
+    assert tracked.survivors() == []
+
+
+#: Prints the O_NONBLOCK flag of the command's stdin, then copies stdin to stdout.
+SAYS_IF_STDIN_BLOCKS = "grep ^flags /proc/$$/fdinfo/0 >&2; exec cat"
+
+
+def non_blocking_flag(said: bytes | bytearray) -> bool:
+    """Whether ``flags:`` (octal, from /proc/PID/fdinfo) had O_NONBLOCK set."""
+    return bool(int(said.split()[1], 8) & os.O_NONBLOCK)
+
+
+async def test_a_pipe_given_as_a_descriptor_reaches_the_command_as_given(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # A descriptor (not a trio stream) in non-blocking mode: that mode is the program's
+    # choice, and the command gets the pipe as Popen gives it (a command may poll a
+    # non-blocking stdin on purpose). Red before (helper-68): it was made blocking, and
+    # such a command waited in its read until cleanup stopped it.
+    read_end, write_end = os.pipe2(os.O_NONBLOCK)
+    try:
+        async with open_process_tree(
+            ["sh", "-c", SAYS_IF_STDIN_BLOCKS],
+            stdin=read_end,
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            **contained,
+        ) as tree:
+            assert tree.stderr is not None
+            said = await tree.stderr.receive_some()
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    assert non_blocking_flag(said)
+    assert tracked.survivors() == []
+
+
+async def test_a_trio_stream_of_a_packet_pipe_keeps_its_packets_for_the_command(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # A pipe of packets (O_DIRECT): each write is a packet of its own. Opened anew in
+    # blocking mode for the command, it keeps that. Red before (helper-68): only the
+    # access mode was kept, and the two writes came as one read, b"aaabbb".
+    read_end, write_end = os.pipe2(os.O_DIRECT | os.O_NONBLOCK)
+    try:
+        async with open_process_tree(
+            ["sh", "-c", "printf aaa; printf bbb"],
+            stdout=trio.lowlevel.FdStream(write_end),
+            **contained,
+        ) as tree:
+            assert await tree.wait() == 0
+        assert os.read(read_end, 100) == b"aaa"
+    finally:
+        os.close(read_end)
+    assert tracked.survivors() == []
+
+
+@pytest.mark.parametrize("containment", ["subreaper", "group"])
+def test_a_trio_stream_is_made_blocking_for_the_command_after_the_main_thread_exited(
+    tracked: Tracked, containment: str
+) -> None:
+    # An embedding host whose main thread has exited (pthread_exit), the program running
+    # on in another thread: /proc/self/fd is gone for it. Red before (helper-68): the
+    # pipe could not be opened anew, and the command got it non-blocking. (Not cgroup
+    # containment, which cannot be had in such a process: see the README's limits.)
+    code = textwrap.dedent(
+        f"""
+        import ctypes, os, subprocess, sys, threading, trio
+        from trio_proctree import open_process_tree
+
+        def worker():
+            async def main():
+                read_end, write_end = os.pipe()
+                async with open_process_tree(
+                    ["sh", "-c", {SAYS_IF_STDIN_BLOCKS!r}],
+                    stdin=trio.lowlevel.FdStream(read_end),
+                    stderr=subprocess.PIPE,
+                    stdout=subprocess.DEVNULL,
+                    containment={containment!r},
+                    env={tracked.env!r},
+                ) as tree:
+                    said = await tree.stderr.receive_some()
+                    os.close(write_end)
+                sys.stdout.write(said.decode())
+                sys.stdout.flush()
+
+            trio.run(main)
+            os._exit(0)
+
+        threading.Thread(target=worker).start()
+        ctypes.CDLL(None).pthread_exit(None)
+        """
+    )
+    assert not non_blocking_flag(procs.run_python(code).encode())
     assert tracked.survivors() == []
 
 

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Union, cast
 
 import attrs
+import trio
 
 from . import _spawn_into_cgroup as direct
 from ._exec_check import EXECUTABLE, MISSING, NOT_EXECUTABLE, look_at, refusal
@@ -778,27 +779,39 @@ def _refuse_what_sh_would_run_as_a_script(plan: SpawnPlan) -> None:
         raise plan.resolved.refused
 
 
+#: Streams whose pipe trio puts in non-blocking mode, for itself (`_blocking_view`):
+#: trio's own, and the trio driver's output streams (which it adds).
+TRIO_STREAMS: list[type] = []
+if hasattr(trio.lowlevel, "FdStream"):  # (not on Windows)
+    TRIO_STREAMS.append(trio.lowlevel.FdStream)
+
+
 def _blocking_view(given: Any, child_ends: list[int]) -> int | None:
-    """For a pipe given as the command's stdin, stdout or stderr in non-blocking mode (a
-    trio stream's, ``stdin=tree.stdout`` in a pipeline, which trio needs so): the same
-    pipe opened anew, in blocking mode, for the child (added to ``child_ends``, closed
-    once it started). The mode belongs to an open file, shared by every descriptor of it:
-    handed on as it was, the command's read of an empty pipe (or write to a full one)
-    failed with EAGAIN, "Resource temporarily unavailable", where a shell's pipeline
-    waits (trio issue #1707, helper-67). None for anything else, or where the pipe cannot
-    be opened anew (one end with nobody at the other): the command gets it as given."""
-    if given in (None, subprocess.PIPE, subprocess.DEVNULL, subprocess.STDOUT):
+    """For a trio stream's pipe given as the command's stdin, stdout or stderr (in a
+    pipeline, ``stdin=tree.stdout``), which trio put in non-blocking mode for itself:
+    the same pipe opened anew, in blocking mode, for the child (added to ``child_ends``,
+    closed once it started). The mode belongs to an open file, shared by every
+    descriptor of it: handed on as it was, the command's read of an empty pipe (or write
+    to a full one) failed with EAGAIN, "Resource temporarily unavailable", where a
+    shell's pipeline waits (trio issue #1707, helper-67). Not a descriptor or a file
+    given as such: its mode is the program's choice, and the command gets it as Popen
+    gives it (helper-68: a command may poll a non-blocking stdin on purpose). None where
+    nothing is to be done, or the pipe cannot be opened anew (a FIFO's write end with no
+    reader): the command gets it as given."""
+    if not any(isinstance(given, kind) for kind in TRIO_STREAMS):
         return None
     try:
-        fd = given if isinstance(given, int) else given.fileno()
+        fd = given.fileno()
         if os.get_blocking(fd) or not stat.S_ISFIFO(os.fstat(fd).st_mode):
             return None
         import fcntl  # noqa: PLC0415 - POSIX only, and the package imports on Windows
 
-        access = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
-        # Opened without waiting for the other end (/proc/self/fd of a pipe opens it as a
-        # FIFO), then put in blocking mode: a new open file, whose mode is its own.
-        view = os.open(f"/proc/self/fd/{fd}", access | os.O_NONBLOCK | os.O_CLOEXEC)
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        # Opened without waiting for the other end (/proc's link to a pipe opens it as a
+        # FIFO), with its other flags (O_DIRECT, a pipe of packets: helper-68), then put
+        # in blocking mode: a new open file, whose mode is its own. Through this thread's
+        # table: /proc/self/fd is gone once the main thread has exited (helper-68).
+        view = os.open(f"/proc/thread-self/fd/{fd}", flags | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
     child_ends.append(view)

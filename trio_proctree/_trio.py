@@ -28,7 +28,7 @@ from ._escalation import (
 from ._outcome import chain_cleanup_error
 from ._real_time import bound, clock_is_virtual, now
 from ._run import PIPE_DRAIN_TIMEOUT, HasFileno, completed, plan_run
-from ._spawn import Command, Spawned, SpawnPlan, plan_spawn
+from ._spawn import TRIO_STREAMS, Command, Spawned, SpawnPlan, plan_spawn
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup  # trio's own dependency on 3.10
@@ -485,6 +485,9 @@ class TreeOutput(trio.abc.ReceiveStream):
                 rest += data
         self._pipe.close()
         self._wake()
+
+
+TRIO_STREAMS.append(TreeOutput)  # (its pipe is trio's, non-blocking: see `_blocking_view`)
 
 
 def _set_event() -> trio.Event:

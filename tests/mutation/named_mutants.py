@@ -2687,7 +2687,7 @@ MUTANTS = [
         "_core.py",
         "                self._let_output_flow(io)  # (a CLI writes its result on EOF)\n",
         "                pass\n",
-        "result_on_eof",
+        "result_on_eof or more_than_its_reader_takes_in_on_eof",
     ),
     (
         "core: output pipes not read after a stop signal",
@@ -2737,6 +2737,29 @@ MUTANTS = [
         "            if name not in ours and (view := _blocking_view(given, child_ends)) is not None:\n",
         "            if False:\n",
         "in_blocking_mode",
+    ),
+    (
+        "spawn: a descriptor given in non-blocking mode made blocking too",
+        "_spawn.py",
+        "    if not any(isinstance(given, kind) for kind in TRIO_STREAMS):\n"
+        "        return None\n    try:\n        fd = given.fileno()\n",
+        "    if given in (None, subprocess.PIPE, subprocess.DEVNULL, subprocess.STDOUT):\n"
+        "        return None\n    try:\n        fd = given if isinstance(given, int) else given.fileno()\n",
+        "reaches_the_command_as_given",
+    ),
+    (
+        "spawn: a trio stream's pipe opened anew with its access mode alone",
+        "_spawn.py",
+        "flags | os.O_NONBLOCK | os.O_CLOEXEC)",
+        "(flags & os.O_ACCMODE) | os.O_NONBLOCK | os.O_CLOEXEC)",
+        "packet_pipe",
+    ),
+    (
+        "spawn: a trio stream's pipe opened anew through the main thread's /proc",
+        "_spawn.py",
+        'os.open(f"/proc/thread-self/fd/{fd}"',
+        'os.open(f"/proc/self/fd/{fd}"',
+        "main_thread_exited",
     ),
     (
         "cli: a reader that left early shown a traceback",
