@@ -363,6 +363,29 @@ async def test_a_tree_writing_more_than_a_pipe_holds_as_it_stops_stops_gracefull
     assert tracked.survivors() == []
 
 
+async def test_a_tree_writing_a_little_more_than_cleanup_reads_as_it_stops_loses_nothing(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # ~1.1 MB as it stops: cleanup's reader takes 1 MiB and stops there, the rest fits
+    # in the pipe, and the tree exits as it asks. Red before (helper-69): cleanup's last
+    # read of the pipe, as it closed it, shared the reader's budget, took nothing, and
+    # the stream ended 51,424 bytes short, with nothing said.
+    stopping = SAYS_MUCH_AS_IT_STOPS.replace("seq 1 50000", "head -c 1100000 /dev/zero")
+    async with open_process_tree(
+        ["sh", "-c", stopping], grace=0.5, stdout=subprocess.PIPE, **contained
+    ) as tree:
+        kept = tree.stdout
+        assert kept is not None
+        assert await kept.receive_some() == b"ready\n"
+    assert tree.outcome is not None
+    assert (tree.outcome.grace_expired, tree.outcome.returncode) == (False, 0)
+    said = 0
+    while chunk := await kept.receive_some():
+        said += len(chunk)
+    assert said == 1100000
+    assert tracked.survivors() == []
+
+
 async def test_a_tree_writing_as_it_stops_to_a_pipe_never_read_stops_gracefully(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:
@@ -570,18 +593,31 @@ async def test_a_trio_stream_of_a_packet_pipe_keeps_its_packets_for_the_command(
 ) -> None:
     # A pipe of packets (O_DIRECT): each write is a packet of its own. Opened anew in
     # blocking mode for the command, it keeps that. Red before (helper-68): only the
-    # access mode was kept, and the two writes came as one read, b"aaabbb".
+    # access mode was kept, and the two writes came as one read, b"aaabbb"; then
+    # (helper-69) open() refused O_DIRECT for a pipe, and the command got it as it was,
+    # non-blocking.
     read_end, write_end = os.pipe2(os.O_DIRECT | os.O_NONBLOCK)
+    # (Its flags as F_GETFL gives them: /proc's fdinfo of a command's stdout did not show
+    # O_DIRECT, seen here, though its writes were packets.)
+    says_its_flags = (
+        "import fcntl, os, sys; print('flags:', oct(fcntl.fcntl(1, fcntl.F_GETFL))[2:],"
+        " file=sys.stderr, flush=True); os.write(1, b'aaa'); os.write(1, b'bbb')"
+    )
     try:
         async with open_process_tree(
-            ["sh", "-c", "printf aaa; printf bbb"],
+            [*procs.python(), "-c", says_its_flags],
             stdout=trio.lowlevel.FdStream(write_end),
+            stderr=subprocess.PIPE,
             **contained,
         ) as tree:
-            assert await tree.wait() == 0
+            assert tree.stderr is not None
+            said = b"".join([chunk async for chunk in tree.stderr])
+            assert await tree.wait() == 0, said
         assert os.read(read_end, 100) == b"aaa"
     finally:
         os.close(read_end)
+    assert not non_blocking_flag(said)
+    assert int(said.split()[1], 8) & os.O_DIRECT
     assert tracked.survivors() == []
 
 

@@ -1,12 +1,16 @@
-"""What run_process_tree does the same way in both drivers: its arguments and its result."""
+"""What run_process_tree does the same way in both drivers: its arguments and its result;
+and what both drivers say of an output pipe they close."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, cast
 
 import attrs
+
+logger = logging.getLogger("trio_proctree")
 
 #: After the tree is gone, how long `run_process_tree` keeps reading output pipes that
 #: something outside the tree still holds open (bounded, like Go's ``Cmd.WaitDelay``).
@@ -92,3 +96,14 @@ def completed(
     if check and returncode != 0:
         raise subprocess.CalledProcessError(returncode, args, output=stdout, stderr=stderr)
     return subprocess.CompletedProcess(args, returncode, stdout, stderr)
+
+
+def dropped(taken: int) -> None:
+    """Say that what is left in an output pipe as cleanup closes it, past the ``taken``
+    bytes it read then, is dropped (by both drivers)."""
+    logger.warning(
+        "an output pipe still held data after %d bytes were read from it as its tree "
+        "ended (from a writer outside the tree, or written faster than it was read): "
+        "the rest is dropped",
+        taken,
+    )

@@ -808,14 +808,16 @@ def _blocking_view(given: Any, child_ends: list[int]) -> int | None:
 
         flags = fcntl.fcntl(fd, fcntl.F_GETFL)
         # Opened without waiting for the other end (/proc's link to a pipe opens it as a
-        # FIFO), with its other flags (O_DIRECT, a pipe of packets: helper-68), then put
-        # in blocking mode: a new open file, whose mode is its own. Through this thread's
-        # table: /proc/self/fd is gone once the main thread has exited (helper-68).
-        view = os.open(f"/proc/thread-self/fd/{fd}", flags | os.O_NONBLOCK | os.O_CLOEXEC)
+        # FIFO), through this thread's table (/proc/self/fd is gone once the main thread
+        # has exited: helper-68); then given the pipe's other flags (O_DIRECT, a pipe of
+        # packets, which open() refuses for a pipe: helper-69) in blocking mode. A new
+        # open file: its mode is its own.
+        access = flags & os.O_ACCMODE
+        view = os.open(f"/proc/thread-self/fd/{fd}", access | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
     child_ends.append(view)
-    os.set_blocking(view, True)
+    fcntl.fcntl(view, fcntl.F_SETFL, flags & ~os.O_NONBLOCK)
     return view
 
 

@@ -27,7 +27,7 @@ from ._escalation import (
 )
 from ._outcome import chain_cleanup_error
 from ._real_time import bound, clock_is_virtual, now
-from ._run import PIPE_DRAIN_TIMEOUT, HasFileno, completed, plan_run
+from ._run import PIPE_DRAIN_TIMEOUT, HasFileno, completed, dropped, plan_run
 from ._spawn import TRIO_STREAMS, Command, Spawned, SpawnPlan, plan_spawn
 
 if sys.version_info < (3, 11):  # pragma: no cover
@@ -154,7 +154,7 @@ class ProcessTree(TreeView):
     Cleanup closes the pipes it made (stdout and stderr once the tree is gone, reading
     what is left in them first: a task still reading, or a program that kept the stream,
     gets all the tree said as it stopped, then the end). While the tree stops, it reads
-    them whenever no task of the program's does, up to 1 MiB unread, so that a program
+    them whenever no task of the program's does, until 1 MiB is unread, so that a program
     writing as it stops does not block on a full pipe until SIGKILL.
     A stream taken off the tree (``stdout, tree.stdout = tree.stdout, None``) is left open
     by cleanup, yours to read to its end and close, whoever still writes to it. (A stream
@@ -448,6 +448,10 @@ class TreeOutput(trio.abc.ReceiveStream):
                 return  # (every writer is gone: the rest is the end, as cleanup closes it)
             self._rest += data
             self._wake()
+        logger.debug(
+            "%d bytes of a stopping tree's output read and not yet taken: reading no more",
+            len(self._rest),
+        )
 
     def _wake(self) -> None:
         self._more.set()
@@ -469,8 +473,10 @@ class TreeOutput(trio.abc.ReceiveStream):
 
     def drain_and_close(self) -> None:
         """Where the program reads it, read what the pipe still holds, without waiting
-        (the tree, gone, writes no more: at most `_DRAIN_AT_MOST` unread, from a writer
-        outside it); then close it. Cleanup's reader is over by now (`stop_flowing`)."""
+        (the tree, gone, writes no more: at most `_DRAIN_AT_MOST`, from a writer outside
+        it, on top of what cleanup's reader took: with one budget for both, a tree that
+        wrote a little past it as it stopped lost its last bytes, unsaid, helper-69);
+        then close it. Cleanup's reader is over by now (`stop_flowing`)."""
         fd = self._pipe.fileno()
         if fd < 0:
             return  # (closed by the program)
@@ -479,10 +485,13 @@ class TreeOutput(trio.abc.ReceiveStream):
             self._pipe.close()
             return
         self._ended = True
-        rest = self._rest
+        rest, taken = self._rest, 0
         with contextlib.suppress(BlockingIOError):  # (non-blocking: all there is, was read)
-            while len(rest) < _DRAIN_AT_MOST and (data := os.read(fd, 65536)):
+            while taken < _DRAIN_AT_MOST and (data := os.read(fd, 65536)):
                 rest += data
+                taken += len(data)
+        if taken >= _DRAIN_AT_MOST:
+            dropped(taken)
         self._pipe.close()
         self._wake()
 

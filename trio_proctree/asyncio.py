@@ -51,7 +51,7 @@ from ._escalation import (
     resolve_policy,
 )
 from ._outcome import CleanupError, CleanupOutcome, chain_cleanup_error
-from ._run import PIPE_DRAIN_TIMEOUT, HasFileno, completed, plan_run
+from ._run import PIPE_DRAIN_TIMEOUT, HasFileno, completed, dropped, plan_run
 from ._spawn import Command, Spawned, SpawnPlan, plan_spawn
 
 # The package's values and errors too, as the package has them: an asyncio program needs
@@ -385,9 +385,9 @@ class ProcessTree(TreeView):
     Cleanup closes the pipes it made (stdout and stderr once the tree is gone, each once
     what is still in it is in its reader): a reader kept from the tree (``stdout =
     tree.stdout``) holds all that the tree said as it stopped, to be read after cleanup.
-    While the tree stops, a reader on the tree takes in up to 1 MiB unread, not twice its
-    ``limit``, so that a program writing as it stops does not block on a full pipe until
-    SIGKILL.
+    While the tree stops, each reader made for its pipes takes in up to 1 MiB unread, or
+    twice its ``limit`` if that is more, so that a program writing as it stops does not
+    block on a full pipe until SIGKILL.
     """
 
     _public_name = "trio_proctree.asyncio.ProcessTree"
@@ -767,7 +767,7 @@ _DRAIN_AT_MOST = 1 << 20
 
 class _TreeReader(asyncio.StreamReader):
     """A reader of the tree's stdout or stderr, whose transport, while the tree stops,
-    reads on until it holds `_DRAIN_AT_MOST` unread, not twice its ``limit``: a program
+    reads on until it holds `_DRAIN_AT_MOST` unread (or twice its ``limit``, if more): a program
     that writes as it stops (its last log lines, a CLI's result on EOF) into a pipe nobody
     reads any more would block, unable to act on the stop signal, and get SIGKILL at the
     grace's end. (asyncio's StreamReader has no public way to say so: its ``_limit``,
@@ -826,6 +826,8 @@ def _drain_into(reader: asyncio.StreamReader, transport: asyncio.BaseTransport) 
         while left > 0 and (data := os.read(pipe.fileno(), min(left, 65536))):
             reader.feed_data(data)
             left -= len(data)
+    if left <= 0:
+        dropped(_DRAIN_AT_MOST)
 
 
 class _PipeEnd:

@@ -2748,10 +2748,10 @@ MUTANTS = [
         "reaches_the_command_as_given",
     ),
     (
-        "spawn: a trio stream's pipe opened anew with its access mode alone",
+        "spawn: a trio stream's pipe opened anew without its other flags",
         "_spawn.py",
-        "flags | os.O_NONBLOCK | os.O_CLOEXEC)",
-        "(flags & os.O_ACCMODE) | os.O_NONBLOCK | os.O_CLOEXEC)",
+        "    fcntl.fcntl(view, fcntl.F_SETFL, flags & ~os.O_NONBLOCK)\n",
+        "    os.set_blocking(view, True)\n",
         "packet_pipe",
     ),
     (
@@ -2760,6 +2760,13 @@ MUTANTS = [
         'os.open(f"/proc/thread-self/fd/{fd}"',
         'os.open(f"/proc/self/fd/{fd}"',
         "main_thread_exited",
+    ),
+    (
+        "trio: what is left in a pipe as it closes read on the budget of the reader before",
+        "_trio.py",
+        "            while taken < _DRAIN_AT_MOST and (data := os.read(fd, 65536)):\n",
+        "            while len(rest) < _DRAIN_AT_MOST and (data := os.read(fd, 65536)):\n",
+        "loses_nothing",
     ),
     (
         "cli: a reader that left early shown a traceback",
