@@ -661,6 +661,38 @@ def test_a_trio_stream_is_made_blocking_for_the_command_after_the_main_thread_ex
     assert tracked.survivors() == []
 
 
+def test_auto_gives_a_process_whose_main_thread_exited_a_containment_it_can_have() -> None:
+    # An embedding host whose main thread has exited: /proc/self/mountinfo cannot be read
+    # there (EINVAL), and no cgroup home can be found. Red before (helper-68): "auto"
+    # raised that OSError, and no tree could start; now it takes the subreaper, and
+    # "cgroup" says why it cannot be had.
+    code = textwrap.dedent(
+        """
+        import ctypes, os, sys, threading, trio
+        from trio_proctree import ContainmentUnavailable, open_process_tree
+
+        def worker():
+            async def main():
+                async with open_process_tree(["true"]) as tree:
+                    print(tree.containment, await tree.wait(), flush=True)
+                try:
+                    async with open_process_tree(["true"], containment="cgroup"):
+                        pass
+                except ContainmentUnavailable as exc:
+                    print("cgroup:", exc, flush=True)
+
+            trio.run(main)
+            os._exit(0)
+
+        threading.Thread(target=worker).start()
+        ctypes.CDLL(None).pthread_exit(None)
+        """
+    )
+    said = procs.run_python(code).splitlines()
+    assert said[0] == "subreaper 0"
+    assert said[1].startswith("cgroup: ") and "/proc/self/mountinfo" in said[1]
+
+
 async def test_a_tree_output_handed_to_another_process_keeps_all_it_has_not_read(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:

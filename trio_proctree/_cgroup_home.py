@@ -241,10 +241,10 @@ def remove_home() -> None:
 
 
 def _make_home(pid: int) -> CgroupHome:
-    mount = cgroupfs.find_cgroup2_mount(cgroupfs.read_text("/proc/self/mountinfo"))
+    mount = cgroupfs.find_cgroup2_mount(_read_own("mountinfo"))
     if mount is None:
         raise CgroupUnavailable("no cgroup v2 hierarchy is mounted")
-    own = cgroupfs.own_cgroup(cgroupfs.read_text("/proc/self/cgroup"))
+    own = cgroupfs.own_cgroup(_read_own("cgroup"))
     if own is None:
         raise CgroupUnavailable("this process is in no cgroup v2 cgroup")
     parent = os.path.normpath(os.path.join(mount, own.lstrip("/")))
@@ -275,6 +275,23 @@ def _make_home(pid: int) -> CgroupHome:
     watchdog.register(f"home {path}")
     relative = "/" + os.path.join(own.strip("/"), name)
     return CgroupHome(path, relative.replace("//", "/"))
+
+
+def _read_own(name: str) -> str:
+    """``/proc/self/<name>``. Where it cannot be read for what this process is (EINVAL or
+    ENOENT: its main thread has exited, in an embedding host that ended it with
+    ``pthread_exit``, and the files that go by its namespaces went with it), cgroup
+    containment cannot be had: raised as such, ``"auto"`` takes the subreaper. It raised
+    the OSError, and no tree of any containment could start (helper-68)."""
+    path = f"/proc/self/{name}"
+    try:
+        return cgroupfs.read_text(path)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOENT):
+            raise  # (out of file descriptors, say: this spawn fails, the next may not)
+        raise CgroupUnavailable(
+            f"cannot read {path}: {exc.strerror} (has the main thread exited?)"
+        ) from exc
 
 
 #: The initial pid namespace's inode (``PROC_PID_INIT_INO``): the same on every boot.

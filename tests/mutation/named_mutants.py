@@ -2769,6 +2769,13 @@ MUTANTS = [
         "loses_nothing",
     ),
     (
+        "cgroup home: a process whose main thread exited raises for every containment",
+        "_cgroup_home.py",
+        "        if exc.errno not in (errno.EINVAL, errno.ENOENT):\n",
+        "        if True:\n",
+        "main_thread_exited_a_containment",
+    ),
+    (
         "cli: a reader that left early shown a traceback",
         "_cli.py",
         "    except BrokenPipeError:\n",
