@@ -621,6 +621,24 @@ async def test_a_trio_stream_of_a_packet_pipe_keeps_its_packets_for_the_command(
     assert tracked.survivors() == []
 
 
+#: For a Python child whose main thread ends with pthread_exit: ``main_thread_gone()``
+#: waits until it has (its task shows as a zombie), for at most 5 s.
+MAIN_THREAD_GONE = textwrap.dedent(
+    """
+    import os, time
+
+    def main_thread_gone():
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            with open(f"/proc/{os.getpid()}/task/{os.getpid()}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return
+            time.sleep(0.001)
+        raise AssertionError("the main thread did not exit")
+    """
+)
+
+
 @pytest.mark.parametrize("containment", ["subreaper", "group"])
 def test_a_trio_stream_is_made_blocking_for_the_command_after_the_main_thread_exited(
     tracked: Tracked, containment: str
@@ -635,6 +653,8 @@ def test_a_trio_stream_is_made_blocking_for_the_command_after_the_main_thread_ex
         from trio_proctree import open_process_tree
 
         def worker():
+            main_thread_gone()
+
             async def main():
                 read_end, write_end = os.pipe()
                 async with open_process_tree(
@@ -657,7 +677,7 @@ def test_a_trio_stream_is_made_blocking_for_the_command_after_the_main_thread_ex
         ctypes.CDLL(None).pthread_exit(None)
         """
     )
-    assert not non_blocking_flag(procs.run_python(code).encode())
+    assert not non_blocking_flag(procs.run_python(MAIN_THREAD_GONE + code).encode())
     assert tracked.survivors() == []
 
 
@@ -672,6 +692,8 @@ def test_auto_gives_a_process_whose_main_thread_exited_a_containment_it_can_have
         from trio_proctree import ContainmentUnavailable, open_process_tree
 
         def worker():
+            main_thread_gone()
+
             async def main():
                 async with open_process_tree(["true"]) as tree:
                     print(tree.containment, await tree.wait(), flush=True)
@@ -688,7 +710,7 @@ def test_auto_gives_a_process_whose_main_thread_exited_a_containment_it_can_have
         ctypes.CDLL(None).pthread_exit(None)
         """
     )
-    said = procs.run_python(code).splitlines()
+    said = procs.run_python(MAIN_THREAD_GONE + code).splitlines()
     assert said[0] == "subreaper 0"
     assert said[1].startswith("cgroup: ") and "/proc/self/mountinfo" in said[1]
 
