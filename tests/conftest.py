@@ -242,6 +242,11 @@ def run(request: pytest.FixtureRequest) -> Callable[..., Any]:
     return lambda main, *args: anyio.run(main, *args, backend="asyncio")
 
 
+def seq(last: int) -> bytes:
+    """What ``seq 1 LAST`` prints: the numbers 1 to ``last``, one per line."""
+    return b"".join(b"%d\n" % n for n in range(1, last + 1))
+
+
 async def read_pids(stream: trio.abc.ReceiveStream, count: int) -> list[int]:
     """Read ``count`` pids, one per line, that a test shell echoes as it starts members."""
     buffer = b""

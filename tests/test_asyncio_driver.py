@@ -25,7 +25,7 @@ import trio_proctree.asyncio
 from trio_proctree.asyncio import Escalation, open_process_tree, run_process_tree
 
 from . import procs
-from .conftest import Tracked, slow_to_die
+from .conftest import Tracked, seq, slow_to_die
 from .test_bad_input import BAD_REQUESTS
 from .test_containment import LEADER_IGNORES_TERM_ESCAPEE_HANDLES_IT
 from .test_escalation import (
@@ -602,7 +602,7 @@ def test_a_reader_holds_all_the_tree_said_as_it_stopped_after_cleanup(
             assert await reader.readline() == b"ready\n"
         assert procs.open_fds() == before
         said = await reader.read()
-        assert said == b"".join(b"%d\n" % n for n in range(1, last + 1))
+        assert said == seq(last)
         assert tree.outcome is not None
         assert not tree.outcome.grace_expired
 
@@ -634,7 +634,7 @@ def test_a_tree_writing_more_than_its_reader_takes_in_as_it_stops_stops_graceful
         with pytest.raises(asyncio.LimitOverrunError):  # (nothing taken: over 1000 bytes)
             await reader.readuntil(b"80000\n")
         said = await reader.read()
-        assert said == b"".join(b"%d\n" % n for n in range(1, last + 1))
+        assert said == seq(last)
 
     run(main)
     assert tracked.survivors() == []
@@ -662,7 +662,7 @@ def test_a_cli_writing_more_than_its_reader_takes_in_on_eof_finishes_in_the_clos
         assert tree.outcome is not None
         assert (tree.outcome.stdin_closed, tree.outcome.signals) == (True, ())
         assert tree.outcome.returncode == 0
-        assert await reader.read() == b"".join(b"%d\n" % n for n in range(1, last + 1))
+        assert await reader.read() == seq(last)
 
     run(main)
     assert tracked.survivors() == []

@@ -16,7 +16,7 @@ import trio
 from trio_proctree import ProcessTree, open_process_tree, run_process_tree
 
 from . import procs
-from .conftest import Tracked, read_pids
+from .conftest import Tracked, read_pids, seq
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
@@ -347,7 +347,7 @@ async def test_a_stream_taken_off_the_tree_is_read_to_its_end_after_cleanup(
     async with stdout:
         while chunk := await stdout.receive_some():
             said += chunk
-    assert said == b"".join(b"%d\n" % n for n in range(1, 5001))
+    assert said == seq(5000)
     assert tree.outcome is not None
     assert not tree.outcome.grace_expired
     assert tracked.survivors() == []

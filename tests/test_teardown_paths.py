@@ -23,7 +23,7 @@ import trio_proctree._trio
 from trio_proctree import Escalation, open_process_tree
 
 from . import procs
-from .conftest import Tracked, read_pids, slow_to_die
+from .conftest import Tracked, read_pids, seq, slow_to_die
 
 # A leader that starts two members and says their pids.
 TWO_SLEEPS = ["sh", "-c", "sleep 60 & echo $!; sleep 61 & echo $!; wait"]
@@ -327,7 +327,7 @@ async def test_a_stream_kept_by_the_program_holds_what_the_tree_said_as_it_stopp
     while chunk := await kept.receive_some(1000):
         assert len(chunk) <= 1000
         said += chunk
-    assert said == b"".join(b"%d\n" % n for n in range(1, 2001))
+    assert said == seq(2000)
     assert await kept.receive_some() == b""  # (the end, again)
     await kept.aclose()
     with pytest.raises(trio.ClosedResourceError):
@@ -337,7 +337,7 @@ async def test_a_stream_kept_by_the_program_holds_what_the_tree_said_as_it_stopp
 
 #: On SIGTERM, more (~289 KB) than a pipe holds, then a graceful exit.
 SAYS_MUCH_AS_IT_STOPS = "trap 'seq 1 50000; exit 0' TERM; echo ready; while :; do sleep 0.05; done"
-SAID_AS_IT_STOPPED = b"".join(b"%d\n" % n for n in range(1, 50001))
+SAID_AS_IT_STOPPED = seq(50000)
 
 
 async def test_a_tree_writing_more_than_a_pipe_holds_as_it_stops_stops_gracefully(
@@ -356,10 +356,7 @@ async def test_a_tree_writing_more_than_a_pipe_holds_as_it_stops_stops_gracefull
     assert tree.outcome is not None
     assert not tree.outcome.grace_expired
     assert tree.outcome.returncode == 0
-    said = b""
-    while chunk := await kept.receive_some():
-        said += chunk
-    assert said == SAID_AS_IT_STOPPED
+    assert b"".join([chunk async for chunk in kept]) == SAID_AS_IT_STOPPED
     assert tracked.survivors() == []
 
 
@@ -379,10 +376,7 @@ async def test_a_tree_writing_a_little_more_than_cleanup_reads_as_it_stops_loses
         assert await kept.receive_some() == b"ready\n"
     assert tree.outcome is not None
     assert (tree.outcome.grace_expired, tree.outcome.returncode) == (False, 0)
-    said = 0
-    while chunk := await kept.receive_some():
-        said += len(chunk)
-    assert said == 1100000
+    assert len(b"".join([chunk async for chunk in kept])) == 1100000
     assert tracked.survivors() == []
 
 
@@ -428,10 +422,7 @@ async def test_a_cli_writing_its_result_on_eof_into_a_full_pipe_finishes_in_the_
     assert tree.outcome is not None
     assert (tree.outcome.stdin_closed, tree.outcome.signals) == (True, ())
     assert tree.outcome.returncode == 0
-    said = b""
-    while chunk := await kept.receive_some():
-        said += chunk
-    assert said == SAID_AS_IT_STOPPED
+    assert b"".join([chunk async for chunk in kept]) == SAID_AS_IT_STOPPED
     assert tracked.survivors() == []
 
 
@@ -472,10 +463,7 @@ async def test_output_flows_while_a_stream_put_in_place_of_stdin_flushes_as_it_c
     assert tree.outcome is not None
     assert (tree.outcome.stdin_closed, tree.outcome.signals) == (True, ())
     assert tree.outcome.returncode == 0
-    said = b""
-    while chunk := await kept.receive_some():
-        said += chunk
-    assert said == SAID_AS_IT_STOPPED
+    assert b"".join([chunk async for chunk in kept]) == SAID_AS_IT_STOPPED
     assert tracked.survivors() == []
 
 
@@ -527,7 +515,7 @@ async def test_a_tree_output_handed_to_another_tree_reaches_it_in_blocking_mode(
         assert consumer.stdout is not None
         counted = b"".join([chunk async for chunk in consumer.stdout])
         assert await consumer.wait() == 0
-    assert int(counted) == len(b"".join(b"%d\n" % n for n in range(1, 2001)))
+    assert int(counted) == len(seq(2000))
     assert tracked.survivors() == []
 
 

@@ -98,6 +98,11 @@ def completed(
     return subprocess.CompletedProcess(args, returncode, stdout, stderr)
 
 
+#: The most either driver reads from an output pipe as cleanup closes it, and, while the
+#: tree stops, the most it holds read and not yet taken (1 MiB).
+DRAIN_AT_MOST = 1 << 20
+
+
 def dropped(taken: int) -> None:
     """Say that what is left in an output pipe as cleanup closes it, past the ``taken``
     bytes it read then, is dropped (by both drivers)."""

@@ -800,13 +800,13 @@ def _blocking_view(given: Any, child_ends: list[int]) -> int | None:
     reader): the command gets it as given."""
     if not any(isinstance(given, kind) for kind in TRIO_STREAMS):
         return None
+    import fcntl  # noqa: PLC0415 - POSIX only, and the package imports on Windows
+
     try:
         fd = given.fileno()
-        if os.get_blocking(fd) or not stat.S_ISFIFO(os.fstat(fd).st_mode):
-            return None
-        import fcntl  # noqa: PLC0415 - POSIX only, and the package imports on Windows
-
         flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        if not flags & os.O_NONBLOCK or not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return None
         # Opened without waiting for the other end (/proc's link to a pipe opens it as a
         # FIFO), through this thread's table (/proc/self/fd is gone once the main thread
         # has exited: helper-68); then given the pipe's other flags (O_DIRECT, a pipe of
@@ -814,10 +814,10 @@ def _blocking_view(given: Any, child_ends: list[int]) -> int | None:
         # open file: its mode is its own.
         access = flags & os.O_ACCMODE
         view = os.open(f"/proc/thread-self/fd/{fd}", access | os.O_NONBLOCK | os.O_CLOEXEC)
+        child_ends.append(view)  # (closed once the child started, or the spawn failed)
+        fcntl.fcntl(view, fcntl.F_SETFL, flags & ~os.O_NONBLOCK)
     except OSError:
         return None
-    child_ends.append(view)
-    fcntl.fcntl(view, fcntl.F_SETFL, flags & ~os.O_NONBLOCK)
     return view
 
 

@@ -27,7 +27,7 @@ from ._escalation import (
 )
 from ._outcome import chain_cleanup_error
 from ._real_time import bound, clock_is_virtual, now
-from ._run import PIPE_DRAIN_TIMEOUT, HasFileno, completed, dropped, plan_run
+from ._run import DRAIN_AT_MOST, PIPE_DRAIN_TIMEOUT, HasFileno, completed, dropped, plan_run
 from ._spawn import TRIO_STREAMS, Command, Spawned, SpawnPlan, plan_spawn
 
 if sys.version_info < (3, 11):  # pragma: no cover
@@ -139,9 +139,7 @@ class _TrioIO:
     def keep_output_flowing(self) -> None:
         tree = self._tree
         for stream in (tree.stdout, tree.stderr, *tree._read_by_run):
-            if isinstance(stream, TreeOutput) and not any(
-                stream is kept for kept in tree._left_open
-            ):
+            if isinstance(stream, TreeOutput) and not tree._left_to_the_caller(stream):
                 stream.keep_flowing()
 
 
@@ -268,9 +266,13 @@ class ProcessTree(TreeView):
             raise io.keyboard_interrupt
         return io.scheduled
 
+    def _left_to_the_caller(self, stream: object) -> bool:
+        """Whether ``stream`` is one `run_process_tree` handed back (`_left_open`)."""
+        return any(stream is kept for kept in self._left_open)
+
     async def _close_stream(self, name: str, io: _TrioIO, within: float) -> Exception | None:
         stream = getattr(self, name)
-        if stream is None or any(stream is kept for kept in self._left_open):
+        if stream is None or self._left_to_the_caller(stream):
             return None
         setattr(self, name, None)
         try:
@@ -318,7 +320,7 @@ class TreeOutput(trio.abc.ReceiveStream):
     read of it (`keep_flowing`): a program that writes as it stops (its last log lines, a
     CLI's result on EOF) into a pipe nobody reads any more would block, unable to act on
     the stop signal, and get SIGKILL at the grace's end. What cleanup read, the stream
-    gives first (up to `_DRAIN_AT_MOST` unread: past that, cleanup reads no more, and the
+    gives first (up to `DRAIN_AT_MOST` unread: past that, cleanup reads no more, and the
     tree is stopped as before), then the pipe, then, once cleanup closed it, its end. A
     task still reading (a log reader, outside the block) so gets all the tree said, then
     EOF, as the asyncio driver's readers do: closed under it, its next read raised
@@ -438,7 +440,7 @@ class TreeOutput(trio.abc.ReceiveStream):
 
     async def _read_while_it_stops(self) -> None:
         fd = self._pipe.fileno()
-        while len(self._rest) < _DRAIN_AT_MOST:
+        while len(self._rest) < DRAIN_AT_MOST:
             await trio.lowlevel.wait_readable(fd)
             try:
                 data = os.read(fd, 65536)
@@ -473,7 +475,7 @@ class TreeOutput(trio.abc.ReceiveStream):
 
     def drain_and_close(self) -> None:
         """Where the program reads it, read what the pipe still holds, without waiting
-        (the tree, gone, writes no more: at most `_DRAIN_AT_MOST`, from a writer outside
+        (the tree, gone, writes no more: at most `DRAIN_AT_MOST`, from a writer outside
         it, on top of what cleanup's reader took: with one budget for both, a tree that
         wrote a little past it as it stopped lost its last bytes, unsaid, helper-69);
         then close it. Cleanup's reader is over by now (`stop_flowing`)."""
@@ -487,10 +489,10 @@ class TreeOutput(trio.abc.ReceiveStream):
         self._ended = True
         rest, taken = self._rest, 0
         with contextlib.suppress(BlockingIOError):  # (non-blocking: all there is, was read)
-            while taken < _DRAIN_AT_MOST and (data := os.read(fd, 65536)):
+            while taken < DRAIN_AT_MOST and (data := os.read(fd, 65536)):
                 rest += data
                 taken += len(data)
-        if taken >= _DRAIN_AT_MOST:
+        if taken >= DRAIN_AT_MOST:
             dropped(taken)
         self._pipe.close()
         self._wake()
@@ -505,9 +507,6 @@ def _set_event() -> trio.Event:
     return event
 
 
-#: The most an output pipe holds read by cleanup (as the tree stops, and as it closes the
-#: pipe) and not yet given.
-_DRAIN_AT_MOST = 1 << 20
 _FLOW_TASK = "trio_proctree: reading the output of a stopping tree"
 
 

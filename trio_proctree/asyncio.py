@@ -51,7 +51,7 @@ from ._escalation import (
     resolve_policy,
 )
 from ._outcome import CleanupError, CleanupOutcome, chain_cleanup_error
-from ._run import PIPE_DRAIN_TIMEOUT, HasFileno, completed, dropped, plan_run
+from ._run import DRAIN_AT_MOST, PIPE_DRAIN_TIMEOUT, HasFileno, completed, dropped, plan_run
 from ._spawn import Command, Spawned, SpawnPlan, plan_spawn
 
 # The package's values and errors too, as the package has them: an asyncio program needs
@@ -373,7 +373,7 @@ class _AsyncioIO:
         for reader, transport in self._tree._read_transports.values():
             # Not a reader of a loop that has closed (a tree ended in the next loop): its
             # transport cannot read any more, and the resume raised (helper-67).
-            if isinstance(reader, _TreeReader) and not _closed(transport):
+            if not _closed(transport):
                 reader.keep_flowing(self._loop)
 
 
@@ -404,7 +404,7 @@ class ProcessTree(TreeView):
         #: The leader's stderr, when it was ``subprocess.PIPE``.
         self.stderr: asyncio.StreamReader | None = None
         #: The readers made for stdout and stderr, each with its pipe's transport.
-        self._read_transports: dict[str, tuple[asyncio.StreamReader, asyncio.BaseTransport]] = {}
+        self._read_transports: dict[str, tuple[_TreeReader, asyncio.BaseTransport]] = {}
         self._stdin_transport: asyncio.WriteTransport | None = None
         #: The writer ``stdin`` was made, while it is the program's to take off the tree.
         self._given_stdin: asyncio.StreamWriter | None = None
@@ -760,14 +760,9 @@ def _protocol_for(reader: asyncio.StreamReader) -> Callable[[], asyncio.StreamRe
     return lambda: asyncio.StreamReaderProtocol(reader)
 
 
-#: Bytes a reader's pipe is read for, at most, before it closes with its tree: all it can
-#: hold, unless something outside the tree (an escapee of a bare group) keeps writing.
-_DRAIN_AT_MOST = 1 << 20
-
-
 class _TreeReader(asyncio.StreamReader):
     """A reader of the tree's stdout or stderr, whose transport, while the tree stops,
-    reads on until it holds `_DRAIN_AT_MOST` unread (or twice its ``limit``, if more): a program
+    reads on until it holds `DRAIN_AT_MOST` unread (or twice its ``limit``, if more): a program
     that writes as it stops (its last log lines, a CLI's result on EOF) into a pipe nobody
     reads any more would block, unable to act on the stop signal, and get SIGKILL at the
     grace's end. (asyncio's StreamReader has no public way to say so: its ``_limit``,
@@ -777,7 +772,7 @@ class _TreeReader(asyncio.StreamReader):
     _flowing = False
 
     def keep_flowing(self, loop: asyncio.AbstractEventLoop) -> None:
-        """From now on, take in up to `_DRAIN_AT_MOST` unread (see the class): where
+        """From now on, take in up to `DRAIN_AT_MOST` unread (see the class): where
         ``loop``, the running one, is the reader's, and the program has not ended the
         reader itself (``feed_eof``: it wants no more, and each chunk read into it would
         be reported to the loop as an error, helper-67)."""
@@ -798,7 +793,7 @@ class _TreeReader(asyncio.StreamReader):
     def _flowing_limit(self) -> Generator[None]:
         """The limit the transport pauses at is twice the reader's ``limit``."""
         limit = self._limit  # type: ignore[has-type]
-        self._limit = max(limit, _DRAIN_AT_MOST // 2)
+        self._limit = max(limit, DRAIN_AT_MOST // 2)
         try:
             yield
         finally:
@@ -821,13 +816,13 @@ def _drain_into(reader: asyncio.StreamReader, transport: asyncio.BaseTransport) 
         return  # (closed at its end already: nothing left, and its fd not ours any more)
     if getattr(reader, "_eof", False):  # (no public way to ask; since Python 3.4)
         return  # ended by the program itself (``feed_eof``): it wants no more
-    left = _DRAIN_AT_MOST
+    left = DRAIN_AT_MOST
     with contextlib.suppress(BlockingIOError):  # (non-blocking: all there is, was read)
         while left > 0 and (data := os.read(pipe.fileno(), min(left, 65536))):
             reader.feed_data(data)
             left -= len(data)
     if left <= 0:
-        dropped(_DRAIN_AT_MOST)
+        dropped(DRAIN_AT_MOST)
 
 
 class _PipeEnd:

@@ -1792,7 +1792,7 @@ MUTANTS = [
     (
         "trio run: a pipe handed back by nursery.start closed by cleanup",
         "_trio.py",
-        "        if stream is None or any(stream is kept for kept in self._left_open):",
+        "        if stream is None or self._left_to_the_caller(stream):",
         "        if stream is None:",
         "handed_back_by_nursery_start",
     ),
@@ -2742,9 +2742,11 @@ MUTANTS = [
         "spawn: a descriptor given in non-blocking mode made blocking too",
         "_spawn.py",
         "    if not any(isinstance(given, kind) for kind in TRIO_STREAMS):\n"
-        "        return None\n    try:\n        fd = given.fileno()\n",
+        "        return None\n    import fcntl  # noqa: PLC0415 - POSIX only, and the package "
+        "imports on Windows\n\n    try:\n        fd = given.fileno()\n",
         "    if given in (None, subprocess.PIPE, subprocess.DEVNULL, subprocess.STDOUT):\n"
-        "        return None\n    try:\n        fd = given if isinstance(given, int) else given.fileno()\n",
+        "        return None\n    import fcntl  # noqa: PLC0415\n\n    try:\n"
+        "        fd = given if isinstance(given, int) else given.fileno()\n",
         "reaches_the_command_as_given",
     ),
     (
@@ -2764,8 +2766,8 @@ MUTANTS = [
     (
         "trio: what is left in a pipe as it closes read on the budget of the reader before",
         "_trio.py",
-        "            while taken < _DRAIN_AT_MOST and (data := os.read(fd, 65536)):\n",
-        "            while len(rest) < _DRAIN_AT_MOST and (data := os.read(fd, 65536)):\n",
+        "            while taken < DRAIN_AT_MOST and (data := os.read(fd, 65536)):\n",
+        "            while len(rest) < DRAIN_AT_MOST and (data := os.read(fd, 65536)):\n",
         "loses_nothing",
     ),
     (
