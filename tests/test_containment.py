@@ -134,6 +134,32 @@ async def test_setsid_escapee_is_killed(tracked: Tracked, strong: str) -> None:
     assert tree.outcome.containment == tree.containment != "group"
 
 
+async def test_setsid_escapee_of_a_command_named_apart_is_killed(
+    tracked: Tracked, strong: str
+) -> None:
+    # executable= with an argv[0] of the command's own takes another way into the cgroup
+    # than /bin/sh (which cannot name a command apart): it joins before the command runs.
+    async with open_process_tree(
+        ["named apart", *SETSID_ESCAPEE[1:]],
+        executable=shutil.which(SETSID_ESCAPEE[0]),
+        grace=0.5,
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+        containment=strong,
+    ) as tree:
+        assert tree.stdout is not None
+        [escapee] = await read_pids(tree.stdout, 1)
+        assert os.getsid(escapee) == escapee != tree.pid
+        assert (
+            procs.arguments(tree.pid, within=0)
+            == b"named apart\0" + b"\0".join(arg.encode() for arg in SETSID_ESCAPEE[1:]) + b"\0"
+        )
+    assert not procs.alive(escapee)
+    assert tracked.survivors() == []
+    assert tree.outcome is not None
+    assert tree.outcome.escapees_killed >= 1
+
+
 async def test_escapees_stopped_are_logged_with_the_containment(
     tracked: Tracked, strong: str, caplog: pytest.LogCaptureFixture
 ) -> None:

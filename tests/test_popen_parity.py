@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ import trio
 
 from trio_proctree import open_process_tree, run_process_tree
 from trio_proctree._spawn import MARKER_PREFIX
+from trio_proctree._through_sh import NAMED_APART_EXEC
 
 from . import procs
 from .conftest import Tracked, kernel_refuses
@@ -164,3 +167,76 @@ async def test_process_group_0_keeps_the_callers_session_as_popen_does(
         assert procs.pgid_of(tree.pid) == tree.pid
         assert os.getsid(tree.pid) == os.getsid(0)
     assert tracked.survivors() == []
+
+
+async def test_executable_runs_with_the_name_given_as_argv0_as_under_popen(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # Popen(args, executable=X) runs X with args[0] as its argv[0]: a multi-call program
+    # (busybox), a login shell ("-sh") or Python finding its prefix from argv[0] acts on
+    # it. Red before under cgroup through /bin/sh: argv[0] was X, as sh's exec cannot set
+    # it apart.
+    command = ["-named apart", "-c", "import sys; print(sys.orig_argv[0])"]
+    oracle = await trio.run_process(command, executable=sys.executable, capture_stdout=True)
+    assert oracle.stdout == b"-named apart\n"
+    result = await run_process_tree(
+        command, executable=sys.executable, capture_stdout=True, **contained
+    )
+    assert result.stdout == oracle.stdout
+    assert tracked.survivors() == []
+
+
+@pytest.mark.parametrize("variables", list(SHELL_MANGLED))
+async def test_a_command_named_apart_gets_the_environment_unchanged(
+    tracked: Tracked, contained: dict[str, Any], variables: str
+) -> None:
+    # The way in that gives the command a name of its own passes the environment as well.
+    env = {**contained["env"], **SHELL_MANGLED[variables]}
+    result = await run_process_tree(
+        ["named apart", "-0"],
+        executable="/usr/bin/env",
+        capture_stdout=True,
+        env=env,
+        containment=contained["containment"],
+    )
+    assert received_environment(result.stdout) == env
+    assert tracked.survivors() == []
+
+
+@pytest.mark.parametrize("restore_signals", [True, False])
+async def test_a_command_named_apart_gets_the_signal_dispositions_popen_gives(
+    tracked: Tracked, contained: dict[str, Any], restore_signals: bool
+) -> None:
+    # Python ignores SIGPIPE and SIGXFSZ, and an ignored signal stays so across an exec:
+    # Popen gives them back their defaults unless told not to (`restore_signals`).
+    command = ["named apart", "^SigIgn", "/proc/self/status"]
+    options: dict[str, Any] = {"executable": "/bin/grep", "restore_signals": restore_signals}
+    oracle = await trio.run_process(command, capture_stdout=True, **options)
+    result = await run_process_tree(command, capture_stdout=True, **options, **contained)
+    assert result.stdout == oracle.stdout
+    assert (int(oracle.stdout.split()[1], 16) >> (signal.SIGPIPE - 1) & 1) != restore_signals
+    assert tracked.survivors() == []
+
+
+@pytest.mark.parametrize(
+    ("procs", "file", "status", "said"),
+    [
+        ("/nonexistent/cgroup.procs", "/bin/true", 125, b"cannot join cgroup /nonexistent"),
+        ("/dev/null", "/nonexistent/program", 127, b"cannot exec /nonexistent/program"),
+        ("/dev/null", "/dev/null", 126, b"cannot exec /dev/null"),
+    ],
+)
+def test_the_way_in_for_a_command_named_apart_fails_as_the_shell_wrapper_does(
+    procs: str, file: str, status: int, said: bytes
+) -> None:
+    # Its exit statuses are those of the /bin/sh wrapper: 125 when the cgroup cannot be
+    # joined (as env(1) and timeout(1) fail themselves), 126 or 127 when the exec fails.
+    # (A tree's start looks at the file first: these are races, or a cgroup removed.)
+    result = subprocess.run(
+        [sys.executable, "-c", NAMED_APART_EXEC, procs, "1", file, "0", "named apart"],
+        capture_output=True,
+        check=False,
+        timeout=60,
+    )
+    assert (result.returncode, result.stdout) == (status, b"")
+    assert said in result.stderr, result.stderr

@@ -117,8 +117,12 @@ class CgroupContainment(MemberTracking):
             assert isinstance(plan.command, list)
             argv = list(plan.command)
         leader_argv = list(argv)
+        named = None
         if executable is not None:
-            argv[0] = executable  # (sh's exec cannot set a different argv[0])
+            # The wrapper runs the file as its command's argv[0], and gives the command
+            # its own argv[0] where that differs (sh's exec cannot: see `wrapped`).
+            named = None if shell or argv[0] == executable else argv[0]
+            argv[0] = executable
         found, path, settled = plan.resolved, None, None
         if found is not None and found.path is not None and os.sep not in os.fsdecode(argv[0]):
             if found.remembered and not nothing_came_before(found):
@@ -149,6 +153,8 @@ class CgroupContainment(MemberTracking):
             env=options.get("env"),
             found=path,
             passed_over=found is not None and found.passed_over,
+            named=named,
+            restore_signals=options.get("restore_signals", True),
         )
         plan = super().prepare(plan)
         return attrs.evolve(

@@ -1806,8 +1806,8 @@ MUTANTS = [
     (
         "spawn: an environment name holding '=' handed to env(1) as an assignment",
         "_through_sh.py",
-        '        if any(b"=" in name for name in names):',
-        "        if False:",
+        '    if any(b"=" in name for name in names):',
+        "    if False:",
         "refused_alike",
     ),
     (
@@ -2783,6 +2783,34 @@ MUTANTS = [
         "    except BrokenPipeError:\n",
         "    except ZeroDivisionError:\n",
         "reader_left",
+    ),
+    (
+        "spawn: a command named apart by executable= given the file as its argv[0]",
+        "_cgroup.py",
+        "            named = None if shell or argv[0] == executable else argv[0]\n",
+        "            named = None\n",
+        "executable_runs_with_the_name_given",
+    ),
+    (
+        "spawn: a command named apart started with SIGPIPE and SIGXFSZ ignored",
+        "_through_sh.py",
+        'if restore == b"1":\n',
+        "if False:\n",
+        "named_apart_gets_the_signal_dispositions",
+    ),
+    (
+        "spawn: a command named apart started outside its cgroup",
+        "_through_sh.py",
+        '    with open(procs, "wb") as f:\n',
+        '    with open("/dev/null", "wb") as f:\n',
+        "setsid_escapee_of_a_command_named_apart",
+    ),
+    (
+        "spawn: a command named apart given only part of its environment",
+        "_through_sh.py",
+        'env = dict(entry.split(b"=", 1) for entry in rest[: int(count)])\n',
+        'env = dict(entry.split(b"=", 1) for entry in rest[1 : int(count)])\n',
+        "named_apart_gets_the_environment",
     ),
 ]
 
