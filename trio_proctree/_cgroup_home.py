@@ -55,10 +55,9 @@ class CgroupHome:
     #: The path as /proc/PID/cgroup shows it, for telling members from strangers.
     relative: str
     _free: list[str] = attrs.field(factory=list[str])
-    _retired: list[str] = attrs.field(factory=list[str])
-    #: The watchdog entries of retired cgroups whose tree outlived its cleanup: dropped
-    #: once the cgroup is removed (`retire_outlived`).
-    _backstops: dict[str, list[str]] = attrs.field(factory=dict[str, list[str]])
+    #: Cgroups to remove at the next tree start, each with its watchdog entry to drop
+    #: once it is gone (a tree that outlived its cleanup: `retire_outlived`; else none).
+    _retired: dict[str, list[str]] = attrs.field(factory=dict[str, list[str]])
     _counter: Iterator[int] = attrs.field(factory=itertools.count)
     _lock: threading.Lock = attrs.field(factory=threading.Lock)
 
@@ -104,7 +103,7 @@ class CgroupHome:
             if populated:
                 logger.warning("cgroup %s has a process in it no tree started; leaving it", kept)
                 with self._lock:
-                    self._retired.append(kept)  # (removed once that process has gone)
+                    self._retired[kept] = []  # (removed once that process has gone)
                 continue
             if as_new:
                 return kept, True
@@ -125,9 +124,9 @@ class CgroupHome:
 
     def _remove_retired(self) -> None:
         with self._lock:
-            retired, self._retired = self._retired, []
+            retired, self._retired = self._retired, {}
         still_in_use: list[str] = []
-        for tree in retired:
+        for tree, backstop in retired.items():
             cgroupfs.remove_inner(tree)
             try:
                 os.rmdir(tree)
@@ -139,16 +138,13 @@ class CgroupHome:
                 # more for each such event in a program that runs for long (helper-59).
                 still_in_use.append(tree)
                 continue
-            with self._lock:
-                backstop = self._backstops.pop(tree, None)
             if backstop:  # (empty, and gone: nothing is left for the watchdog to kill)
                 watchdog.unregister(*backstop)
         if still_in_use:
             with self._lock:
                 kept = max(0, self.KEEP - len(self._retired))
-                self._retired.extend(still_in_use[:kept])
-                for forgotten in still_in_use[kept:]:  # (their entries stay, harmless)
-                    self._backstops.pop(forgotten, None)
+                # (Those beyond are forgotten; their watchdog entries stay, harmless.)
+                self._retired.update((tree, retired[tree]) for tree in still_in_use[:kept])
 
     def retire_outlived(self, tree: str, backstop: list[str]) -> None:
         """A tree cgroup whose processes outlived the tree's cleanup (in uninterruptible
@@ -159,8 +155,7 @@ class CgroupHome:
         against any ``cgroup.max.descendants`` above (helper-63)."""
         with self._lock:
             if len(self._retired) < self.KEEP:
-                self._retired.append(tree)
-                self._backstops[tree] = backstop
+                self._retired[tree] = backstop
 
     def give_back(self, tree: str, *, killed: bool) -> None:
         """Keep an empty tree cgroup for reuse (or remove it, when enough are kept).
@@ -177,7 +172,7 @@ class CgroupHome:
                     self._free.append(tree)
                     return
             elif len(self._retired) < self.KEEP:
-                self._retired.append(tree)
+                self._retired[tree] = []
                 return
         if not cgroupfs.remove_inner(tree):
             logger.warning("cgroup %s still has cgroups inside; leaving it", tree)
@@ -187,7 +182,7 @@ class CgroupHome:
     def remove(self) -> None:
         """Remove the kept cgroups and the home itself (at interpreter exit)."""
         with self._lock:
-            free, self._free, self._retired = self._free + self._retired, [], []
+            free, self._free, self._retired = [*self._free, *self._retired], [], {}
         for tree in free:
             cgroupfs.remove_inner(tree)
             with contextlib.suppress(OSError):
