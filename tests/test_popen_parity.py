@@ -15,11 +15,11 @@ import pytest
 import trio
 
 from trio_proctree import open_process_tree, run_process_tree
-from trio_proctree._spawn import MARKER_PREFIX
-from trio_proctree._through_sh import NAMED_APART_EXEC
+from trio_proctree._spawn import MARKER_PREFIX, joining_first
 
 from . import procs
 from .conftest import Tracked, kernel_refuses
+from .test_containment import available
 
 #: Variables a POSIX shell does not pass on as it got them: names that are no shell
 #: identifier (dropped), and those the shell sets itself (IFS, OPTIND, PPID).
@@ -186,57 +186,112 @@ async def test_executable_runs_with_the_name_given_as_argv0_as_under_popen(
     assert tracked.survivors() == []
 
 
-@pytest.mark.parametrize("variables", list(SHELL_MANGLED))
-async def test_a_command_named_apart_gets_the_environment_unchanged(
+#: Environments no shell passes on, and two that only Popen's own exec does: a variable
+#: with an empty name, and one name given as str and as bytes (both go, in order).
+NAMED_APART_ENVIRONMENTS: dict[str, dict[Any, Any]] = {
+    **SHELL_MANGLED,
+    "empty-name": {"": "no name", "A": "1"},
+    "str-and-bytes": {"TWICE": "as str", b"TWICE": b"as bytes"},
+}
+
+
+def received_entries(output: bytes) -> list[bytes]:
+    """What ``env -0`` printed, entry by entry, but for subreaper containment's marker."""
+    return [
+        entry
+        for entry in output.split(b"\0")
+        if entry and not entry.startswith(MARKER_PREFIX.encode())
+    ]
+
+
+@pytest.mark.parametrize("variables", list(NAMED_APART_ENVIRONMENTS))
+async def test_a_command_named_apart_gets_the_environment_popen_gives(
     tracked: Tracked, contained: dict[str, Any], variables: str
 ) -> None:
-    # The way in that gives the command a name of its own passes the environment as well.
-    env = {**contained["env"], **SHELL_MANGLED[variables]}
+    # Started by Popen itself (it joins its cgroup in a preexec_fn), it gets what Popen
+    # passes, as Popen passes it. (Red against a first form, which started it through a
+    # Python of ours: an empty name killed it there, helper-72.)
+    env = {**contained["env"], **NAMED_APART_ENVIRONMENTS[variables]}
+    command = ["named apart", "-0"]
+    options: dict[str, Any] = {"executable": "/usr/bin/env", "env": env}
+    oracle = await trio.run_process(command, capture_stdout=True, **options)
     result = await run_process_tree(
-        ["named apart", "-0"],
-        executable="/usr/bin/env",
-        capture_stdout=True,
-        env=env,
-        containment=contained["containment"],
+        command, capture_stdout=True, containment=contained["containment"], **options
     )
-    assert received_environment(result.stdout) == env
+    assert received_entries(result.stdout) == received_entries(oracle.stdout)
     assert tracked.survivors() == []
 
 
+@pytest.mark.parametrize("ours", ["ignored", "default"])
 @pytest.mark.parametrize("restore_signals", [True, False])
 async def test_a_command_named_apart_gets_the_signal_dispositions_popen_gives(
-    tracked: Tracked, contained: dict[str, Any], restore_signals: bool
+    tracked: Tracked, contained: dict[str, Any], restore_signals: bool, ours: str
 ) -> None:
     # Python ignores SIGPIPE and SIGXFSZ, and an ignored signal stays so across an exec:
-    # Popen gives them back their defaults unless told not to (`restore_signals`).
+    # Popen gives them back their defaults unless told not to (`restore_signals`), and
+    # then passes on ours, ignored or not. (Red against the first form, with ours at
+    # their defaults and restore_signals=False: helper-72.)
     command = ["named apart", "^SigIgn", "/proc/self/status"]
     options: dict[str, Any] = {"executable": "/bin/grep", "restore_signals": restore_signals}
-    oracle = await trio.run_process(command, capture_stdout=True, **options)
-    result = await run_process_tree(command, capture_stdout=True, **options, **contained)
+    handler = signal.SIG_IGN if ours == "ignored" else signal.SIG_DFL
+    kept = {sig: signal.signal(sig, handler) for sig in (signal.SIGPIPE, signal.SIGXFSZ)}
+    try:
+        oracle = await trio.run_process(command, capture_stdout=True, **options)
+        result = await run_process_tree(command, capture_stdout=True, **options, **contained)
+    finally:
+        for sig, before in kept.items():
+            signal.signal(sig, before)
     assert result.stdout == oracle.stdout
-    assert (int(oracle.stdout.split()[1], 16) >> (signal.SIGPIPE - 1) & 1) != restore_signals
+    ignored = int(oracle.stdout.split()[1], 16) >> (signal.SIGPIPE - 1) & 1
+    assert ignored == (ours == "ignored" and not restore_signals)
     assert tracked.survivors() == []
 
 
 @pytest.mark.parametrize(
-    ("procs", "file", "status", "said"),
-    [
-        ("/nonexistent/cgroup.procs", "/bin/true", 125, b"cannot join cgroup /nonexistent"),
-        ("/dev/null", "/nonexistent/program", 127, b"cannot exec /nonexistent/program"),
-        ("/dev/null", "/dev/null", 126, b"cannot exec /dev/null"),
-    ],
+    ("procs", "status"), [("/dev/full", 125), ("/nonexistent/cgroup.procs", None)]
 )
-def test_the_way_in_for_a_command_named_apart_fails_as_the_shell_wrapper_does(
-    procs: str, file: str, status: int, said: bytes
+def test_a_leader_that_cannot_join_its_cgroup_in_its_preexec_fn_ends_as_the_wrapper_does(
+    procs: str, status: int | None
 ) -> None:
-    # Its exit statuses are those of the /bin/sh wrapper: 125 when the cgroup cannot be
-    # joined (as env(1) and timeout(1) fail themselves), 126 or 127 when the exec fails.
-    # (A tree's start looks at the file first: these are races, or a cgroup removed.)
-    result = subprocess.run(
-        [sys.executable, "-c", NAMED_APART_EXEC, procs, "1", file, "0", "named apart"],
-        capture_output=True,
-        check=False,
-        timeout=60,
-    )
+    # As the /bin/sh wrapper: status 125 and a message (ENOSPC writing to /dev/full, here,
+    # where a cgroup.procs write fails as the cgroup goes); one that cannot even be opened
+    # raises before anything is started.
+    options: dict[str, Any] = {}
+    if status is None:
+        with pytest.raises(FileNotFoundError), joining_first(procs, options):
+            pytest.fail("entered")
+        assert options == {}
+        return
+    with joining_first(procs, options):
+        result = subprocess.run(["true"], capture_output=True, check=False, timeout=60, **options)
     assert (result.returncode, result.stdout) == (status, b"")
-    assert said in result.stderr, result.stderr
+    assert result.stderr == b"trio_proctree: cannot join cgroup /dev\n"
+
+
+def cgroup_of(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/cgroup").read_bytes()
+
+
+async def test_a_command_named_apart_runs_the_programs_preexec_fn_in_its_cgroup(
+    tracked: Tracked,
+) -> None:
+    # The join comes first in the child, then the program's own preexec_fn, as a leader
+    # started directly in its cgroup runs it there.
+    available("cgroup")
+    said, told = os.pipe()
+    try:
+        async with open_process_tree(
+            ["named apart", "60"],
+            executable="/bin/sleep",
+            preexec_fn=lambda: os.write(told, Path("/proc/self/cgroup").read_bytes()),
+            env=tracked.env,
+            containment="cgroup",
+        ) as tree:
+            os.close(told)
+            told = -1
+            assert os.read(said, 4096) == cgroup_of(tree.pid)
+    finally:
+        os.close(said)
+        if told != -1:
+            os.close(told)
+    assert tracked.survivors() == []

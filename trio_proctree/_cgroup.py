@@ -3,12 +3,15 @@
 A process group misses descendants that call ``setsid()``; a cgroup keeps them all. Each
 tree gets a cgroup in its process's home (`._cgroup_home`).
 
-The leader is placed in its cgroup before the user's program runs, without ``preexec_fn``
-(unsafe in a threaded program, and trio spawns from worker threads): with glibc 2.41 or
+The leader is placed in its cgroup before the user's program runs, without Python code
+between fork and exec where it can be (with a ``preexec_fn``, Popen forks where it would
+vfork and runs every library's fork handlers in the child, which may wait on a lock held
+by another thread at the fork: trio spawns from worker threads): with glibc 2.41 or
 newer it is created there (`._spawn_into_cgroup`); elsewhere the command is started
 through ``/bin/sh``, which writes its own pid into the cgroup and then ``exec``\\ s the
-command. A process moved into a cgroup after it forked would leave its existing children
-outside.
+command, or, for a command that ``executable=`` names apart from its file (which sh's
+exec cannot do), joins in a ``preexec_fn`` of one ``write``. A process moved into a
+cgroup after it forked would leave its existing children outside.
 """
 
 from __future__ import annotations
@@ -117,11 +120,11 @@ class CgroupContainment(MemberTracking):
             assert isinstance(plan.command, list)
             argv = list(plan.command)
         leader_argv = list(argv)
-        named = None
+        # A command that executable= names apart from the file it runs (Popen(["-sh"],
+        # executable="/bin/sh"): busybox's applets, a login shell, Python finding its
+        # prefix): sh's exec cannot set argv[0] apart, so it joins in a preexec_fn.
+        named_apart = not shell and executable is not None and argv[0] != executable
         if executable is not None:
-            # The wrapper runs the file as its command's argv[0], and gives the command
-            # its own argv[0] where that differs (sh's exec cannot: see `wrapped`).
-            named = None if shell or argv[0] == executable else argv[0]
             argv[0] = executable
         found, path, settled = plan.resolved, None, None
         if found is not None and found.path is not None and os.sep not in os.fsdecode(argv[0]):
@@ -147,14 +150,17 @@ class CgroupContainment(MemberTracking):
             )
             self._direct = True
         procs = os.path.join(self.path, "cgroup.procs")
+        if named_apart:
+            # Popen itself starts it, as the caller asked, with one write of ours in its
+            # child before the exec (`_spawn.joining_first`): the cost is a fork where
+            # Popen would vfork, for this option alone.
+            return attrs.evolve(super().prepare(plan), into_cgroup=direct, joins=procs)
         command, wrapper_env = wrapped(
             procs,
             argv,
             env=options.get("env"),
             found=path,
             passed_over=found is not None and found.passed_over,
-            named=named,
-            restore_signals=options.get("restore_signals", True),
         )
         plan = super().prepare(plan)
         return attrs.evolve(

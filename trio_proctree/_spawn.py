@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from typing import Any, Union, cast
 
 import attrs
@@ -146,6 +146,9 @@ class SpawnPlan:
     #: The environment ``command`` starts with, where not ``options``' own (the wrapper
     #: that passes the environment on in its arguments starts with none).
     command_env: Mapping[str, str] | None = None
+    #: The ``cgroup.procs`` file the leader writes itself into before its exec, where
+    #: Popen starts it as given (`joining_first`); None where it needs not.
+    joins: str | None = None
 
 
 @attrs.define
@@ -662,9 +665,10 @@ def spawn(plan: SpawnPlan) -> Spawned:
             options = dict(plan.options)
             if plan.command_env is not None:
                 options["env"] = plan.command_env
-            popen = cast(
-                "subprocess.Popen[bytes]", subprocess.Popen(plan.command, **stdio, **options)
-            )
+            with joining_first(plan.joins, options):
+                popen = cast(
+                    "subprocess.Popen[bytes]", subprocess.Popen(plan.command, **stdio, **options)
+                )
             pid = popen.pid
         started_within = (before, boot_ticks())
     except BaseException:
@@ -770,6 +774,38 @@ def _start_in_cgroup(plan: SpawnPlan, stdio: Mapping[str, Any]) -> int | None:
         return direct.start(plan.into_cgroup, plan.options, fds)
     except direct.Refused:
         return None
+
+
+@contextlib.contextmanager
+def joining_first(procs: str | None, options: dict[str, Any]) -> Generator[None]:
+    """Within, ``options`` have the child write itself into the cgroup whose ``procs``
+    file is given, before anything else in its ``preexec_fn`` (and before its exec):
+    status 125 and a message if it cannot, as the /bin/sh wrapper's. One ``write`` of
+    an open descriptor and nothing else, unless the program has a ``preexec_fn`` of its
+    own: no import, no lock, no allocation to deadlock on in a threaded program's fork."""
+    if procs is None:
+        yield
+        return
+    fd = os.open(procs, os.O_WRONLY | os.O_CLOEXEC)
+    said = f"trio_proctree: cannot join cgroup {os.path.dirname(procs)}\n".encode()
+    then: Callable[[], object] | None = options.get("preexec_fn")
+    write, exit_now = os.write, os._exit  # (looked up here, not in the child)
+
+    def join() -> None:
+        try:
+            write(fd, b"0")  # (0: the writer itself)
+        except OSError:
+            with contextlib.suppress(OSError):
+                write(2, said)
+            exit_now(125)
+        if then is not None:
+            then()
+
+    options["preexec_fn"] = join
+    try:
+        yield
+    finally:
+        os.close(fd)
 
 
 def _refuse_what_sh_would_run_as_a_script(plan: SpawnPlan) -> None:

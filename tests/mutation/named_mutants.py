@@ -1806,8 +1806,8 @@ MUTANTS = [
     (
         "spawn: an environment name holding '=' handed to env(1) as an assignment",
         "_through_sh.py",
-        '    if any(b"=" in name for name in names):',
-        "    if False:",
+        '        if any(b"=" in name for name in names):',
+        "        if False:",
         "refused_alike",
     ),
     (
@@ -2787,30 +2787,30 @@ MUTANTS = [
     (
         "spawn: a command named apart by executable= given the file as its argv[0]",
         "_cgroup.py",
-        "            named = None if shell or argv[0] == executable else argv[0]\n",
-        "            named = None\n",
+        "        named_apart = not shell and executable is not None and argv[0] != executable\n",
+        "        named_apart = False\n",
         "executable_runs_with_the_name_given",
     ),
     (
-        "spawn: a command named apart started with SIGPIPE and SIGXFSZ ignored",
-        "_through_sh.py",
-        'if restore == b"1":\n',
-        "if False:\n",
-        "named_apart_gets_the_signal_dispositions",
-    ),
-    (
         "spawn: a command named apart started outside its cgroup",
-        "_through_sh.py",
-        '    with open(procs, "wb") as f:\n',
-        '    with open("/dev/null", "wb") as f:\n',
+        "_spawn.py",
+        '            write(fd, b"0")  # (0: the writer itself)\n',
+        "            pass\n",
         "setsid_escapee_of_a_command_named_apart",
     ),
     (
-        "spawn: a command named apart given only part of its environment",
-        "_through_sh.py",
-        'env = dict(entry.split(b"=", 1) for entry in rest[: int(count)])\n',
-        'env = dict(entry.split(b"=", 1) for entry in rest[1 : int(count)])\n',
-        "named_apart_gets_the_environment",
+        "spawn: a leader that cannot join its cgroup in its preexec_fn runs on",
+        "_spawn.py",
+        "            exit_now(125)\n",
+        "            pass\n",
+        "cannot_join_its_cgroup_in_its_preexec_fn",
+    ),
+    (
+        "spawn: the program's preexec_fn not run after the join",
+        "_spawn.py",
+        "        if then is not None:\n            then()\n",
+        "        pass\n",
+        "named_apart_runs_the_programs_preexec_fn",
     ),
 ]
 
