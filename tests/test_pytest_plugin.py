@@ -69,22 +69,29 @@ def test_clean():
 """
 
 
+#: The leaking tests' sleeps, and the tests' names.
+LEAKY_SLEEPS = ("child", "escapee", "from_trio", "from_asyncio")
+LEAKY_NAMES = ("a_child", "a_setsid_escapee", "from_trio", "from_asyncio")
+
+
 @pytest.fixture
 def leaky(pytester: pytest.Pytester, tracked: Tracked, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setenv(procs.TOKEN_VAR, tracked.token)  # the inner run's processes carry it
-    sleeps = {name: unique_sleep() for name in ("child", "escapee", "from_trio", "from_asyncio")}
+    sleeps = {name: unique_sleep() for name in LEAKY_SLEEPS}
     pytester.makepyfile(test_leaky=LEAKY_TESTS.format(**sleeps))
     pytester.makeini("[pytest]\ntrio_mode = true\n")
     return sleeps
 
 
 def check_report(result: pytest.RunResult, sleeps: dict[str, str]) -> None:
-    result.assert_outcomes(passed=5, errors=4)
+    # Each leaking test is itself failed (red before: passed, with an error at teardown).
+    result.assert_outcomes(passed=1, failed=4)
     output = result.stdout.str()
     for name, seconds in sleeps.items():
         assert f"sleep {seconds}" in output, name  # named, with its command line
     assert "left 1 process(es) running (killed now)" in output
-    assert "test_clean" not in "".join(line for line in result.stdout.lines if "ERROR" in line)
+    failed = {line.split()[1] for line in result.stdout.lines if line.startswith("FAILED ")}
+    assert failed == {f"test_leaky.py::test_leaks_{name}" for name in LEAKY_NAMES}
 
 
 def test_check_process_leaks_option_fails_leaking_tests_and_kills_their_processes(
@@ -128,12 +135,72 @@ def test_marker_checks_one_test_and_the_check_is_off_by_default(
         """
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
-    result.assert_outcomes(passed=2, errors=1)
+    result.assert_outcomes(passed=1, failed=1)
     assert f"sleep {marked}" in result.stdout.str()
     assert f"sleep {unmarked}" not in result.stdout.str()
     leftovers = tracked.survivors()
     assert len(leftovers) == 1  # the unmarked test's sleep, which nobody checked
     assert procs.kill_survivors(tracked.token) == leftovers
+
+
+def test_a_test_that_fails_and_leaks_is_one_failure_that_lists_the_leak(
+    pytester: pytest.Pytester, tracked: Tracked, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its own failure stays what the report says first; the leak is a section of it.
+    monkeypatch.setenv(procs.TOKEN_VAR, tracked.token)
+    leaked = unique_sleep()
+    pytester.makepyfile(
+        f"""
+        import subprocess, time
+
+        def test_fails_and_leaks():
+            subprocess.Popen(["sleep", "{leaked}"])
+            time.sleep(0.2)  # (its exec done: the listing shows its command line)
+            assert 1 == 2, "its own failure"
+        """
+    )
+    result = pytester.runpytest_subprocess("--check-process-leaks", "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    output = result.stdout.str()
+    assert "its own failure" in output
+    assert "process leaks" in output
+    assert f"sleep {leaked}" in output
+    assert tracked.survivors() == []
+
+
+def test_a_leak_under_another_plugins_protocol_is_an_error_at_the_tests_teardown(
+    pytester: pytest.Pytester, tracked: Tracked, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A plugin that runs tests itself (as one that runs them again does) logs each report
+    # at once: the leak, known after teardown, still fails the run, as a teardown error.
+    monkeypatch.setenv(procs.TOKEN_VAR, tracked.token)
+    leaked = unique_sleep()
+    pytester.makeconftest(
+        """
+        import pytest
+        from _pytest.runner import runtestprotocol
+
+        @pytest.hookimpl(tryfirst=True)
+        def pytest_runtest_protocol(item, nextitem):
+            item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+            runtestprotocol(item, nextitem=nextitem, log=True)
+            item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+            return True
+        """
+    )
+    pytester.makepyfile(
+        f"""
+        import subprocess, time
+
+        def test_leaks():
+            subprocess.Popen(["sleep", "{leaked}"])
+            time.sleep(0.2)  # (its exec done: the listing shows its command line)
+        """
+    )
+    result = pytester.runpytest_subprocess("--check-process-leaks", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, errors=1)
+    assert f"sleep {leaked}" in result.stdout.str()
+    assert tracked.survivors() == []
 
 
 FORKSERVER_POOLS = """

@@ -3,9 +3,9 @@
 Turn it on for a whole run with ``--check-process-leaks`` or ``check_process_leaks = true``
 in the ini file, or for one test with ``@pytest.mark.no_process_leaks``. After each checked
 test's teardown, every process the test started that is still alive (its call phase,
-against a snapshot taken just before it) is an error at the test's teardown (pytest counts
-the test as passed with an error, and the run fails), naming pids and command lines,
-and is killed, so the next test starts clean. (One still in its exit, killed at the test's
+against a snapshot taken just before it) fails the test, named by pid and command line in
+its report (a section "process leaks" of the report of a test that failed anyway), and is
+killed, so the next test starts clean. (One still in its exit, killed at the test's
 end, say, is waited for instead: it never runs again.) Processes started by fixtures' setup are
 not counted, so a session-wide server started on first use is not taken for a leak; nor are
 multiprocessing's forkserver and resource tracker, kept for the session by design.
@@ -34,6 +34,10 @@ from ._pidfd import exited, open_pidfd, pin_process, signal_pidfd
 from ._procfs import command_line, foreign_proc, on_one_line, read_stat
 
 _SNAPSHOT = pytest.StashKey[set[tuple[int, int]]]()
+#: The test's reports are held until its teardown is done (`pytest_runtest_protocol`).
+_HELD = pytest.StashKey[bool]()
+#: What a test whose reports are held left running, for its call's report.
+_LEAKS = pytest.StashKey[str]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -87,6 +91,41 @@ def _descendants() -> dict[tuple[int, int], str]:
     }
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+    if not _checked(item):
+        return None
+    # A leak is known only once the fixtures' teardown has run (one may stop what the test
+    # started), and pytest reports the call before that: the reports are held until then,
+    # so that the test itself is reported failed, not passed with an error at teardown
+    # (as it was: a count of failures missed it). (Where another plugin runs the test's
+    # protocol instead, the leak is an error at its teardown, as before.)
+    from _pytest.runner import runtestprotocol  # noqa: PLC0415 - (as pytest's own plugins)
+
+    item.stash[_HELD] = True
+    item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    reports = runtestprotocol(item, nextitem=nextitem, log=False)
+    if (leaks := item.stash.get(_LEAKS, None)) is not None:
+        _fail_with(reports, leaks)
+    for report in reports:
+        item.ihook.pytest_runtest_logreport(report=report)
+    item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+    return True
+
+
+def _fail_with(reports: list[pytest.TestReport], leaks: str) -> None:
+    """Fail the test in its call's report: said there, or added to what it says where
+    the test failed on its own."""
+    call = next(report for report in reports if report.when == "call")
+    if call.failed:
+        call.sections.append(("process leaks", leaks))
+        return
+    call.outcome = "failed"
+    call.longrepr = leaks
+    with contextlib.suppress(AttributeError):
+        del call.wasxfail  # (an expected failure that leaked is no longer expected)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
     if _checked(item):
@@ -110,10 +149,11 @@ def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, object, object
         listing = "\n".join(
             f"  pid {pid}: {on_one_line(command)}" for (pid, _), command in sorted(leaked.items())
         )
-        pytest.fail(
-            f"{item.nodeid} left {len(leaked)} process(es) running (killed now):\n{listing}",
-            pytrace=False,
-        )
+        leaks = f"{item.nodeid} left {len(leaked)} process(es) running (killed now):\n{listing}"
+        if item.stash.get(_HELD, False):
+            item.stash[_LEAKS] = leaks
+        else:
+            pytest.fail(leaks, pytrace=False)
     return result
 
 

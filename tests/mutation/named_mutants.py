@@ -2812,6 +2812,27 @@ MUTANTS = [
         "        pass\n",
         "named_apart_runs_the_programs_preexec_fn",
     ),
+    (
+        "pytest plugin: a leaking test passed, with an error at its teardown",
+        "pytest_plugin.py",
+        "    if not _checked(item):\n        return None\n    # A leak is known",
+        "    if True:\n        return None\n    # A leak is known",
+        "fails_leaking_tests",
+    ),
+    (
+        "pytest plugin: a test that failed and leaked reported for its leak alone",
+        "pytest_plugin.py",
+        "    if call.failed:\n",
+        "    if False:\n",
+        "fails_and_leaks",
+    ),
+    (
+        "pytest plugin: a leak under another plugin's protocol not reported",
+        "pytest_plugin.py",
+        "            pytest.fail(leaks, pytrace=False)\n",
+        "            pass\n",
+        "under_another_plugins_protocol",
+    ),
 ]
 
 
