@@ -1367,6 +1367,79 @@ async def test_parent_killed_with_sigkill_takes_its_trees_along(
         sibling.wait()
 
 
+# As PARENT, in a program that embeds Python (Blender, uWSGI, gdb): its sys.executable names
+# the program itself (here a script that leaves a file behind if run), and its command
+# line was never Python's (no sys.orig_argv).
+EMBEDDED = textwrap.dedent(
+    """
+    import sys
+    sys.executable, sys.orig_argv = EMBEDDING_PROGRAM, []
+    """
+)
+
+
+async def test_parent_that_embeds_python_runs_its_watchdog_with_python_not_itself(
+    tracked: Tracked, tmp_path: Path
+) -> None:
+    # Red before (helper-72): the watchdog was started as sys.executable -I -S -c ...,
+    # which ran the embedding program itself (its own main job, here the file), and no
+    # watchdog ran: a SIGKILLed parent left its trees running.
+    ran = tmp_path / "the embedding program ran"
+    program = tmp_path / "embedding-program"
+    program.write_text(f"#!/bin/sh\ntouch '{ran}'\n")
+    program.chmod(0o755)
+    script = f"EMBEDDING_PROGRAM = {str(program)!r}\n" + EMBEDDED + PARENT
+    with parent_with_a_tree(tracked, "auto", script=script) as (parent, pids, _):
+        assert all(procs.alive(pid) for pid in pids)
+        parent.send_signal(signal.SIGKILL)  # no atexit, no cleanup: only the watchdog
+        parent.wait()
+        await until_gone(pids, within=1.0)
+        assert [pid for pid in pids if procs.alive(pid)] == []
+    await until_none_survive(tracked, within=1.0)
+    assert tracked.survivors() == []
+    assert not ran.exists()
+
+
+# A program that embeds Python with no interpreter installed beside it: it runs a tree.
+EMBEDDED_WITHOUT_AN_INTERPRETER = textwrap.dedent(
+    """
+    import logging, sys, trio
+    sys.executable, sys.orig_argv, sys.base_exec_prefix = EMBEDDING_PROGRAM, [], NOWHERE
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    from trio_proctree import run_process_tree
+    print(trio.run(run_process_tree, ["true"]).returncode)
+    """
+)
+
+
+def test_parent_that_embeds_python_without_an_interpreter_says_it_has_no_backstop(
+    tracked: Tracked, tmp_path: Path
+) -> None:
+    # Its trees run, cleaned up as ever; what it lacks is said, once, and nothing else
+    # is started in the watchdog's place.
+    ran = tmp_path / "the embedding program ran"
+    program = tmp_path / "embedding-program"
+    program.write_text(f"#!/bin/sh\ntouch '{ran}'\n")
+    program.chmod(0o755)
+    script = (
+        f"EMBEDDING_PROGRAM, NOWHERE = {str(program)!r}, {str(tmp_path)!r}\n"
+        + EMBEDDED_WITHOUT_AN_INTERPRETER
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        check=False,
+        capture_output=True,
+        env=tracked.env,
+        timeout=60,
+    )
+    assert (result.returncode, result.stdout) == (0, b"0\n"), result.stderr
+    said = result.stderr.decode()
+    assert said.count("parent-death backstop unavailable") == 1, said
+    assert "no Python interpreter to run the watchdog" in said
+    assert not ran.exists()
+    assert tracked.survivors() == []
+
+
 # As PARENT, but a fork happens while its watchdog starts (as in another thread: a
 # multiprocessing worker, a prefork server's), before the watchdog is one that a forked
 # child's hook lets go of: as its socket is made (FORK_AT "as-made": in the watchdog's

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -434,9 +435,34 @@ _NAME = "trio_proctree-watchdog"
 
 
 def command() -> tuple[list[str], bytes]:
-    """The watchdog's command line, and what to write to its stdin before any entry."""
+    """The watchdog's command line, and what to write to its stdin before any entry.
+    FileNotFoundError where no Python interpreter can be found to run it."""
+    python = interpreter()
+    if python is None:
+        raise FileNotFoundError(
+            errno.ENOENT,
+            f"no Python interpreter to run the watchdog: sys.executable ({sys.executable!r}) "
+            f"is the program that embeds this Python, and {sys.base_exec_prefix!r} has none",
+        )
     code = _WATCHDOG.encode()
-    return [sys.executable, "-I", "-S", "-c", _BOOTSTRAP, str(len(code)), _NAME], code
+    return [python, "-I", "-S", "-c", _BOOTSTRAP, str(len(code)), _NAME], code
+
+
+def interpreter() -> str | None:
+    """The Python program to run the watchdog with: ``sys.executable`` where this process
+    is one (its command line was Python's: ``sys.orig_argv``), else the interpreter
+    installed with this Python, if there is one. In a program that embeds Python
+    (Blender, uWSGI, gdb, a frozen bundle), ``sys.executable`` names the program itself:
+    started as the watchdog, it ran as itself, its own main job, and no watchdog ran
+    (helper-72)."""
+    if sys.executable and sys.orig_argv and not getattr(sys, "frozen", False):
+        return sys.executable
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    for name in (f"python{version}", f"python{sys.version_info[0]}"):
+        python = os.path.join(sys.base_exec_prefix, "bin", name)
+        if os.access(python, os.X_OK) and not os.path.isdir(python):
+            return python
+    return None
 
 
 class Watchdog:

@@ -2833,6 +2833,20 @@ MUTANTS = [
         "            pass\n",
         "under_another_plugins_protocol",
     ),
+    (
+        "watchdog: a program that embeds Python started as the watchdog",
+        "_watchdog.py",
+        '    if sys.executable and sys.orig_argv and not getattr(sys, "frozen", False):\n',
+        "    if sys.executable:\n",
+        "embeds_python",
+    ),
+    (
+        "watchdog: the Python installed beside an embedding program not looked for",
+        "_watchdog.py",
+        "        if os.access(python, os.X_OK) and not os.path.isdir(python):\n",
+        "        if False:\n",
+        "runs_its_watchdog_with_python_not_itself",
+    ),
 ]
 
 
