@@ -186,11 +186,11 @@ async def test_executable_runs_with_the_name_given_as_argv0_as_under_popen(
     assert tracked.survivors() == []
 
 
-#: Environments no shell passes on, and two that only Popen's own exec does: a variable
-#: with an empty name, and one name given as str and as bytes (both go, in order).
+#: Environments no shell passes on, and one that only Popen's own exec does: one name
+#: given as str and as bytes (both go, in order). (Not an empty name: Popen passes one
+#: where it forks, and refuses it where it uses posix_spawn, as 3.13 does here.)
 NAMED_APART_ENVIRONMENTS: dict[str, dict[Any, Any]] = {
     **SHELL_MANGLED,
-    "empty-name": {"": "no name", "A": "1"},
     "str-and-bytes": {"TWICE": "as str", b"TWICE": b"as bytes"},
 }
 
@@ -241,9 +241,13 @@ async def test_a_command_named_apart_gets_the_signal_dispositions_popen_gives(
     finally:
         for sig, before in kept.items():
             signal.signal(sig, before)
-    assert result.stdout == oracle.stdout
-    ignored = int(oracle.stdout.split()[1], 16) >> (signal.SIGPIPE - 1) & 1
-    assert ignored == (ours == "ignored" and not restore_signals)
+    # Signals 1 to 31: a child of Popen's posix_spawn (3.13 uses it here, where the one
+    # started with a preexec_fn is forked) shows glibc's own two (32, 33) ignored.
+    oracle_ignores, ignores = (
+        int(out.split()[1], 16) & 0x7FFFFFFF for out in (oracle.stdout, result.stdout)
+    )
+    assert ignores == oracle_ignores
+    assert (ignores >> (signal.SIGPIPE - 1) & 1) == (ours == "ignored" and not restore_signals)
     assert tracked.survivors() == []
 
 
