@@ -1209,3 +1209,40 @@ def test_a_pipe_connect_cancelled_under_uvloop_is_not_closed_twice(
     assert exc.__cause__ is None  # no cleanup error rode along
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert tracked.survivors() == []
+
+
+def test_a_tree_stream_given_to_another_tree_says_how_to_make_a_pipeline(
+    tracked: Tracked, tmp_path: Path
+) -> None:
+    # As a trio pipeline is written (stdin=tree.stdout): refused before the second tree
+    # starts, naming what it got and the way that works. Red before (helper-70): the
+    # message named a private class, "not _TreeReader", and said nothing more.
+    ran = tmp_path / "ran"
+
+    async def main() -> None:
+        async with open_process_tree(
+            ["seq", "1", "5"], stdout=subprocess.PIPE, env=tracked.env
+        ) as first:
+            with pytest.raises(TypeError, match=r"not asyncio\.StreamReader .*os\.pipe\(\)"):
+                await run_process_tree(
+                    ["sh", "-c", f"wc -l; touch {ran}"],
+                    stdin=first.stdout,  # type: ignore[arg-type]
+                    env=tracked.env,
+                )
+        read, write = os.pipe()
+        try:
+            async with open_process_tree(["seq", "1", "5"], stdout=write, env=tracked.env):
+                os.close(write)
+                write = -1
+                result = await run_process_tree(
+                    ["wc", "-l"], stdin=read, capture_stdout=True, env=tracked.env
+                )
+        finally:
+            os.close(read)
+            if write != -1:
+                os.close(write)
+        assert result.stdout.strip() == b"5"  # the way the message gives
+
+    asyncio.run(main())
+    assert not ran.exists()
+    assert tracked.survivors() == []

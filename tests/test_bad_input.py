@@ -10,6 +10,8 @@ import shutil
 import signal
 import struct
 import subprocess
+import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -747,3 +749,41 @@ def test_errors_come_from_the_call_itself_before_any_await() -> None:
         open_process_tree(["no-such-program-xyz"])
     with pytest.raises(ValueError, match="grace"):
         open_process_tree(["true"], grace=-1)
+
+
+# A program that ignores SIGCHLD starts a tree (asks the driver named as its argument).
+STARTS_WITH_SIGCHLD_IGNORED = textwrap.dedent(
+    """
+    import asyncio, signal, sys, trio
+    import trio_proctree, trio_proctree.asyncio
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    command = ["sh", "-c", "echo ran > " + sys.argv[2]]
+    try:
+        if sys.argv[1] == "trio":
+            trio.run(trio_proctree.run_process_tree, command)
+        else:
+            asyncio.run(trio_proctree.asyncio.run_process_tree(command))
+    except RuntimeError as exc:
+        print(type(exc).__name__, exc)
+    """
+)
+
+
+@pytest.mark.parametrize("driver", ["trio", "asyncio"])
+def test_a_tree_is_refused_before_it_starts_where_sigchld_is_ignored(
+    tracked: Tracked, tmp_path: Path, driver: str
+) -> None:
+    # Linux reaps the children of a process that ignores SIGCHLD at once: the tree's exit
+    # status would be lost, and what run_process_tree captured with it. Red before
+    # (helper-70): the command ran, and cleanup raised "exit status lost (reaped
+    # elsewhere)", naming no cause.
+    ran = tmp_path / "ran"
+    result = subprocess.run(
+        [sys.executable, "-c", STARTS_WITH_SIGCHLD_IGNORED, driver, str(ran)],
+        capture_output=True, env=tracked.env, timeout=60, check=False,
+    )  # fmt: skip
+    said = result.stdout.decode()
+    assert said.startswith("RuntimeError "), (said, result.stderr)
+    assert "SIGCHLD is ignored" in said
+    assert not ran.exists()
+    assert tracked.survivors() == []

@@ -117,6 +117,36 @@ def test_run_missing_command_exits_127_with_a_message(tracked: Tracked) -> None:
     assert "not found" in result.stderr
 
 
+def test_run_started_with_sigchld_ignored_passes_its_commands_exit_status(
+    tracked: Tracked,
+) -> None:
+    # Started by a program that ignores SIGCHLD (inherited across exec, as timeout(1)
+    # meets it): Linux would reap the tool's children itself, and their exit statuses
+    # with them. Red before (helper-70): status 125, "exit status lost", for any command.
+    with subprocess.Popen(
+        [*tool(), "run", "--", "sh", "-c", "exit 3"],
+        env=tracked.env,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGCHLD, signal.SIG_IGN),  # noqa: PLW1509
+    ) as runner:
+        _, said = runner.communicate(timeout=60)
+    assert (runner.returncode, said) == (3, b"")
+    assert tracked.survivors() == []
+
+
+@pytest.mark.parametrize("stderr", ["2>&-", "2>/dev/full"])
+def test_run_that_cannot_say_why_still_exits_with_the_status_that_says_it(
+    tracked: Tracked, stderr: str
+) -> None:
+    # Red before (helper-70): with stderr closed, the message's write raised and the tool
+    # exited 1, which a caller takes for the command's own status.
+    result = subprocess.run(
+        ["sh", "-c", f'"$@" {stderr}', "sh", *tool(), "run", "--", "no-such-command-xyz"],
+        capture_output=True, env=tracked.env, timeout=60, check=False,
+    )  # fmt: skip
+    assert (result.returncode, result.stdout, result.stderr) == (127, b"", b"")
+
+
 def test_run_not_executable_exits_126(tracked: Tracked, tmp_path: Path) -> None:
     script = tmp_path / "script.sh"
     script.write_text("#!/bin/sh\necho hi\n")

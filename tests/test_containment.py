@@ -2676,17 +2676,19 @@ async def test_a_cgroup_whose_settings_a_member_changed_never_serves_again(
         open_process_tree(["true"], env=tracked.env, containment="cgroup"),
     ):
         pass
-    # Frozen, it cannot act on SIGTERM: a short grace. Otherwise a long one, so that a
-    # slow exit under load is not killed (a cgroup killed is retired where leaders start
-    # directly in it, and "nothing" would not be reused).
-    grace = 0.2 if changed == "cgroup.freeze" else 5.0
+    # A long grace, so that a slow exit under load is not killed (a cgroup killed is
+    # retired where leaders start directly in it, and "nothing" would not be reused).
     async with open_process_tree(
-        ["sleep", "60"], grace=grace, env=tracked.env, containment="cgroup"
+        ["sleep", "60"], grace=5.0, env=tracked.env, containment="cgroup"
     ) as tree:
         cgroup = tree._core.containment.path  # type: ignore[attr-defined]
-        if changed != "nothing":
+        if changed not in ("nothing", "cgroup.freeze"):
             setting = Path(cgroup, changed)
             setting.write_text(CGROUP_SETTINGS[changed][0])  # noqa: ASYNC240 - as a member could
+    if changed == "cgroup.freeze":
+        # Cleanup thaws a cgroup a member froze, so that its members can stop: frozen as
+        # its last member died (after the thaw), it is emptied frozen.
+        Path(cgroup, changed).write_text("1")  # noqa: ASYNC240 - as that member could
     async with open_process_tree(
         ["sh", "-c", "echo ran"], stdout=subprocess.PIPE, env=tracked.env, containment="cgroup"
     ) as again:
@@ -2701,6 +2703,35 @@ async def test_a_cgroup_whose_settings_a_member_changed_never_serves_again(
         else:
             assert path != cgroup
             assert not Path(cgroup).exists()  # noqa: ASYNC240 - removed, not left behind
+    assert tracked.survivors() == []
+
+
+async def test_a_tree_whose_member_froze_its_cgroup_still_stops_gracefully(
+    tracked: Tracked, tmp_path: Path
+) -> None:
+    # A frozen member cannot run its SIGTERM handler, as a stopped one cannot: cleanup
+    # thaws the cgroup after the stop signal, as it sends SIGCONT. Red before (helper-70):
+    # the grace ran out, and the tree was SIGKILLed.
+    available("cgroup")
+    said = tmp_path / "said"
+    handles = f'trap "echo stopped gracefully > {said}; exit 0" TERM; echo ready; '
+    async with open_process_tree(
+        ["sh", "-c", handles + "while :; do sleep 0.05; done"],
+        grace=2.0,
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+        containment="cgroup",
+    ) as tree:
+        assert tree.stdout is not None
+        assert await tree.stdout.receive_some() == b"ready\n"
+        cgroup = tree._core.containment.path  # type: ignore[attr-defined]
+        Path(cgroup, "cgroup.freeze").write_text("1")  # noqa: ASYNC240 - as a member could
+        with trio.fail_after(10):
+            while b"frozen 1" not in Path(cgroup, "cgroup.events").read_bytes():  # noqa: ASYNC240
+                await trio.sleep(0.01)  # (the kernel's freeze takes a moment: no event here)
+    assert tree.outcome is not None
+    assert not tree.outcome.grace_expired
+    assert said.read_text() == "stopped gracefully\n"
     assert tracked.survivors() == []
 
 

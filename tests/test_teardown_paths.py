@@ -402,6 +402,29 @@ async def test_a_tree_writing_as_it_stops_to_a_pipe_never_read_stops_gracefully(
     assert tracked.survivors() == []
 
 
+async def test_a_stream_kept_unread_gives_after_the_block_what_the_tree_said_as_it_stopped(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # The README's CLI that prints its result once its input ends (the close-stdin step),
+    # its stdout kept, unread, to read after the block, as the asyncio driver gives it.
+    # Red before (helper-70): a stream never read from in the block kept nothing, and its
+    # first read raised ClosedResourceError.
+    async with open_process_tree(
+        ["sh", "-c", "cat >/dev/null; echo result"],
+        escalation=Escalation(steps=[(signal.SIGTERM, 2.0)], close_stdin=2.0),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        **contained,
+    ) as tree:
+        kept = tree.stdout
+        assert kept is not None and tree.stdin is not None
+        await tree.stdin.send_all(b"input")
+    assert tree.outcome is not None
+    assert (tree.outcome.signals, tree.outcome.returncode) == ((), 0)
+    assert b"".join([chunk async for chunk in kept]) == b"result\n"
+    assert tracked.survivors() == []
+
+
 async def test_a_cli_writing_its_result_on_eof_into_a_full_pipe_finishes_in_the_close_stdin_wait(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:

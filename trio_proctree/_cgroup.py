@@ -106,6 +106,8 @@ class CgroupContainment(MemberTracking):
         #: Seconds until that listing is tried again: RETRY_PAUSE, doubled at each failure
         #: up to MAX_RETRY_PAUSE (a 5 s grace out of descriptors takes ~15 tries, not 100).
         self._retry_pause = RETRY_PAUSE
+        #: Cleanup's first step has thawed the cgroup (`_thaw_once`).
+        self._thawed = False
         #: When the leader was taken in charge: it has joined its cgroup by then, or (through
         #: /bin/sh) is about to, so the join's change notice is about this old.
         self._attached_at = 0.0
@@ -183,6 +185,17 @@ class CgroupContainment(MemberTracking):
             # Asked to start directly, started through /bin/sh: perhaps because a member
             # of the cgroup's last tree wrote cgroup.kill (the direct start died at birth).
             self._killed = True
+
+    def _thaw_once(self) -> None:
+        """Thaw the cgroup at cleanup's first step, if a member froze it (cgroup.freeze):
+        frozen, no member can act on the step's signal, as none stopped can before its
+        SIGCONT, and the grace ran out (helper-70). One write, a no-op if not frozen; a
+        cgroup inside it that a member froze stays so (the hard stop still kills it)."""
+        if self._thawed:
+            return
+        self._thawed = True
+        with contextlib.suppress(OSError):  # (gone, or out of descriptors: the hard stop
+            cgroupfs.thaw(self.path)  # reaches frozen members all the same)
 
     def _list_members(self) -> list[int]:
         return cgroupfs.processes_in(self.path)
@@ -309,6 +322,7 @@ class CgroupContainment(MemberTracking):
             # No listing: what the leader does not stop is listed at its exit (or before
             # the hard stop: `kill`).
             self._wake_all()
+            self._thaw_once()
             return True
         pins = self.leader.pins_group  # (asks the kernel; `exited` reads the answer)
         new: list[int] = []  # escapees this signal's listings find
@@ -336,6 +350,8 @@ class CgroupContainment(MemberTracking):
         # through the leader's pidfd, or, where the kernel cannot, the cgroup alone says
         # who is a member, and each is signalled through a pidfd, counted as an escapee.)
         self._signal_group(sig, pins=pins, wake=escalation)  # (a step: SIGCONT follows)
+        if escalation:
+            self._thaw_once()
         step = [sig, signal.SIGCONT] if escalation else [sig]
         # The members already seen are surveyed once per escalation (a later step needs
         # no new listing), on every signal a user sends.

@@ -137,9 +137,18 @@ def main_thread_gone(cgroup: str) -> list[int]:
 
 
 def kill(cgroup: str) -> None:
-    fd = os.open(os.path.join(cgroup, "cgroup.kill"), os.O_WRONLY | os.O_CLOEXEC)
+    _write_control(cgroup, "cgroup.kill", b"1")
+
+
+def thaw(cgroup: str) -> None:
+    """Thaw ``cgroup`` if it is frozen (``cgroup.freeze``; nothing happens if not)."""
+    _write_control(cgroup, "cgroup.freeze", b"0")
+
+
+def _write_control(cgroup: str, name: str, value: bytes) -> None:
+    fd = os.open(os.path.join(cgroup, name), os.O_WRONLY | os.O_CLOEXEC)
     try:
-        os.write(fd, b"1")
+        os.write(fd, value)
     finally:
         os.close(fd)
 

@@ -17,7 +17,7 @@ import trio
 from . import __version__
 from ._choose import CONTAINMENTS
 from ._cmd_orphans import run as list_orphans
-from ._cmd_run import RunOptions, end_by
+from ._cmd_run import RunOptions, children_reaped_by_us, end_by
 from ._cmd_run import run as run_command
 from ._demo import Interrupted, compare, render
 from ._escalation import parse_duration, parse_stop_signal
@@ -234,6 +234,7 @@ def _main(argv: Sequence[str] | None) -> int:
         # the numbers name here (and the demo would start its uncontained trees first).
         parser.exit(2, f"trio-proctree {args.command}: {foreign}\n")
     if args.command == "demo":
+        children_reaped_by_us()
         try:
             rows = trio.run(compare)
         except Interrupted as stopped:

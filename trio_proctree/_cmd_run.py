@@ -78,12 +78,22 @@ def run(options: RunOptions) -> int:
         _complain("'': command not found (an empty program name)")
         return NOT_FOUND
     options = attrs.evolve(options, pass_fds=inherited_descriptors())
+    children_reaped_by_us()
     with _warnings_named_as_the_tool():
         try:
             returncode = trio.run(_run, options)
         except (OSError, ContainmentUnavailable, NotImplementedError, CleanupError) as exc:
             return _failed(options.command[0], exc)
     return end_by(-returncode) if returncode < 0 else returncode
+
+
+def children_reaped_by_us() -> None:
+    """SIGCHLD back to its default, where this tool inherited it ignored from whatever
+    started it: Linux would then reap its children as they end, their exit statuses
+    with them (the library refuses to start a tree so). Ours to set, as timeout(1) sets
+    it; the command then gets the default, as there (helper-70)."""
+    if signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 
 
 def inherited_descriptors() -> tuple[int, ...]:
@@ -135,7 +145,16 @@ def _failed(name: str, exc: Exception) -> int:
 
 
 def _complain(message: str) -> None:
-    sys.stderr.write(f"trio-proctree: {message}\n")
+    # Unsaid where stderr is closed (None) or cannot be written (full): the exit status
+    # still says it. (Raised, it made the status 1, the command's own as far as anyone
+    # could tell: helper-70.) Not a reader that left: that ends us as by SIGPIPE (`main`).
+    try:
+        sys.stderr.write(f"trio-proctree: {message}\n")
+        sys.stderr.flush()
+    except BrokenPipeError:
+        raise
+    except (AttributeError, OSError, ValueError):
+        pass
 
 
 def end_by(sig: int) -> int:

@@ -189,8 +189,18 @@ def plan_spawn(command: Command, options: Mapping[str, Any]) -> SpawnPlan:
         ValueError: for an empty command or an option that would break containment.
         FileNotFoundError: if the executable (or ``cwd``) does not exist.
         PermissionError: if the executable is not an executable file.
+        RuntimeError: where this process ignores SIGCHLD.
     """
     require_supported_platform()
+    if signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:
+        # Linux then reaps our children itself as they exit: the leader's exit status
+        # would be lost (and what run_process_tree captured with it, to a CleanupError
+        # after the command ran), and its zombie would not hold its process group.
+        raise RuntimeError(
+            "SIGCHLD is ignored in this process (SIG_IGN, set here or inherited), so Linux "
+            "reaps its children at once and a tree's exit status would be lost: set it "
+            "back (signal.signal(signal.SIGCHLD, signal.SIG_DFL)) before starting trees"
+        )
     options = dict(options)
     unknown = sorted(set(options) - _POPEN_OPTIONS)
     if unknown:
@@ -266,6 +276,18 @@ def _describe(command: Command, argv: list[Any]) -> str:
     return label if len(label) <= 120 else label[:117] + "..."
 
 
+def _asyncio_stream_kind(value: object) -> str | None:
+    """``"asyncio.StreamReader"`` (or Writer) for one, else None. (Without importing
+    asyncio: not imported, there is none.)"""
+    asyncio = sys.modules.get("asyncio")
+    if asyncio is None:
+        return None
+    for kind in (asyncio.StreamReader, asyncio.StreamWriter):
+        if isinstance(value, kind):
+            return f"asyncio.{kind.__name__}"
+    return None
+
+
 def _check_stream_option(name: str, value: Any) -> None:
     """``stdin``/``stdout``/``stderr`` must be what Popen takes: else it fails in the child
     (an opaque EBADF) or with an AttributeError naming ``fileno``, once the tree's
@@ -286,6 +308,14 @@ def _check_stream_option(name: str, value: Any) -> None:
         hint = ""
         if name == "stdin" and kind in ("bytes", "bytearray", "memoryview", "str"):
             hint = " (input to feed the command is run_process_tree's stdin=)"
+        elif (stream := _asyncio_stream_kind(value)) is not None:
+            # (Another tree's stream, as in a trio pipeline: helper-70 met the class's
+            # private name, and no way forward.)
+            kind = stream
+            hint = (
+                " (an asyncio tree's streams cannot be handed to another process: for a "
+                "pipeline, make the pipe with os.pipe() and give each tree its end)"
+            )
         raise TypeError(
             f"{name} must be a file, a file descriptor, subprocess.PIPE, subprocess.DEVNULL "
             f"or None, not {kind}{hint}"
@@ -662,13 +692,7 @@ def spawn(plan: SpawnPlan) -> Spawned:
         popen = None
         if pid is None:
             _refuse_what_sh_would_run_as_a_script(plan)
-            options = dict(plan.options)
-            if plan.command_env is not None:
-                options["env"] = plan.command_env
-            with joining_first(plan.joins, options):
-                popen = cast(
-                    "subprocess.Popen[bytes]", subprocess.Popen(plan.command, **stdio, **options)
-                )
+            popen = _popen(plan, stdio)
             pid = popen.pid
         started_within = (before, boot_ticks())
     except BaseException:
@@ -774,6 +798,25 @@ def _start_in_cgroup(plan: SpawnPlan, stdio: Mapping[str, Any]) -> int | None:
         return direct.start(plan.into_cgroup, plan.options, fds)
     except direct.Refused:
         return None
+
+
+def _popen(plan: SpawnPlan, stdio: Mapping[str, Any]) -> subprocess.Popen[bytes]:
+    """The leader, started by Popen as ``plan`` says (through /bin/sh, or joining its
+    cgroup in a preexec_fn, where the containment asks)."""
+    options = dict(plan.options)
+    if plan.command_env is not None:
+        options["env"] = plan.command_env
+    try:
+        with joining_first(plan.joins, options):
+            return cast(
+                "subprocess.Popen[bytes]", subprocess.Popen(plan.command, **stdio, **options)
+            )
+    except OSError as exc:
+        if plan.through_sh and exc.errno == errno.E2BIG:
+            # The wrapper's exec (its arguments are the command's, and a few hundred bytes
+            # of its own): named so, it blamed "/bin/sh" (helper-70).
+            raise OSError(exc.errno, exc.strerror, plan.program) from None
+        raise
 
 
 @contextlib.contextmanager

@@ -324,8 +324,9 @@ class TreeOutput(trio.abc.ReceiveStream):
     tree is stopped as before), then the pipe, then, once cleanup closed it, its end. A
     task still reading (a log reader, outside the block) so gets all the tree said, then
     EOF, as the asyncio driver's readers do: closed under it, its next read raised
-    ClosedResourceError, and those last words were lost (helper-64). A stream the program
-    never read from keeps nothing once the pipe is closed. Not where its descriptor was
+    ClosedResourceError, and those last words were lost (helper-64). So does a stream
+    the program kept to read only after the block (a CLI's result once its input ends,
+    as the asyncio driver gives it: it kept nothing, helper-70). Not where its descriptor was
     handed on (``stdin=tree.stdout`` for another process: a pipeline): read here, what the
     other process had still to read was taken from it (helper-66).
     """
@@ -338,8 +339,7 @@ class TreeOutput(trio.abc.ReceiveStream):
         self._ended = False
         self._closed = False
         self._receiving = False
-        #: Whether the program has read from it, and whether its descriptor was asked for.
-        self._read_from = False
+        #: Whether its descriptor was asked for (handed on to another process).
         self._handed_on = False
         #: Set while no task of the program's is in a read of the pipe itself.
         self._pipe_free = _set_event()
@@ -354,7 +354,6 @@ class TreeOutput(trio.abc.ReceiveStream):
         return self._pipe.fileno()
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        self._read_from = True
         if max_bytes is not None and max_bytes < 1:
             raise ValueError("max_bytes must be >= 1")
         if self._receiving:  # (as FdStream says it, for the pipe)
@@ -474,7 +473,7 @@ class TreeOutput(trio.abc.ReceiveStream):
         await self._flowed.wait()
 
     def drain_and_close(self) -> None:
-        """Where the program reads it, read what the pipe still holds, without waiting
+        """Unless handed on, read what the pipe still holds, without waiting
         (the tree, gone, writes no more: at most `DRAIN_AT_MOST`, from a writer outside
         it, on top of what cleanup's reader took: with one budget for both, a tree that
         wrote a little past it as it stopped lost its last bytes, unsaid, helper-69);
@@ -482,8 +481,8 @@ class TreeOutput(trio.abc.ReceiveStream):
         fd = self._pipe.fileno()
         if fd < 0:
             return  # (closed by the program)
-        if self._handed_on or not self._read_from:
-            self._rest = bytearray()  # (nobody here to give it to)
+        if self._handed_on:
+            self._rest = bytearray()  # (the other process's to read)
             self._pipe.close()
             return
         self._ended = True
@@ -620,6 +619,8 @@ def open_process_tree(
         format Linux runs (a text file with no ``#!`` line, say), as `subprocess` raises it.
       ContainmentUnavailable: the ``containment`` asked for is not available here (none
         is under a /proc of another pid namespace).
+      RuntimeError: this process ignores SIGCHLD (Linux would reap the leader at once,
+        its exit status with it).
       NotImplementedError: on platforms other than Linux.
     """
     policy = resolve_policy(grace, stop_signal, escalation)

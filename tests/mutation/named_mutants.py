@@ -2615,8 +2615,8 @@ MUTANTS = [
     (
         "trio: an output pipe handed to another process drained by cleanup",
         "_trio.py",
-        "        if self._handed_on or not self._read_from:\n",
-        "        if not self._read_from:\n",
+        "        if self._handed_on:\n            self._rest = bytearray()",
+        "        if False:\n            self._rest = bytearray()",
         "handed_to_another_process",
     ),
     (
@@ -2846,6 +2846,48 @@ MUTANTS = [
         "        if os.access(python, os.X_OK) and not os.path.isdir(python):\n",
         "        if False:\n",
         "runs_its_watchdog_with_python_not_itself",
+    ),
+    (
+        "spawn: a tree started where SIGCHLD is ignored",
+        "_spawn.py",
+        "    if signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:\n        # Linux then",
+        "    if False:\n        # Linux then",
+        "sigchld_is_ignored",
+    ),
+    (
+        "cli run: SIGCHLD inherited ignored kept so",
+        "_cmd_run.py",
+        "        signal.signal(signal.SIGCHLD, signal.SIG_DFL)\n",
+        "        pass\n",
+        "started_with_sigchld_ignored",
+    ),
+    (
+        "cli run: a message it cannot write turns its status to 1",
+        "_cmd_run.py",
+        "    except (AttributeError, OSError, ValueError):\n        pass\n",
+        "    except ZeroDivisionError:\n        pass\n",
+        "cannot_say_why",
+    ),
+    (
+        "cgroup: a cgroup a member froze left frozen through the graceful steps",
+        "_cgroup.py",
+        "            cgroupfs.thaw(self.path)  # reaches frozen members all the same)\n",
+        "            pass\n",
+        "froze_its_cgroup",
+    ),
+    (
+        "spawn: an asyncio tree's stream given to another tree refused with no way forward",
+        "_spawn.py",
+        "        elif (stream := _asyncio_stream_kind(value)) is not None:\n",
+        "        elif False:\n",
+        "how_to_make_a_pipeline",
+    ),
+    (
+        "spawn: an argument list too long through /bin/sh blamed on the wrapper",
+        "_spawn.py",
+        "        if plan.through_sh and exc.errno == errno.E2BIG:\n",
+        "        if False:\n",
+        "argument_list_too_long",
     ),
 ]
 
