@@ -823,9 +823,10 @@ def _popen(plan: SpawnPlan, stdio: Mapping[str, Any]) -> subprocess.Popen[bytes]
 def joining_first(procs: str | None, options: dict[str, Any]) -> Generator[None]:
     """Within, ``options`` have the child write itself into the cgroup whose ``procs``
     file is given, before anything else in its ``preexec_fn`` (and before its exec):
-    status 125 and a message if it cannot, as the /bin/sh wrapper's. One ``write`` of
-    an open descriptor and nothing else, unless the program has a ``preexec_fn`` of its
-    own: no import, no lock, no allocation to deadlock on in a threaded program's fork."""
+    status 125 and a message if it cannot, as the /bin/sh wrapper's. One ``write`` of a
+    descriptor opened here, then the program's own ``preexec_fn``, if any: our part
+    imports nothing and takes no lock (Popen runs the fork handlers libraries registered,
+    as for any ``preexec_fn``: the reason only a command named apart comes this way)."""
     if procs is None:
         yield
         return
