@@ -1342,6 +1342,15 @@ async def until_gone(pids: list[int], within: float) -> None:
             await trio.sleep(0.01)  # strangers' deaths: no event to wait on
 
 
+async def sigkill_takes_its_trees_along(parent: subprocess.Popen[bytes], pids: list[int]) -> None:
+    """SIGKILL the parent (no atexit, no cleanup: only the watchdog is left to act), and
+    see every pid of its trees gone within the 1 s the backstop promises."""
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    await until_gone(pids, within=1.0)
+    assert [pid for pid in pids if procs.alive(pid)] == []
+
+
 async def test_parent_killed_with_sigkill_takes_its_trees_along(
     tracked: Tracked, strong: str
 ) -> None:
@@ -1354,10 +1363,7 @@ async def test_parent_killed_with_sigkill_takes_its_trees_along(
     try:
         with parent_with_a_tree(tracked, strong) as (parent, pids, _):
             assert all(procs.alive(pid) for pid in pids)
-            parent.send_signal(signal.SIGKILL)  # no atexit, no cleanup: only the watchdog
-            parent.wait()
-            await until_gone(pids, within=1.0)
-            assert [pid for pid in pids if procs.alive(pid)] == []
+            await sigkill_takes_its_trees_along(parent, pids)
         # The watchdog (it carries our token too) exits once it has done its job.
         await until_none_survive(tracked, within=1.0)
         assert tracked.survivors() == []
@@ -1378,23 +1384,26 @@ EMBEDDED = textwrap.dedent(
 )
 
 
+def embedding_program(tmp_path: Path) -> tuple[Path, Path]:
+    """A stand-in for a program that embeds Python, and the file it leaves if it is run."""
+    ran = tmp_path / "the embedding program ran"
+    program = tmp_path / "embedding-program"
+    program.write_text(f"#!/bin/sh\ntouch '{ran}'\n")
+    program.chmod(0o755)
+    return program, ran
+
+
 async def test_parent_that_embeds_python_runs_its_watchdog_with_python_not_itself(
     tracked: Tracked, tmp_path: Path
 ) -> None:
     # Red before (helper-72): the watchdog was started as sys.executable -I -S -c ...,
     # which ran the embedding program itself (its own main job, here the file), and no
     # watchdog ran: a SIGKILLed parent left its trees running.
-    ran = tmp_path / "the embedding program ran"
-    program = tmp_path / "embedding-program"
-    program.write_text(f"#!/bin/sh\ntouch '{ran}'\n")
-    program.chmod(0o755)
+    program, ran = embedding_program(tmp_path)
     script = f"EMBEDDING_PROGRAM = {str(program)!r}\n" + EMBEDDED + PARENT
     with parent_with_a_tree(tracked, "auto", script=script) as (parent, pids, _):
         assert all(procs.alive(pid) for pid in pids)
-        parent.send_signal(signal.SIGKILL)  # no atexit, no cleanup: only the watchdog
-        parent.wait()
-        await until_gone(pids, within=1.0)
-        assert [pid for pid in pids if procs.alive(pid)] == []
+        await sigkill_takes_its_trees_along(parent, pids)
     await until_none_survive(tracked, within=1.0)
     assert tracked.survivors() == []
     assert not ran.exists()
@@ -1417,10 +1426,7 @@ def test_parent_that_embeds_python_without_an_interpreter_says_it_has_no_backsto
 ) -> None:
     # Its trees run, cleaned up as ever; what it lacks is said, once, and nothing else
     # is started in the watchdog's place.
-    ran = tmp_path / "the embedding program ran"
-    program = tmp_path / "embedding-program"
-    program.write_text(f"#!/bin/sh\ntouch '{ran}'\n")
-    program.chmod(0o755)
+    program, ran = embedding_program(tmp_path)
     script = (
         f"EMBEDDING_PROGRAM, NOWHERE = {str(program)!r}, {str(tmp_path)!r}\n"
         + EMBEDDED_WITHOUT_AN_INTERPRETER
@@ -1501,10 +1507,7 @@ async def test_parent_killed_after_a_fork_while_its_watchdog_started_takes_its_t
         holder = int(parent.stdout.readline().split()[1])
         try:
             assert procs.alive(holder)
-            parent.send_signal(signal.SIGKILL)
-            parent.wait()
-            await until_gone(pids, within=1.0)
-            assert [pid for pid in pids if procs.alive(pid)] == []
+            await sigkill_takes_its_trees_along(parent, pids)
         finally:
             os.kill(holder, signal.SIGKILL)  # (ours: our child's child, tagged with our token)
     await until_none_survive(tracked, within=1.0)
@@ -1612,10 +1615,7 @@ async def test_a_tree_that_outlived_its_cleanup_dies_with_a_parent_killed_later(
     ):
         assert cleanup == "failed"
         assert all(procs.alive(pid) for pid in pids)  # (the premise: it outlived cleanup)
-        parent.send_signal(signal.SIGKILL)  # no atexit, no cleanup: only the watchdog
-        parent.wait()
-        await until_gone(pids, within=1.0)
-        assert [pid for pid in pids if procs.alive(pid)] == []
+        await sigkill_takes_its_trees_along(parent, pids)
     await until_none_survive(tracked, within=1.0)
     assert tracked.survivors() == []
 
@@ -1687,10 +1687,7 @@ async def test_a_lost_watchdog_is_replaced_with_every_registration(
             for pid in pids:
                 procs.remember(pid)
             assert all(procs.alive(pid) for pid in pids)
-            parent.send_signal(signal.SIGKILL)
-            parent.wait()
-            await until_gone(pids, within=1.0)
-            assert [pid for pid in pids if procs.alive(pid)] == []
+            await sigkill_takes_its_trees_along(parent, pids)
         finally:
             parent.kill()
     await until_none_survive(tracked, within=1.0)
@@ -2012,10 +2009,7 @@ async def test_parent_killed_with_sigkill_takes_members_without_environment_alon
         pinned = [os.pidfd_open(pid) for pid in pids]
         try:
             assert all(procs.alive(pid) for pid in pids)
-            parent.send_signal(signal.SIGKILL)
-            parent.wait()
-            await until_gone(pids, within=1.0)
-            assert [pid for pid in pids if procs.alive(pid)] == []
+            await sigkill_takes_its_trees_along(parent, pids)
         finally:
             for fd in pinned:
                 with contextlib.suppress(ProcessLookupError):
@@ -3150,10 +3144,7 @@ async def test_parent_killed_with_sigkill_takes_an_escapee_whose_main_thread_exi
         [escapee] = [pid for pid in pids[1:] if os.getsid(pid) == pid]
         with pinned(escapee):
             await until_main_thread_gone(escapee)
-            parent.send_signal(signal.SIGKILL)
-            parent.wait()
-            await until_gone(pids, within=1.0)
-            assert [pid for pid in pids if procs.alive(pid)] == []
+            await sigkill_takes_its_trees_along(parent, pids)
     await until_none_survive(tracked, within=1.0)
     assert tracked.survivors() == []
 

@@ -29,23 +29,26 @@ def unique_sleep() -> str:
     return f"60.{uuid.uuid4().int % 10**9}"  # a sleep nobody else runs
 
 
-LEAKY_TESTS = """
+#: The start of a test file whose tests leak ``sleep``s: ``exec_done`` waits until the one
+#: given runs its own command line, so the report can be checked for it (a process caught
+#: between fork and exec still shows its parent's, or none).
+LEAKING = """
 import asyncio, ctypes, os, subprocess, time, trio
 
 def exec_done(seconds):
-    # Each leak is left running its own command line, so the report can be checked for
-    # it: a process caught between fork and exec still shows its parent's (or none).
     wanted = ("sleep", str(seconds))
     while True:
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
-                with open(f"/proc/{{pid}}/cmdline", "rb") as f:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
                     if tuple(f.read().decode().split("\\0")[:2]) == wanted:
                         return
             except OSError:
                 pass
         time.sleep(0.005)
+"""
 
+LEAKY_TESTS = """
 def test_leaks_a_child():
     subprocess.Popen(["sleep", "{child}"])
     exec_done("{child}")
@@ -78,7 +81,7 @@ LEAKY_NAMES = ("a_child", "a_setsid_escapee", "from_trio", "from_asyncio")
 def leaky(pytester: pytest.Pytester, tracked: Tracked, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setenv(procs.TOKEN_VAR, tracked.token)  # the inner run's processes carry it
     sleeps = {name: unique_sleep() for name in LEAKY_SLEEPS}
-    pytester.makepyfile(test_leaky=LEAKY_TESTS.format(**sleeps))
+    pytester.makepyfile(test_leaky=LEAKING + LEAKY_TESTS.format(**sleeps))
     pytester.makeini("[pytest]\ntrio_mode = true\n")
     return sleeps
 
@@ -143,22 +146,25 @@ def test_marker_checks_one_test_and_the_check_is_off_by_default(
     assert procs.kill_survivors(tracked.token) == leftovers
 
 
+def one_leaking_test(leaked: str, *, then: str = "pass") -> str:
+    """A test file of one test that leaks ``sleep LEAKED`` and then runs ``then``."""
+    return LEAKING + textwrap.dedent(
+        f"""
+        def test_leaks():
+            subprocess.Popen(["sleep", "{leaked}"])
+            exec_done("{leaked}")
+            {then}
+        """
+    )
+
+
 def test_a_test_that_fails_and_leaks_is_one_failure_that_lists_the_leak(
     pytester: pytest.Pytester, tracked: Tracked, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Its own failure stays what the report says first; the leak is a section of it.
     monkeypatch.setenv(procs.TOKEN_VAR, tracked.token)
     leaked = unique_sleep()
-    pytester.makepyfile(
-        f"""
-        import subprocess, time
-
-        def test_fails_and_leaks():
-            subprocess.Popen(["sleep", "{leaked}"])
-            time.sleep(0.2)  # (its exec done: the listing shows its command line)
-            assert 1 == 2, "its own failure"
-        """
-    )
+    pytester.makepyfile(one_leaking_test(leaked, then='assert 1 == 2, "its own failure"'))
     result = pytester.runpytest_subprocess("--check-process-leaks", "-p", "no:cacheprovider")
     result.assert_outcomes(failed=1)
     output = result.stdout.str()
@@ -188,15 +194,7 @@ def test_a_leak_under_another_plugins_protocol_is_an_error_at_the_tests_teardown
             return True
         """
     )
-    pytester.makepyfile(
-        f"""
-        import subprocess, time
-
-        def test_leaks():
-            subprocess.Popen(["sleep", "{leaked}"])
-            time.sleep(0.2)  # (its exec done: the listing shows its command line)
-        """
-    )
+    pytester.makepyfile(one_leaking_test(leaked))
     result = pytester.runpytest_subprocess("--check-process-leaks", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1, errors=1)
     assert f"sleep {leaked}" in result.stdout.str()
