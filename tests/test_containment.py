@@ -2700,12 +2700,14 @@ async def test_a_cgroup_whose_settings_a_member_changed_never_serves_again(
     assert tracked.survivors() == []
 
 
+@pytest.mark.parametrize("frozen", ["the_tree_cgroup", "a_cgroup_inside_it"])
 async def test_a_tree_whose_member_froze_its_cgroup_still_stops_gracefully(
-    tracked: Tracked, tmp_path: Path
+    tracked: Tracked, tmp_path: Path, frozen: str
 ) -> None:
     # A frozen member cannot run its SIGTERM handler, as a stopped one cannot: cleanup
     # thaws the cgroup after the stop signal, as it sends SIGCONT. Red before (helper-70):
-    # the grace ran out, and the tree was SIGKILLed.
+    # the grace ran out, and the tree was SIGKILLed. A cgroup a member made inside the
+    # tree's and froze is thawed by the escalation's listing (red before stop 41).
     available("cgroup")
     said = tmp_path / "said"
     handles = f'trap "echo stopped gracefully > {said}; exit 0" TERM; echo ready; '
@@ -2719,6 +2721,8 @@ async def test_a_tree_whose_member_froze_its_cgroup_still_stops_gracefully(
         assert tree.stdout is not None
         assert await tree.stdout.receive_some() == b"ready\n"
         cgroup = tree._core.containment.path  # type: ignore[attr-defined]
+        if frozen == "a_cgroup_inside_it":
+            cgroup = move_into_a_cgroup_inside(cgroup, tree.pid)
         Path(cgroup, "cgroup.freeze").write_text("1")  # noqa: ASYNC240 - as a member could
         with trio.fail_after(10):
             while b"frozen 1" not in Path(cgroup, "cgroup.events").read_bytes():  # noqa: ASYNC240
@@ -2726,6 +2730,40 @@ async def test_a_tree_whose_member_froze_its_cgroup_still_stops_gracefully(
     assert tree.outcome is not None
     assert not tree.outcome.grace_expired
     assert said.read_text() == "stopped gracefully\n"
+    assert tracked.survivors() == []
+
+
+async def test_a_lingering_member_in_a_cgroup_it_froze_inside_the_tree_stops_gracefully(
+    tracked: Tracked,
+) -> None:
+    # The leader has exited: the escalation lists what lingers before its first signal,
+    # and thaws what a member froze inside the tree's cgroup first (red before stop 41:
+    # the sleep sat out the grace, frozen, and was SIGKILLed at its end).
+    available("cgroup")
+    # (A member with no handler is killed by its SIGTERM, frozen or not: the kernel
+    # makes a fatal signal a SIGKILL. One with a handler must run it.)
+    handles = 'trap "exit 0" TERM; echo ready; while :; do sleep 0.05; done'
+    async with open_process_tree(
+        ["sh", "-c", f"sh -c '{handles}' & echo $!"],
+        grace=2.0,
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+        containment="cgroup",
+    ) as tree:
+        assert tree.stdout is not None
+        said = b""
+        while said.count(b"\n") < 2:  # its pid, and "ready", in either order
+            said += await tree.stdout.receive_some()
+        (lingering,) = [int(line) for line in said.split() if line != b"ready"]
+        assert await tree.wait() == 0
+        inner = move_into_a_cgroup_inside(tree._core.containment.path, lingering)  # type: ignore[attr-defined]
+        Path(inner, "cgroup.freeze").write_text("1")  # noqa: ASYNC240 - as a member could
+        with trio.fail_after(10):
+            while b"frozen 1" not in Path(inner, "cgroup.events").read_bytes():  # noqa: ASYNC240
+                await trio.sleep(0.01)  # (the kernel's freeze takes a moment: no event here)
+    assert tree.outcome is not None
+    assert tree.outcome.signals == (signal.SIGTERM, signal.SIGCONT)
+    assert not tree.outcome.grace_expired
     assert tracked.survivors() == []
 
 

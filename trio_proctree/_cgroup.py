@@ -189,13 +189,22 @@ class CgroupContainment(MemberTracking):
     def _thaw_once(self) -> None:
         """Thaw the cgroup at cleanup's first step, if a member froze it (cgroup.freeze):
         frozen, no member can act on the step's signal, as none stopped can before its
-        SIGCONT, and the grace ran out (helper-70). One write, a no-op if not frozen; a
-        cgroup inside it that a member froze stays so (the hard stop still kills it)."""
+        SIGCONT, and the grace ran out (helper-70). One write, a no-op if not frozen. A
+        cgroup a member made inside it and froze is thawed where the escalation first
+        lists the members (`_thaw_inside`)."""
         if self._thawed:
             return
         self._thawed = True
         with contextlib.suppress(OSError):  # (gone, or out of descriptors: the hard stop
             cgroupfs.thaw(self.path)  # reaches frozen members all the same)
+
+    def _thaw_inside(self) -> None:
+        """Thaw the cgroups members made inside the tree's and froze: their members could
+        not act on the escalation's signals, and sat out the grace (red before stop 41).
+        Called by the escalation's listings, not at its first step: a tree whose leader
+        exits at its stop signal, its cgroup left empty, is never looked into (a stat of
+        the cgroup's directory, where nothing was made inside)."""
+        cgroupfs.thaw_inside(self.path)
 
     def _list_members(self) -> list[int]:
         return cgroupfs.processes_in(self.path)
@@ -234,7 +243,9 @@ class CgroupContainment(MemberTracking):
 
     def _survey(self, *, track: bool, pins: bool, give: Sequence[int]) -> list[int]:
         """List the members, and return the escapees not known before (pinned by pidfd).
-        With ``track``, every member listed is tracked by a pidfd, to be waited on.
+        With ``track`` (an escalation's listing), every member listed is tracked by a
+        pidfd, to be waited on, and the cgroups members froze inside the tree's are thawed
+        first (`_thaw_inside`).
         ``pins``: whether the unreaped leader pins the group id (the caller has just asked).
         ``give``: the signals the caller gives new escapees; should the listing fail part
         way (out of file descriptors, say), those it found have them before the error is
@@ -247,6 +258,8 @@ class CgroupContainment(MemberTracking):
         one.) Anything else is confirmed by `_open_member` through a pidfd of its own.
         """
         new: list[int] = []
+        if track:
+            self._thaw_inside()
         listed = self._list_members()
         try:
             if not pins:

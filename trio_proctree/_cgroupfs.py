@@ -145,6 +145,15 @@ def thaw(cgroup: str) -> None:
     _write_control(cgroup, "cgroup.freeze", b"0")
 
 
+def thaw_inside(cgroup: str) -> None:
+    """Thaw every cgroup a member made inside ``cgroup`` and froze: thawing ``cgroup``
+    leaves them frozen (each keeps its own ``cgroup.freeze``). One that cannot be thawed
+    (removed meanwhile) is passed over."""
+    for inner in all_dirs(cgroup)[1:]:
+        with contextlib.suppress(OSError):
+            thaw(inner)
+
+
 def _write_control(cgroup: str, name: str, value: bytes) -> None:
     fd = os.open(os.path.join(cgroup, name), os.O_WRONLY | os.O_CLOEXEC)
     try:

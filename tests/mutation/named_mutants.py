@@ -2889,6 +2889,20 @@ MUTANTS = [
         "        if False:\n",
         "argument_list_too_long",
     ),
+    (
+        "cgroup: a cgroup a member froze inside the tree's left frozen through the grace",
+        "_cgroupfs.py",
+        "            thaw(inner)\n",
+        "            pass\n",
+        "froze",
+    ),
+    (
+        "cgroup: an escalation's listing thaws nothing inside the tree's cgroup",
+        "_cgroup.py",
+        "        if track:\n            self._thaw_inside()\n",
+        "",
+        "froze",
+    ),
 ]
 
 
