@@ -896,6 +896,37 @@ async def test_a_member_that_leaves_the_group_during_cleanup_escapes_it_quietly(
     assert procs.kill_survivors(tracked.token) == [member]
 
 
+# Outlives the leader; on SIGTERM, leaves the group (setsid) and runs on.
+LEAVES_THE_GROUP_ON_TERM = (
+    "import os, signal, time; "
+    "signal.signal(signal.SIGTERM, lambda *_: os.setsid()); "
+    "print(os.getpid(), flush=True); time.sleep(60)"
+)
+
+
+async def test_a_lingering_member_that_escapes_at_its_stop_signal_is_not_counted_stopped(
+    tracked: Tracked,
+) -> None:
+    # Group containment: a member lingering after the leader's exit that leaves the group
+    # on the stop signal escapes, as documented. Red before (helper-75): cleanup said it
+    # stopped it (``lingering_killed == 1``) while it ran on.
+    async with open_process_tree(
+        ["sh", "-c", f'"$0" -c "{LEAVES_THE_GROUP_ON_TERM}" & exit 0', sys.executable],
+        grace=0.5,
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+        containment="group",
+    ) as tree:
+        assert tree.stdout is not None
+        [member] = await read_pids(tree.stdout, 1)
+        assert await tree.wait() == 0
+    assert tree.outcome is not None
+    assert tree.outcome.signals == (signal.SIGTERM, signal.SIGCONT)
+    assert tree.outcome.lingering_killed == 0
+    assert os.getsid(member) == member  # it left, and lives on: the group's documented limit
+    assert procs.kill_survivors(tracked.token) == [member]
+
+
 async def until_a_sleep_with_no_environment(pid: int) -> None:
     """Until ``pid`` has exec'd ``env -i sleep``: no event says an exec is done."""
     with trio.fail_after(5):

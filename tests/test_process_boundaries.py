@@ -1722,6 +1722,37 @@ def test_a_watchdog_that_stopped_reading_is_replaced_not_waited_for(tracked: Tra
     assert tracked.survivors() == []
 
 
+# Stops its watchdog (SIGSTOP), then makes one small registration, which its socket holds:
+# says whether it went to a new watchdog, and the stopped one's pid.
+WATCHDOG_STOPPED = textwrap.dedent(
+    """
+    import os, signal
+    from trio_proctree import _watchdog
+
+    _watchdog.ensure_started()
+    stopped = _watchdog.running()[0]
+    os.kill(stopped.pid, signal.SIGSTOP)
+    os.waitid(os.P_PID, stopped.pid, os.WSTOPPED | os.WNOWAIT)  # (until it is stopped)
+    _watchdog.register("marker TRIO_PROCTREE_TEST_0=1")
+    now = _watchdog.running()[0]
+    print(now is not stopped, now.is_at(now.pid), stopped.pid, flush=True)
+    _watchdog.unregister("marker TRIO_PROCTREE_TEST_0=1")
+    if now is stopped:  # (kept: ended here, not left holding our output open for good)
+        os.kill(stopped.pid, signal.SIGKILL)
+    """
+)
+
+
+def test_a_stopped_watchdog_is_replaced_at_the_next_registration(tracked: Tracked) -> None:
+    # Red before (helper-75): the registration fitted the stopped watchdog's socket, so
+    # nothing seemed amiss until the socket was full, dozens of trees later: a parent
+    # SIGKILLed meanwhile left every tree running until someone continued the watchdog.
+    said = procs.run_python(WATCHDOG_STOPPED, env=tracked.env).split()
+    assert said[:2] == ["True", "True"]
+    assert procs.wait_exited(int(said[2]))  # killed, though stopped
+    assert tracked.survivors() == []
+
+
 # Starts a tree and prints its watchdog's command line, as /proc shows it to ps and pgrep.
 WATCHDOG_COMMAND_LINE = textwrap.dedent(
     """

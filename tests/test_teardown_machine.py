@@ -694,7 +694,10 @@ def test_durations_refuse_the_rest_naming_the_setting(value: object) -> None:
     ("kwargs", "message"),
     [
         ({"close_stdin": -1}, "close_stdin must be a finite number of seconds >= 0, not -1"),
-        ({"kill_wait": float("inf")}, "kill_wait must be a finite number of seconds >= 0, not inf"),
+        # (Said as "> 0" for every value it refuses: ">= 0" for some, as before stop 41,
+        # was wrong for 0; helper-75.)
+        ({"kill_wait": float("inf")}, "kill_wait must be a finite number of seconds > 0, not inf"),
+        ({"kill_wait": -1}, "kill_wait must be a finite number of seconds > 0, not -1"),
         (
             {"kill_wait": 0},
             "kill_wait must be a finite number of seconds > 0, not 0: "

@@ -70,8 +70,9 @@ def parse_stop_signal(value: SignalLike) -> int:
     return sig
 
 
-def parse_duration(value: float, *, what: str) -> float:
-    """Return ``value`` as seconds, refusing negative, NaN and infinite values."""
+def parse_duration(value: float, *, what: str, least: str = ">= 0") -> float:
+    """Return ``value`` as seconds, refusing negative, NaN and infinite values (said to
+    be not ``least``: a caller that also refuses 0 says "> 0")."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{what} must be a number of seconds, not {value!r}")
     try:
@@ -82,7 +83,7 @@ def parse_duration(value: float, *, what: str) -> float:
         huge = isinstance(value, int) and seconds == math.inf
         sign = "a negative " if huge and value < 0 else "an "
         shown = f"{sign}integer of {int(value).bit_length()} bits" if huge else repr(value)
-        raise ValueError(f"{what} must be a finite number of seconds >= 0, not {shown}")
+        raise ValueError(f"{what} must be a finite number of seconds {least}, not {shown}")
     return seconds
 
 
@@ -103,7 +104,7 @@ def _optional_stdin_wait(value: float | None) -> float | None:
 
 
 def _kill_wait(value: float) -> float:
-    seconds = parse_duration(value, what="kill_wait")
+    seconds = parse_duration(value, what="kill_wait", least="> 0")
     if seconds == 0:
         # SIGKILL takes a moment to land: a cleanup that may not wait for it would look
         # once, too early, and report processes outliving SIGKILL, the leader unreaped.
@@ -146,8 +147,12 @@ class Step:
     every process.
     """
 
+    #: The signal sent (a number; given as a ``signal.Signals``, an int or a name such as
+    #: ``"SIGTERM"`` or ``"TERM"``).
     signal: int = attrs.field(converter=parse_stop_signal)
+    #: Seconds to wait, at most, for the tree to empty after the signal.
     wait: float = attrs.field(converter=_step_wait)
+    #: Whether the signal goes to the leader alone (see above); SIGCONT goes to all.
     leader_only: bool = attrs.field(default=False, converter=_leader_only)
 
     def __attrs_post_init__(self) -> None:
@@ -227,11 +232,16 @@ class Escalation:
     ``Escalation(steps=[(signal.SIGINT, 2.0), (signal.SIGTERM, 3.0)], close_stdin=1.0)``
     """
 
+    #: The graceful steps, in order (given as `Step` values or ``(signal, wait)`` and
+    #: ``(signal, wait, leader_only)`` tuples); SIGTERM and 5 s by default.
     steps: tuple[Step, ...] = attrs.field(
         default=(Step(DEFAULT_STOP_SIGNAL, DEFAULT_GRACE),),
         converter=_as_steps,
     )
+    #: Seconds to wait after closing the tree's stdin, before the first step; None (the
+    #: default): no such step.
     close_stdin: float | None = attrs.field(default=None, converter=_optional_stdin_wait)
+    #: Seconds to wait, at most, for the tree to be gone after SIGKILL (2 s by default).
     kill_wait: float = attrs.field(default=_NOT_GIVEN, converter=_kill_wait_if_given)
 
     def __attrs_post_init__(self) -> None:

@@ -41,6 +41,9 @@ class ProcessGroupContainment:
         #: Members found after the leader exited: they linger if still running at
         #: cleanup's next step (else they were dying of the last, or ended on their own).
         self._outliving: set[int] = set()
+        #: Members seen to leave the group (`_left_group`): they escape the tree, and
+        #: were not stopped by cleanup, though they may have lingered at a step.
+        self._left: set[int] = set()
         #: Processes found in a group with the tree's id that could be no one's but could
         #: not be told to be the tree's (`Leader.never_watched`): `release` reports them.
         self._left_alone = 0
@@ -83,7 +86,7 @@ class ProcessGroupContainment:
 
     @property
     def lingering(self) -> int:
-        return len(self._lingering)
+        return len(self._lingering - self._left)
 
     @property
     def escapees(self) -> int:
@@ -256,6 +259,7 @@ class ProcessGroupContainment:
         stat = read_stat(pid)
         if stat is not None and stat.pgid != self._pgid:
             logger.debug("pid %d left process group %d; it escapes the tree", pid, self._pgid)
+            self._left.add(pid)
             return True
         return False
 

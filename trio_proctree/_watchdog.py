@@ -525,6 +525,18 @@ class Watchdog:
             return False
         return True
 
+    def is_stopped(self) -> bool:
+        """Whether the watchdog is stopped (SIGSTOP, say): it reads nothing then, and would
+        miss our death, while our writes still fit its socket's buffer for many trees and
+        show nothing amiss (helper-75). One system call, which reaps nothing."""
+        if self._pidfd < 0:
+            return False
+        try:
+            stopped = os.waitid(os.P_PIDFD, self._pidfd, os.WSTOPPED | os.WNOHANG | os.WNOWAIT)
+        except OSError:  # reaped (by code that waits for any child, say): the write says
+            return False
+        return stopped is not None and stopped.si_code == os.CLD_STOPPED
+
     def _close_pidfd(self) -> None:
         if self._pidfd >= 0:
             os.close(self._pidfd)
@@ -733,20 +745,23 @@ def kill_now(*entries: str) -> bool:
 def _write(watchdog: Watchdog, lines: Iterable[str]) -> None:
     """Write the unregistrations kept back, then ``lines`` (the caller holds `_lock`).
 
-    A watchdog found gone (killed by someone, or by the OOM killer) is replaced at once,
-    and the new one told of everything registered: else the trees started before the
-    loss, and the entry of the write that found it, would have no backstop at all, and
-    the next tree's would start a watchdog told of nothing else.
+    A watchdog found gone (killed by someone, or by the OOM killer) or stopped is
+    replaced at once, and the new one told of everything registered: else the trees
+    started before the loss, and the entry of the write that found it, would have no
+    backstop at all, and the next tree's would start a watchdog told of nothing else.
     """
     batch = [*_deferred, *lines]
     _deferred.clear()
-    try:
-        watchdog.send(batch)
-        return
-    except OSError as exc:
-        logger.warning("the parent-death backstop was lost (%s); starting another", exc)
-        _current.remove(watchdog)
-        watchdog.abandon()
+    lost = "it is stopped"
+    if not watchdog.is_stopped():
+        try:
+            watchdog.send(batch)
+            return
+        except OSError as exc:
+            lost = str(exc)
+    logger.warning("the parent-death backstop was lost (%s); starting another", lost)
+    _current.remove(watchdog)
+    watchdog.abandon()
     _started().send([line for line in batch if line[0] == "!"])
 
 

@@ -2903,6 +2903,27 @@ MUTANTS = [
         "",
         "froze",
     ),
+    (
+        "watchdog: a stopped watchdog written to as though it read",
+        "_watchdog.py",
+        "    if not watchdog.is_stopped():\n",
+        "    if True:\n",
+        "a_stopped_watchdog",
+    ),
+    (
+        "group: a lingering member seen leaving the group counted as stopped",
+        "_group.py",
+        "        return len(self._lingering - self._left)\n",
+        "        return len(self._lingering)\n",
+        "escapes_at_its_stop_signal",
+    ),
+    (
+        "escalation: kill_wait refused as not >= 0, where it must be > 0",
+        "_escalation.py",
+        '    seconds = parse_duration(value, what="kill_wait", least="> 0")\n',
+        '    seconds = parse_duration(value, what="kill_wait")\n',
+        "bad_policies",
+    ),
 ]
 
 
