@@ -1211,6 +1211,45 @@ def test_a_pipe_connect_cancelled_under_uvloop_is_not_closed_twice(
     assert tracked.survivors() == []
 
 
+def test_a_tree_closed_under_uvloop_closes_each_pipe_number_once(
+    tracked: Tracked, contained: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # uvloop's transport has libuv close the pipe's number, then calls the file object's
+    # close(): ours closed the number again. Red before (helper-73): EBADF, which uvloop
+    # passes over, or, where another thread had opened a file in between (the spawns'
+    # and cgroup reads' worker threads do), that file closed under it: Popen's error pipe
+    # read a cgroup.events, and a tree's cleanup failed with its processes running.
+    uvloop = pytest.importorskip("uvloop")
+    not_open: list[int] = []  # numbers closed while not open: each a second close
+    real_close = os.close
+
+    def close(fd: int) -> None:
+        try:
+            os.fstat(fd)
+        except OSError:
+            not_open.append(fd)
+        real_close(fd)
+
+    async def main() -> None:
+        for _ in range(3):
+            async with open_process_tree(
+                TWO_SLEEPS,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                grace=0.2,
+                **contained,
+            ) as tree:
+                assert tree.stdout is not None
+                await asyncio.sleep(0)
+
+    monkeypatch.setattr(os, "close", close)  # (watched, as the process closes them)
+    uvloop.run(main())
+    monkeypatch.undo()
+    assert not_open == []
+    assert tracked.survivors() == []
+
+
 def test_a_tree_stream_given_to_another_tree_says_how_to_make_a_pipeline(
     tracked: Tracked, tmp_path: Path
 ) -> None:

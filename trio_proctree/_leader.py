@@ -73,6 +73,10 @@ class Leader:
         self.heads_session = heads_session
         self._returncode: int | None = None
         self.reaped = False
+        #: A reap of ours has called ``waitid``: a later "no such child" may be that reap's
+        #: own doing, cut short after the call by an exception (a Ctrl-C) before it could
+        #: note it, not someone else's.
+        self._reap_began = False
         #: Someone else (an ``os.wait()`` elsewhere in the program) reaped the leader: its
         #: process group id is no longer pinned and must not be signalled by its number.
         self.lost = False
@@ -105,10 +109,18 @@ class Leader:
             # WNOWAIT: the exit is reported, not consumed (the zombie stays).
             info = os.waitid(os.P_PIDFD, self.pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
-            self._lose()
+            self._gone()
             return
         if info is not None and self._returncode is None:
             self._returncode = _decode(info)
+
+    def _gone(self) -> None:
+        """The kernel has no such child: reaped by a reap of ours cut short (its status
+        was seen first: `reap` reaps only what `poll` saw exit), else by someone else."""
+        if self._reap_began and self._returncode is not None:
+            self._reaped()
+        else:
+            self._lose()
 
     def _lose(self, *, before_its_pidfd: bool = False) -> None:
         """Note that someone else reaped the leader."""
@@ -162,19 +174,29 @@ class Leader:
         if self.reaped or self.poll() is None:
             return self._returncode
         self._unlist()  # before the reap frees the pid: then it may be a new process's
+        began_before, self._reap_began = self._reap_began, True
         try:
             # Through the pidfd: the very process, even if someone else reaped it and its
             # pid now belongs to another child of ours (then: ECHILD, nothing to reap).
             os.waitid(os.P_PIDFD, self.pidfd, os.WEXITED | os.WNOHANG)
         except ChildProcessError:
-            self._peek()  # notes that it was lost
+            # Someone else's reap, unless one of ours was cut short after its waitid
+            # (helper-73: a Ctrl-C there, and the leader was said reaped by someone else,
+            # its status lost, and cleanup's outcome with it).
+            if began_before:
+                self._reaped()
+            else:
+                self._lose()
             return self._returncode
+        self._reaped()
+        return self._returncode
+
+    def _reaped(self) -> None:
         # Popen must not wait for it again (nor warn that it still runs).
         if self.popen is not None:
             self.popen.returncode = self._returncode
         self.reaped = True
         logger.debug("pid %d reaped, exit status %s", self.pid, self._returncode)
-        return self._returncode
 
 
 def _forget_the_parents_leaders() -> None:

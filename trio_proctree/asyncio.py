@@ -830,8 +830,9 @@ class _PipeEnd:
     ``close()``): the transport owns it once connected, and closes it.
 
     Not a file object, because one cannot be let go without closing its number: uvloop
-    closes the number itself when a connect is cancelled, behind the object's back, and a
-    close after that failed (EBADF), or closed another file that took the number since.
+    closes the number itself (libuv does, as the transport closes, and when a connect is
+    cancelled) and then calls ``close()``, which closed it again: EBADF, or another
+    file that took the number since, in another thread (helper-46, helper-73).
     """
 
     def __init__(self, fd: int) -> None:
@@ -848,16 +849,13 @@ class _PipeEnd:
         return self._fd
 
     def close(self) -> None:
-        fd, self._fd = self._fd, -1
-        if fd >= 0:
-            os.close(fd)
-
-    def close_if_still_ours(self) -> None:
         """Close it, unless its number no longer names the pipe it did (closed by the
-        loop, and maybe taken by another file since): then only let it go."""
-        if self._fd >= 0 and _identity(self._fd) != self._identity:
-            self._fd = -1
-        self.close()
+        loop, and maybe taken by another file since): then only let it go. (Safe from
+        races: while the number names our pipe, no other code frees it, and a file that
+        takes it once it is free is another file.)"""
+        fd, self._fd = self._fd, -1
+        if fd >= 0 and self._identity is not None and _identity(fd) == self._identity:
+            os.close(fd)
 
     def __del__(self) -> None:
         if self._fd >= 0:  # (as a file object does)
@@ -1025,7 +1023,7 @@ async def _closing_on_error(pipe: _PipeEnd, connecting: Coroutine[Any, Any, T]) 
     try:
         return await connecting
     except BaseException:
-        pipe.close_if_still_ours()
+        pipe.close()
         raise
 
 

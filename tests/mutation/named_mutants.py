@@ -2419,8 +2419,8 @@ MUTANTS = [
     (
         "asyncio: a pipe that uvloop closed on a cancelled connect closed again",
         "asyncio.py",
-        "        if self._fd >= 0 and _identity(self._fd) != self._identity:\n",
-        "        if False:\n",
+        "        if fd >= 0 and self._identity is not None and _identity(fd) == self._identity:\n",
+        "        if fd >= 0:\n",
         "connect_cancelled_under_uvloop",
     ),
     (
@@ -2923,6 +2923,27 @@ MUTANTS = [
         '    seconds = parse_duration(value, what="kill_wait", least="> 0")\n',
         '    seconds = parse_duration(value, what="kill_wait")\n',
         "bad_policies",
+    ),
+    (
+        "asyncio: a pipe end closed again after the loop closed its number",
+        "asyncio.py",
+        "        if fd >= 0 and self._identity is not None and _identity(fd) == self._identity:\n",
+        "        if fd >= 0:\n",
+        "closes_each_pipe_number_once",
+    ),
+    (
+        "leader: a reap of ours cut short by a Ctrl-C taken for someone else's",
+        "_leader.py",
+        "            if began_before:\n                self._reaped()\n",
+        "            if False:\n                self._reaped()\n",
+        "right_after_the_leaders_reap",
+    ),
+    (
+        "leader: a look after a reap of ours cut short takes it for someone else's",
+        "_leader.py",
+        "        if self._reap_began and self._returncode is not None:\n",
+        "        if False:\n",
+        "right_after_the_leaders_reap",
     ),
 ]
 
