@@ -1372,3 +1372,67 @@ def test_a_ctrl_c_right_after_the_leaders_reap_keeps_its_status(tracked: Tracked
     logged = [line for line in said if not line.startswith("{")]
     assert logged == []  # no "reaped by someone else", then or at exit
     assert tracked.survivors() == []
+
+
+# One Ctrl-C that trio holds back: it comes while the block's task waits on a worker
+# thread (or, with argv[2] == "busy", runs code with no checkpoint, as trio is told to
+# raise it only at one), and the block then ends. Prints what was raised and what the
+# cleanup did.
+CTRL_C_HELD_BACK_AS_THE_BLOCK_ENDS = textwrap.dedent(
+    """
+    import json, os, signal, sys, threading, time, trio
+    from trio_proctree import open_process_tree
+
+    containment, how = sys.argv[1], sys.argv[2]
+    stops_slowly = 'trap "sleep 0.2; exit 3" TERM; echo ready; while :; do sleep 0.05; done'
+
+    def ctrl_c_while_waiting():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)  # (trio takes it meanwhile, and holds it for the task)
+
+    trees = []
+
+    async def main():
+        async with open_process_tree(
+            ["sh", "-c", stops_slowly], grace=5, stdout=-1, containment=containment
+        ) as tree:
+            trees.append(tree)
+            assert await tree.stdout.receive_some() == b"ready\\n"
+            if how == "thread":
+                await trio.to_thread.run_sync(ctrl_c_while_waiting)
+            else:
+                # (Sent from another thread: Python runs the handler in this one, in
+                # the loop below, where trio may not raise it.)
+                threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGINT)).start()
+                deadline = time.monotonic() + 0.3
+                while time.monotonic() < deadline:
+                    pass  # no checkpoint
+
+    try:
+        trio.run(main, restrict_keyboard_interrupt_to_checkpoints=True)
+        raised = None
+    except BaseException as exc:
+        raised = type(exc).__name__
+    outcome = trees[0].outcome
+    print(json.dumps({
+        "raised": raised,
+        "signals": [signal.Signals(sig).name for sig in outcome.signals],
+        "status": outcome.returncode,
+    }))
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["thread", "busy"])
+def test_a_ctrl_c_held_back_until_the_block_ends_still_gets_the_graceful_stop(
+    tracked: Tracked, contained: dict[str, Any], how: str
+) -> None:
+    # A first Ctrl-C gets the graceful stop; only one during cleanup cuts it short. Red
+    # before (helper-74): trio held this one back until the cleanup's first wait, where
+    # it was taken for one during cleanup: SIGKILL 2 ms after SIGTERM, no grace at all.
+    said = procs.run_python(
+        CTRL_C_HELD_BACK_AS_THE_BLOCK_ENDS, contained["containment"], how, env=tracked.env
+    )
+    graceful = {"raised": "KeyboardInterrupt", "signals": ["SIGTERM", "SIGCONT"], "status": 3}
+    assert json.loads(said) == graceful
+    assert tracked.survivors() == []

@@ -253,17 +253,26 @@ class ProcessTree(TreeView):
             return True
         self._cleanup_started = True
         io = _TrioIO(self)
+        # A Ctrl-C trio held back before the cleanup (it came while this task could not
+        # take it: waiting on a worker thread, or running code with no checkpoint under
+        # restrict_keyboard_interrupt_to_checkpoints) came at the cleanup's first wait,
+        # taken for one that cuts the graces short: the tree SIGKILLed with no grace at
+        # all (helper-74). Taken now, it ends the block as one raised in it would: the
+        # graceful stop, then the interrupt.
+        earlier = await _ctrl_c_held_back()
         try:
             await self._core.cleanup(io)
         except Exception as error:
-            if io.keyboard_interrupt is None:
+            interrupt = io.keyboard_interrupt or earlier
+            if interrupt is None:
                 raise
             # The interrupt wins, as a cancellation does; the error rides along.
-            chain_cleanup_error(io.keyboard_interrupt, error, self._core.label)
+            chain_cleanup_error(interrupt, error, self._core.label)
         finally:
             self._cleanup_done.set()
-        if io.keyboard_interrupt is not None:
-            raise io.keyboard_interrupt
+        interrupt = io.keyboard_interrupt or earlier
+        if interrupt is not None:
+            raise interrupt
         return io.scheduled
 
     def _left_to_the_caller(self, stream: object) -> bool:
@@ -303,6 +312,24 @@ class ProcessTree(TreeView):
             await self._run_cleanup()
         except Exception as error:  # noqa: BLE001
             chain_cleanup_error(exc, error, self._core.label)
+
+
+async def _ctrl_c_held_back() -> KeyboardInterrupt | None:
+    """A Ctrl-C trio holds back for this task (the run's main task), taken; else None,
+    at the cost of two attribute reads. trio keeps it on its runner (``ki_pending``, not
+    public): where a later trio keeps it elsewhere, None, and such a Ctrl-C comes at the
+    cleanup's first wait as before. (Only then is a cancel scope made: shielded, as a
+    cleanup often runs in a cancelled scope, so that only the Ctrl-C is taken.)"""
+    task = trio.lowlevel.current_task()
+    runner = getattr(task, "_runner", None)
+    if not (getattr(runner, "ki_pending", False) and getattr(runner, "main_task", None) is task):
+        return None
+    with trio.CancelScope(shield=True):
+        try:
+            await trio.lowlevel.checkpoint_if_cancelled()
+        except KeyboardInterrupt as held:
+            return held
+    return None
 
 
 def _stream(fd: int | None) -> trio.lowlevel.FdStream | None:

@@ -2206,7 +2206,7 @@ MUTANTS = [
     (
         "interrupt: a cleanup error raised in place of a Ctrl-C that came during cleanup",
         "_trio.py",
-        "            if io.keyboard_interrupt is None:\n                raise\n",
+        "            if interrupt is None:\n                raise\n",
         "            if True:\n                raise\n",
         "never_replaces_a_ctrl_c",
     ),
@@ -2944,6 +2944,13 @@ MUTANTS = [
         "        if self._reap_began and self._returncode is not None:\n",
         "        if False:\n",
         "right_after_the_leaders_reap",
+    ),
+    (
+        "trio: a Ctrl-C held back before the cleanup taken at its first wait",
+        "_trio.py",
+        "        earlier = await _ctrl_c_held_back()\n",
+        "        earlier = None\n",
+        "held_back_until_the_block_ends",
     ),
 ]
 
