@@ -2754,10 +2754,7 @@ async def test_a_tree_whose_member_froze_its_cgroup_still_stops_gracefully(
         cgroup = tree._core.containment.path  # type: ignore[attr-defined]
         if frozen == "a_cgroup_inside_it":
             cgroup = move_into_a_cgroup_inside(cgroup, tree.pid)
-        Path(cgroup, "cgroup.freeze").write_text("1")  # noqa: ASYNC240 - as a member could
-        with trio.fail_after(10):
-            while b"frozen 1" not in Path(cgroup, "cgroup.events").read_bytes():  # noqa: ASYNC240
-                await trio.sleep(0.01)  # (the kernel's freeze takes a moment: no event here)
+        await freeze(cgroup)
     assert tree.outcome is not None
     assert not tree.outcome.grace_expired
     assert said.read_text() == "stopped gracefully\n"
@@ -2788,14 +2785,19 @@ async def test_a_lingering_member_in_a_cgroup_it_froze_inside_the_tree_stops_gra
         (lingering,) = [int(line) for line in said.split() if line != b"ready"]
         assert await tree.wait() == 0
         inner = move_into_a_cgroup_inside(tree._core.containment.path, lingering)  # type: ignore[attr-defined]
-        Path(inner, "cgroup.freeze").write_text("1")  # noqa: ASYNC240 - as a member could
-        with trio.fail_after(10):
-            while b"frozen 1" not in Path(inner, "cgroup.events").read_bytes():  # noqa: ASYNC240
-                await trio.sleep(0.01)  # (the kernel's freeze takes a moment: no event here)
+        await freeze(inner)
     assert tree.outcome is not None
     assert tree.outcome.signals == (signal.SIGTERM, signal.SIGCONT)
     assert not tree.outcome.grace_expired
     assert tracked.survivors() == []
+
+
+async def freeze(cgroup: str) -> None:
+    """Freeze ``cgroup``, as a member could, and wait until it is frozen."""
+    Path(cgroup, "cgroup.freeze").write_text("1")  # noqa: ASYNC240 - as a member could
+    with trio.fail_after(10):
+        while b"frozen 1" not in Path(cgroup, "cgroup.events").read_bytes():  # noqa: ASYNC240
+            await trio.sleep(0.01)  # (the kernel's freeze takes a moment: no event here)
 
 
 def move_into_a_cgroup_inside(cgroup: str, pid: int) -> str:
