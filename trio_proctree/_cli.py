@@ -118,10 +118,10 @@ def _build_parser() -> argparse.ArgumentParser:
         epilog=textwrap.dedent(
             """\
             exit status:
-              CMD's own; if signal N ended it, this ends by N too (128+N
-              in a shell); after a SIGTERM, SIGINT or SIGHUP to this tool,
-              it ends by that signal (one during a stop already under way
-              kills the tree at once)
+              CMD's own; 128+N if signal N ended it; after a SIGTERM,
+              SIGINT or SIGHUP to this tool, it ends by that signal (one
+              during a stop already under way kills the tree at once), as
+              it does when CMD had the terminal and died of a Ctrl-C
               124  --timeout expired (as timeout(1))
               125  trio-proctree itself failed, or could not make sure the tree is gone
               126  CMD is not executable

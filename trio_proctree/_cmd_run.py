@@ -6,12 +6,13 @@ this command, stops all of it: gracefully first, certainly second.
 
 Exit status, as ``timeout`` has it: the command's own; 124 when ``--timeout`` expired; 125
 when this tool failed (or could not make sure the tree is gone); 126 when the command is
-not executable; 127 when it is not found.
-A command that a signal N ended ends this tool by N too (a shell shows 128+N), as
-``timeout`` and ``sudo`` do; and after a stop request (SIGTERM, SIGINT, SIGHUP), which
-stops the tree (at once, during a stop already under way), it ends by that signal, so
-that a script running it in a loop stops on Ctrl-C (bash stops a script only for a child
-that died of SIGINT).
+not executable; 127 when it is not found; 128+N when a signal N ended the command, the
+status a shell shows for it, which a program running this tool sees too (``timeout`` and
+``sudo`` end by the signal instead: such a program sees minus N). After a stop request
+(SIGTERM, SIGINT, SIGHUP), which stops the tree (at once, during a stop already under
+way), this tool ends by that signal, so that a script running it in a loop stops on
+Ctrl-C (bash stops a script only for a child that died of SIGINT); so it does when the
+command, holding the terminal, died of the Ctrl-C (or Ctrl-\\) that only it got.
 An interactive command keeps the terminal, in a group of its own; under job control this
 tool stops when its command stops, as ``sudo`` does (`_job_control`).
 """
@@ -70,7 +71,7 @@ class RunOptions:
 
 def run(options: RunOptions) -> int:
     """Run the command; its exit status (see the module's docstring). Ends this process
-    by a signal where the command ended by one, or a stop request came."""
+    by a signal where a stop request came, or a Ctrl-C that only the command got."""
     if not options.command[0]:
         # As timeout(1) says it: an empty variable (`run -- "$CMD"`) is no program. Raised
         # by the library as a ValueError, it came out as a traceback with status 1, the
@@ -189,6 +190,7 @@ async def _run_with(options: RunOptions, terminal: Terminal | None) -> int:
     """`_run`, given our controlling terminal (`owned_terminal`), or None."""
     interactive = terminal is not None
     timed_out = False
+    keys_pressed = False  # the command, holding the terminal, died of Ctrl-C or Ctrl-\\
     requested: list[int] = []  # the stop requests received, in order
     # Signals are received from here on, so none can end us before the tree is stopped;
     # and until the end, so none is redelivered as we leave (trio's receiver does that to
@@ -225,7 +227,8 @@ async def _run_with(options: RunOptions, terminal: Terminal | None) -> int:
                     with trio.move_on_after(timeout) as deadline:
                         returncode = await tree.wait()
                         if -returncode in (signal.SIGINT, signal.SIGQUIT) and terminal:
-                            terminal.pass_on(-returncode)  # (its Ctrl-C, to a caller)
+                            # Its Ctrl-C, passed on to a caller where it had the terminal.
+                            keys_pressed = terminal.pass_on(-returncode)
                     timed_out = deadline.cancelled_caught
                 stopping.set()
                 # Leaving the block stops whatever is still running: the whole escalation
@@ -238,7 +241,13 @@ async def _run_with(options: RunOptions, terminal: Terminal | None) -> int:
         return -requested[0]
     if timed_out:
         return TIMED_OUT
-    return tree.outcome.returncode
+    returncode = tree.outcome.returncode
+    if returncode < 0 and not keys_pressed:
+        # 128+N, what a shell shows, for a program that runs this tool as for a shell. Not
+        # for keys pressed at the terminal the command held: bash stops a script on
+        # Ctrl-C only for a child that died of SIGINT, so this tool ends by it (`end_by`).
+        return 128 - returncode
+    return returncode
 
 
 async def _answer(

@@ -125,13 +125,14 @@ class Terminal:
             if previous is not None:
                 signal.signal(sig, previous)
 
-    def pass_on(self, sig: int) -> None:
+    def pass_on(self, sig: int) -> bool:
         """The tree's leader ended by ``sig`` (Ctrl-C, Ctrl-\\): if the tree had the
         terminal, the rest of this tool's group would have got ``sig`` too, had the tree
         been in it. Send it to them (a script running this tool in a loop stops on Ctrl-C
-        only if it got SIGINT itself); not to this tool, whose end tells of it."""
+        only if it got SIGINT itself); not to this tool, whose end tells of it. Whether the
+        tree had the terminal (and so the key was pressed for it)."""
         if not self.held_by_the_tree():  # (its zombie leader, unreaped, pins the group)
-            return
+            return False
         for pid in scan().in_group(os.getpgrp()):
             if pid == os.getpid():
                 continue
@@ -146,6 +147,7 @@ class Terminal:
                         signal.pidfd_send_signal(pidfd, sig)
             finally:
                 os.close(pidfd)
+        return True
 
     def close(self) -> None:
         """Take the terminal back from the tree's group, if it has it, or from a group

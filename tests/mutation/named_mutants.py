@@ -875,11 +875,11 @@ MUTANTS = [
         "interrupted_demo",
     ),
     (
-        "cli: exits 128+N instead of ending by the signal",
+        "cli: a stop request exits 128+N instead of ending by the signal",
         "_cmd_run.py",
         "    return end_by(-returncode) if returncode < 0 else returncode",
         "    return 128 - returncode if returncode < 0 else returncode",
-        "bash_script or ends_by_the_signal",
+        "bash_script or in_a_loop_at_a_terminal",
     ),
     (
         "spawn: out of file descriptors taken for an old kernel",
@@ -1010,8 +1010,8 @@ MUTANTS = [
     (
         "cli: a tree's death by Ctrl-C not passed on to the caller",
         "_cmd_run.py",
-        "                            terminal.pass_on(-returncode)  # (its Ctrl-C, to a caller)\n",
-        "                            pass\n",
+        "                            keys_pressed = terminal.pass_on(-returncode)\n",
+        "                            keys_pressed = True\n",
         "loop_at_a_terminal",
     ),
     (
@@ -1052,7 +1052,7 @@ MUTANTS = [
     (
         "cli: a tree's own death by SIGINT, away from the terminal, passed on as Ctrl-C",
         "_job_control.py",
-        "        if not self.held_by_the_tree():  # (its zombie leader, unreaped, pins the group)\n            return\n",
+        "        if not self.held_by_the_tree():  # (its zombie leader, unreaped, pins the group)\n            return False\n",
         "",
         "away_from_the_terminal",
     ),
@@ -2951,6 +2951,20 @@ MUTANTS = [
         "        earlier = await _ctrl_c_held_back()\n",
         "        earlier = None\n",
         "held_back_until_the_block_ends",
+    ),
+    (
+        "cli: a command's signal N ends the tool by N, not 128+N",
+        "_cmd_run.py",
+        "    if returncode < 0 and not keys_pressed:\n",
+        "    if False:\n",
+        "128_plus_n",
+    ),
+    (
+        "cli: a Ctrl-C only the command got, at its terminal, taken for its own signal",
+        "_cmd_run.py",
+        "    if returncode < 0 and not keys_pressed:\n",
+        "    if returncode < 0:\n",
+        "in_a_loop_at_a_terminal",
     ),
 ]
 
