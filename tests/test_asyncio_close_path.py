@@ -1132,6 +1132,105 @@ def test_a_tree_whose_task_is_destroyed_with_no_loop_running_is_killed_at_once(
     assert tracked.survivors() == []
 
 
+DESTROYED_IN_THE_SETUP = textwrap.dedent(
+    """
+    import asyncio, concurrent.futures, gc, os, subprocess, sys, threading, time
+    from trio_proctree._procfs import read_stat
+    from trio_proctree.asyncio import open_process_tree, run_process_tree
+
+    stage = sys.argv[2]
+    marks = (f"1{os.getpid()}", f"2{os.getpid()}")  # (sleep's seconds: ours alone)
+    command = ["sh", "-c", f"sleep {marks[0]} & exec sleep {marks[1]}"]
+
+    def running():  # this script's sleeps, alive (a zombie is not)
+        found = 0
+        for name in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\\0")
+            except OSError:
+                continue
+            stat = read_stat(int(name)) if name.isdigit() else None
+            alive = stat is not None and stat.state != "Z"
+            found += alive and argv[:2] in ([b"sleep", m.encode()] for m in marks)
+        return found
+
+    forking, forked = threading.Event(), threading.Event()
+
+    class Watched(concurrent.futures.ThreadPoolExecutor):
+        def submit(self, fn, /, *args, **kwargs):
+            def told():
+                forking.set()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    forked.set()
+            return super().submit(told)
+
+    # (Held in its fork for 0.3 s: Popen waits for its child's exec.)
+    held = {"preexec_fn": lambda: time.sleep(0.3)} if stage == "forking" else {}
+
+    async def enter():
+        pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE}  # (never connected)
+        async with open_process_tree(command, containment=sys.argv[1], **pipes, **held):
+            raise AssertionError("the block is never reached")
+
+    async def feed():
+        await run_process_tree(command, stdin=b"fed", containment=sys.argv[1])
+
+    async def once():  # (the watchdog started, and its socket open, for what follows)
+        async with open_process_tree(["true"], containment=sys.argv[1]) as tree:
+            await tree.wait()
+
+    asyncio.run(once())
+    fds = len(os.listdir("/proc/self/fd"))
+    executor = Watched(max_workers=1)
+    gate = threading.Event()
+    if stage == "queued":
+        executor.submit(gate.wait)  # (the only worker busy: the spawn waits in the queue)
+    loop = asyncio.new_event_loop()
+    loop.set_default_executor(executor)
+    task = loop.create_task(feed() if stage == "run_process_tree" else enter())
+    if stage == "queued":
+        loop.run_until_complete(asyncio.sleep(0.05))
+    elif stage in ("forked", "forking"):
+        loop.run_until_complete(asyncio.sleep(0))  # (the spawn handed to the worker)
+        (forked if stage == "forked" else forking).wait()  # (the loop not run since)
+    else:
+        while running() < 2:
+            loop.run_until_complete(asyncio.sleep(0.01))
+    loop.close()  # with the task pending, in the setup (or in run_process_tree's wait)
+    if stage == "forking":
+        task.get_coro().close()  # (as a framework may: the worker still in its fork)
+    gate.set()
+    # The executor's work item holds the task (through the spawn) until its worker lets
+    # it go: a spawn still queued starts now, in a loop closed.
+    executor.shutdown(wait=True)
+    del task
+    gc.collect()  # the task's coroutine closed (if it was not), with no loop to run in
+    print(running(), len(os.listdir("/proc/self/fd")) - fds)  # (and no pipe end kept)
+    """
+)
+
+
+@pytest.mark.parametrize("stage", ["queued", "forking", "forked", "run_process_tree"])
+@pytest.mark.parametrize("containment", ["cgroup", "group"])
+def test_a_task_destroyed_in_the_setup_with_no_loop_running_leaves_no_tree(
+    tracked: Tracked, containment: str, stage: str
+) -> None:
+    # As for a task destroyed in its block (above), but before it: with its spawn queued
+    # as the loop closed (it starts later, and the task is destroyed once the executor
+    # lets it go), closed while the worker forks, or once forked, or in run_process_tree's
+    # wait with input fed. Red before: "no running event loop" raised in the setup's
+    # handler ("Exception ignored"), and the tree ran on until interpreter exit.
+    result = run_script(DESTROYED_IN_THE_SETUP, containment, tracked, stage)
+    said = result.stderr.decode()
+    assert (result.returncode, result.stdout) == (0, b"0 0\n"), said
+    assert "Exception ignored" not in said, said
+    assert "killed without grace" in said, said
+    assert tracked.survivors() == []
+
+
 def test_aclose_is_recognised_as_async_by_those_who_inspect_it(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:

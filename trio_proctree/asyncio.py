@@ -597,15 +597,27 @@ class ProcessTree(TreeView):
             with contextlib.suppress(RuntimeError):  # (closed meanwhile)
                 loop.call_soon_threadsafe(self._start_cleanup)
                 return
-        if self._core in open_trees():
-            logger.warning(
-                "%s: the task of its block was destroyed with no event loop to clean up "
-                "in; killed without grace",
-                self._core.label,
-            )
-            # Its loop, stopped but not closed, would watch the pidfd's number once reused.
-            self._stop_watching_leader()
-            self._core.kill_blocking(when="as the task of its block was destroyed")
+        # Its loop, stopped but not closed, would watch the pidfd's number once reused.
+        self._stop_watching_leader()
+        _kill_destroyed(self._core)
+
+    def _stop_unconnected_unawaited(self, spawned: Spawned) -> None:
+        """`_stop_unawaited` for a tree whose task was destroyed in the setup; then our
+        pipe ends that no stream was made of are closed (`_close_unconnected`)."""
+        raw = self._unconnected_ends(spawned)
+        try:
+            self._stop_unawaited()
+        finally:
+            for fd in raw:
+                os.close(fd)
+
+    def _unconnected_ends(self, spawned: Spawned) -> list[int]:
+        """Our pipe ends that no stream was made of, marked ours no more before they are
+        closed: a second call must not close numbers that may name other files by then."""
+        ends = (spawned.stdin, spawned.stdout, spawned.stderr)
+        raw = [fd for fd in ends if fd is not None and fd not in self._let_go]
+        self._let_go.update(raw)
+        return raw
 
     async def _close_under(self, exc: BaseException) -> None:
         """Clean up while ``exc`` propagates: a cleanup error rides along, never replaces it."""
@@ -682,11 +694,7 @@ class ProcessTree(TreeView):
         ours alone). Stdin first: EOF is what the close-stdin step gives the tree. Its
         stdout and stderr after the tree has stopped: closed first, they would SIGPIPE
         its writers."""
-        ends = (spawned.stdin, spawned.stdout, spawned.stderr)
-        raw = [fd for fd in ends if fd is not None and fd not in self._let_go]
-        # Marked ours no more before they are closed: a second call (`_QueuedSpawn.stop_under`
-        # after the spawn's own) must not close numbers that may name other files by then.
-        self._let_go.update(raw)
+        raw = self._unconnected_ends(spawned)  # (a second call: `_QueuedSpawn.stop_under`'s)
         if spawned.stdin in raw:
             os.close(spawned.stdin)
             raw.remove(spawned.stdin)
@@ -894,7 +902,9 @@ class _QueuedSpawn:
     def __init__(self, plan: SpawnPlan, policy: Escalation, containment: ContainmentChoice) -> None:
         self._plan, self._policy, self._containment = plan, policy, containment
         self._lock = threading.Lock()
-        self._state = "queued"  # then "forking" (a worker took it) or "dropped"
+        # "queued", then "forking" (a worker took it) and "done"; or "dropped" (it never
+        # starts); "abandoned" while forking, "stopped" once done (`stop_unawaited`).
+        self._state = "queued"
         #: The leader's pipes and the running tree, once forked (set by the worker).
         self.started: tuple[Spawned, TreeCore] | None = None
         #: Set by the worker once it is done with the spawn, started or failed: its word,
@@ -922,7 +932,42 @@ class _QueuedSpawn:
             self.failure = exc
             raise
         finally:
+            with self._lock:
+                abandoned = self._state == "abandoned"
+                if self._state in ("forking", "abandoned"):
+                    self._state = "stopped" if abandoned else "done"
             self.worker_done.set()
+            if abandoned:
+                self._kill_started()  # (its task is gone: nothing else will)
+
+    def stop_unawaited(self) -> None:
+        """Stop whatever of the tree started, where nothing can be awaited: its task's
+        coroutine closed where no loop runs it (`_closed_from_outside`). A spawn still
+        queued is dropped; one being forked is left to its worker, which kills what it
+        started as it ends (waiting for it here could wait for this very thread: the
+        garbage collector runs in whatever thread allocates); a started tree is killed now.
+        Once only: the spawn's task and the block's task are both destroyed."""
+        with self._lock:
+            if self._state in ("queued", "forking"):
+                self._state = "dropped" if self._state == "queued" else "abandoned"
+                return
+            if self._state != "done":
+                return  # (dropped, or stopped already)
+            self._state = "stopped"
+        self._kill_started()
+
+    def _kill_started(self) -> None:
+        """Kill the tree the worker started, if any, and close our pipe ends."""
+        if self.started is None:
+            return  # (the spawn failed: nothing started)
+        spawned, core = self.started
+        if self._tree is not None:
+            self._tree._stop_unconnected_unawaited(spawned)
+            return
+        _kill_destroyed(core)
+        for fd in (spawned.stdin, spawned.stdout, spawned.stderr):
+            if fd is not None:
+                os.close(fd)
 
     def drop(self) -> bool:
         """Drop the spawn if no worker has taken it yet: whether it will never start."""
@@ -1060,6 +1105,9 @@ class _TreeScope:
                 raise cancelled  # noqa: TRY301 - (see above)
             await tree._connect(spawn.spawned, limit=self._limit)
         except BaseException as exc:
+            if isinstance(exc, GeneratorExit) and _closed_from_outside(loop):
+                spawn.stop_unawaited()  # (and GeneratorExit goes on: nothing awaited)
+                raise
             await spawn.stop_under(exc)
             raise
         return tree
@@ -1070,10 +1118,17 @@ class _TreeScope:
         if self._entered:
             raise RuntimeError("this open_process_tree() scope was already entered")
         self._entered = True
+        loop = asyncio.get_running_loop()
         spawn = _QueuedSpawn(self._plan, self._policy, self._containment)
         try:
             self._tree = await self._spawn(spawn)
         except BaseException as exc:
+            if isinstance(exc, GeneratorExit) and _closed_from_outside(loop):
+                # Its task destroyed where no loop runs (a loop closed with it pending):
+                # an await here would raise "no running event loop" in its place, and the
+                # tree run on until interpreter exit.
+                spawn.stop_unawaited()
+                raise
             # A cancellation, or a Ctrl-C on any line of the setup once the fork happened
             # (asyncio raises it wherever Python runs): whatever the spawn started is
             # stopped here, before it goes on (a tree the spawn's task stopped already,
@@ -1112,31 +1167,43 @@ class _TreeScope:
             raise RuntimeError("this open_process_tree() scope was never entered")
         if exc is None:
             await self._tree.aclose()
-        elif isinstance(exc, GeneratorExit) and self._closed_from_outside():
+        elif isinstance(exc, GeneratorExit) and _closed_from_outside(self._tree._loop):
             self._tree._stop_unawaited()  # (and GeneratorExit goes on: nothing awaited)
         else:
             await self._tree._close_under(exc)
 
-    def _closed_from_outside(self) -> bool:
-        """Whether this exit (GeneratorExit on its way) runs where nothing can be awaited:
-        with no event loop running here, or with another loop than the tree's, its own
-        still open. That is a coroutine closed by the garbage collector (a task the
-        program did not hold: asyncio keeps tasks by weak reference) in a thread that
-        runs no loop, or another loop than the tree's (the collector runs in whatever
-        thread allocates), or once the loop has closed. An async generator's ``aclose()``
-        runs in a task of the tree's loop, and awaits its cleanup there, as at any exit.
 
-        Not told apart: the collector closing it in the tree's own loop's thread. Its
-        exit awaits the cleanup, which then goes on in its own task, graceful, and
-        Python reports "coroutine ignored GeneratorExit" (no sure sign tells that close
-        from an ``aclose()``: frames and tasks were tried, and each misjudged some)."""
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            return True
-        assert self._tree is not None
-        its_own = self._tree._loop
-        return running is not its_own and not its_own.is_closed()
+def _closed_from_outside(its_loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether GeneratorExit on its way out of a tree's setup or block runs where nothing
+    can be awaited: with no event loop running here, or with another loop than the
+    tree's, its own still open. That is a coroutine closed by the garbage collector (a
+    task the program did not hold: asyncio keeps tasks by weak reference) in a thread that
+    runs no loop, or another loop than the tree's (the collector runs in whatever thread
+    allocates), or once the loop has closed. An async generator's ``aclose()`` runs in a
+    task of the tree's loop, and awaits its cleanup there, as at any exit.
+
+    Not told apart: the collector closing it in the tree's own loop's thread. Its exit
+    awaits the cleanup, which then goes on in its own task, graceful, and Python reports
+    "coroutine ignored GeneratorExit" (no sure sign tells that close from an ``aclose()``:
+    frames and tasks were tried, and each misjudged some)."""
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        return True
+    return running is not its_loop and not its_loop.is_closed()
+
+
+def _kill_destroyed(core: TreeCore) -> None:
+    """Kill a tree whose task was destroyed with no event loop to clean up in, reap its
+    leader and let its containment go now, as the net at interpreter exit would: the
+    program may run on for long."""
+    if core in open_trees():
+        logger.warning(
+            "%s: the task of its block was destroyed with no event loop to clean up in; "
+            "killed without grace",
+            core.label,
+        )
+        core.kill_blocking(when="as the task of its block was destroyed")
 
 
 def open_process_tree(
@@ -1225,6 +1292,7 @@ async def run_process_tree(
     taken: list[asyncio.BaseTransport] = []
     io_tasks: list[asyncio.Task[None]] = []
     label = "a tree of run_process_tree"  # (its own, once it started)
+    loop = asyncio.get_running_loop()
     try:
         async with open_process_tree(
             command,
@@ -1235,7 +1303,6 @@ async def run_process_tree(
             **request.options,
         ) as tree:
             label = tree._core.label
-            loop = asyncio.get_running_loop()
             readers: list[asyncio.Task[None]] = []
             for name in request.capture:
                 reader, transport = tree._take_reader(name)
@@ -1254,7 +1321,9 @@ async def run_process_tree(
                 io_tasks.append(feeder)
             try:
                 await tree.wait()
-            except BaseException:
+            except BaseException as exc:
+                if isinstance(exc, GeneratorExit) and _closed_from_outside(loop):
+                    raise  # (nothing can be awaited: the block's exit kills the tree)
                 # Left early (cancelled, say): the input stops and its pipe closes before
                 # the cleanup, as the trio driver's feeder ends with its nursery, so the
                 # close-stdin step gives a CLI the EOF to finish on.
@@ -1278,6 +1347,8 @@ async def run_process_tree(
                         PIPE_DRAIN_TIMEOUT,
                     )
     except BaseException as exc:
+        if isinstance(exc, GeneratorExit) and _closed_from_outside(loop):
+            raise  # (the tree killed as the block's task was destroyed; its loop's tasks gone)
         # Unshielded: the tree is gone by now, and the readers and feeder, cancelled, end
         # within a loop round or two. A cancellation that comes meanwhile wins, as one
         # does, with the exception in flight as its context.

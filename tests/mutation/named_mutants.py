@@ -496,17 +496,17 @@ MUTANTS = [
     (
         "close: a block whose task was destroyed awaits its cleanup",
         "asyncio.py",
-        "        elif isinstance(exc, GeneratorExit) and self._closed_from_outside():",
+        "        elif isinstance(exc, GeneratorExit) and _closed_from_outside(self._tree._loop):",
         "        elif False:",
         "test_a_tree_whose_task_is_destroyed or test_a_tree_whose_task_is_collected_in_another",
     ),
     (
         "close: a block closed with no loop running is taken for one that may await",
         "asyncio.py",
-        "            running = asyncio.get_running_loop()\n        except RuntimeError:\n"
-        "            return True\n",
-        "            running = asyncio.get_running_loop()\n        except RuntimeError:\n"
-        "            return False\n",
+        "        running = asyncio.get_running_loop()\n    except RuntimeError:\n"
+        "        return True\n",
+        "        running = asyncio.get_running_loop()\n    except RuntimeError:\n"
+        "        return False\n",
         "test_a_tree_whose_task_is_destroyed or test_a_tree_whose_task_is_collected_in_another",
     ),
     (
@@ -519,8 +519,8 @@ MUTANTS = [
     (
         "close: a tree killed between runs of its loop leaves it watching the pidfd",
         "asyncio.py",
-        "            self._stop_watching_leader()\n            self._core.kill_blocking(",
-        "            self._core.kill_blocking(",
+        "        self._stop_watching_leader()\n        _kill_destroyed(self._core)\n",
+        "        _kill_destroyed(self._core)\n",
         "test_a_tree_killed_between_runs_of_its_loop_leaves_the_loop_able_to_wait_again",
     ),
     (
@@ -2965,6 +2965,55 @@ MUTANTS = [
         "    if returncode < 0 and not keys_pressed:\n",
         "    if returncode < 0:\n",
         "in_a_loop_at_a_terminal",
+    ),
+    (
+        "asyncio: a task destroyed in the setup awaits its stop with no loop to run in",
+        "asyncio.py",
+        "            if isinstance(exc, GeneratorExit) and _closed_from_outside(loop):\n                # Its task destroyed",
+        "            if False:\n                # Its task destroyed",
+        "destroyed_in_the_setup",
+    ),
+    (
+        "asyncio: the spawn's task destroyed awaits its stop with no loop to run in",
+        "asyncio.py",
+        "                spawn.stop_unawaited()  # (and GeneratorExit goes on: nothing awaited)\n                raise\n            await spawn.stop_under(exc)",
+        "                raise\n            await spawn.stop_under(exc)",
+        "destroyed_in_the_setup",
+    ),
+    (
+        "asyncio: a tree forked for a task destroyed meanwhile left to run",
+        "asyncio.py",
+        "                self._kill_started()  # (its task is gone: nothing else will)\n",
+        "                pass\n",
+        "destroyed_in_the_setup",
+    ),
+    (
+        "asyncio: a spawn still queued as its task is destroyed left to start",
+        "asyncio.py",
+        '                self._state = "dropped" if self._state == "queued" else "abandoned"\n',
+        '                self._state = "forking" if self._state == "queued" else "abandoned"\n',
+        "destroyed_in_the_setup",
+    ),
+    (
+        "asyncio: a destroyed setup's pipe ends left open",
+        "asyncio.py",
+        "        _kill_destroyed(core)\n        for fd in (spawned.stdin, spawned.stdout, spawned.stderr):\n            if fd is not None:\n                os.close(fd)\n",
+        "        _kill_destroyed(core)\n",
+        "destroyed_in_the_setup",
+    ),
+    (
+        "asyncio run: a destroyed task's wait awaits its input's end",
+        "asyncio.py",
+        "                if isinstance(exc, GeneratorExit) and _closed_from_outside(loop):\n                    raise  # (nothing can be awaited",
+        "                if False:\n                    raise  # (nothing can be awaited",
+        "destroyed_in_the_setup",
+    ),
+    (
+        "asyncio run: a destroyed task awaits its readers' end",
+        "asyncio.py",
+        "        if isinstance(exc, GeneratorExit) and _closed_from_outside(loop):\n            raise  # (the tree killed",
+        "        if False:\n            raise  # (the tree killed",
+        "destroyed_in_the_setup",
     ),
 ]
 
