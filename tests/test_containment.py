@@ -1551,7 +1551,7 @@ async def test_parent_killed_after_a_fork_while_its_watchdog_started_takes_its_t
 CLEANUP_FAILED_PARENT = textwrap.dedent(
     """
     import signal, sys, trio
-    from trio_proctree import CleanupError, Escalation, open_process_tree
+    from trio_proctree import CleanupError, Escalation, _cgroupfs, open_process_tree
 
     def refused(*args, **kwargs):
         raise PermissionError(1, "Operation not permitted (injected)")
@@ -1568,6 +1568,7 @@ CLEANUP_FAILED_PARENT = textwrap.dedent(
                     said += await tree.stdout.receive_some()
                 sys.stdout.write(f"{tree.pid}\\n{said.decode()}")
                 tree._core.containment.signal = tree._core.containment.kill = refused
+                _cgroupfs.kill = refused  # (and the next start's kill of what outlived it)
             cleanup = "cleaned"
         except CleanupError:
             cleanup = "failed"
@@ -1611,6 +1612,8 @@ async def test_the_cgroup_of_a_tree_that_outlived_its_cleanup_goes_once_it_has_e
             cgroup = containment.path
             monkeypatch.setattr(containment, "signal", refused)
             monkeypatch.setattr(containment, "kill", refused)
+            # (and the kill each tree start gives what outlived a cleanup)
+            monkeypatch.setattr(trio_proctree._cgroupfs, "kill", refused)
     entry = f"cgroup {cgroup}"
     assert Path(cgroup).is_dir()  # noqa: ASYNC240 - a cgroupfs lookup: at once
     assert entry in trio_proctree._watchdog._registered
@@ -1722,6 +1725,125 @@ async def test_a_lost_watchdog_is_replaced_with_every_registration(
         finally:
             parent.kill()
     await until_none_survive(tracked, within=1.0)
+    assert tracked.survivors() == []
+
+
+# While no watchdog can start (the interpreter it runs is not there), ends trees and
+# opens another (in a kept cgroup, under cgroup containment); then one more tree starts a
+# watchdog. Says both leaders' pids and how many unregistrations were kept, and holds.
+TREE_HELD_THROUGH_A_WATCHDOG_OUTAGE = textwrap.dedent(
+    """
+    import sys, trio
+    from trio_proctree import _watchdog, open_process_tree
+
+    async def main(containment):
+        python, sys.executable = sys.executable, "/nonexistent/python"
+        for _ in range(300):  # (ended while no watchdog runs: nothing to tell one)
+            async with open_process_tree(["true"], containment=containment) as tree:
+                await tree.wait()
+        async with open_process_tree(["sleep", "60"], containment=containment) as held:
+            kept = len(_watchdog._deferred)
+            sys.executable = python
+            async with open_process_tree(["sleep", "60"], containment=containment) as other:
+                print(held.pid, other.pid, kept, flush=True)
+                await trio.sleep_forever()
+
+    trio.run(main, sys.argv[1])
+    """
+)
+
+
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper", "group"])
+async def test_a_tree_opened_while_no_watchdog_could_start_dies_with_its_parent(
+    tracked: Tracked, containment: str
+) -> None:
+    # A tree ended while no watchdog runs has nobody to tell: its unregistration was kept
+    # for the next watchdog all the same, one or two a tree without bound (helper-77:
+    # 16,000 after 8,000 subreaper trees), and sent to it after it was told what is
+    # registered. A kept cgroup reused by a tree held open meanwhile is registered again
+    # under the same entry: the stale "-" struck it from the new watchdog, and the held
+    # tree outlived its parent's SIGKILL. Red before: 300 kept; and, asserting nothing of
+    # those, the held tree ran on under cgroup containment.
+    available(containment)
+    parent = subprocess.Popen(  # noqa: ASYNC220 - it starts at once
+        [sys.executable, "-c", TREE_HELD_THROUGH_A_WATCHDOG_OUTAGE, containment],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,  # (the outage's warning)
+        env=tracked.env,
+    )
+    with parent:
+        try:
+            assert parent.stdout is not None
+            line = parent.stdout.readline()
+            assert line, parent.wait()
+            held, other, kept = (int(word) for word in line.split())
+            for pid in (held, other):
+                procs.remember(pid)
+            assert kept == 0
+            await sigkill_takes_its_trees_along(parent, [held, other])
+        finally:
+            parent.kill()
+    await until_none_survive(tracked, within=1.0)
+    assert tracked.survivors() == []
+
+
+# A tree with an escapee whose cleanup runs out of file descriptors (its hard stop can't
+# be written), then, descriptors back, the next tree: says the escapee's pid, whether it
+# still ran after the failed cleanup, and whether it was gone within 2 s of that start.
+ESCAPEE_OUTLIVING_A_STARVED_CLEANUP = textwrap.dedent(
+    """
+    import os, resource, sys, time, trio
+    from trio_proctree import CleanupError, open_process_tree
+    from trio_proctree._procfs import read_stat
+
+    def running(pid):
+        stat = read_stat(pid)
+        return stat is not None and stat.state != "Z"
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+    async def main():
+        command = ["sh", "-c", "setsid sh -c 'echo $$; exec sleep 60' & sleep 60"]
+        hog = []
+        try:
+            async with open_process_tree(command, grace=0.1, stdout=-1) as tree:
+                escapee = int(await tree.stdout.receive_some())
+                tree.stdout = None  # (kept: its close needs no descriptor)
+                while True:
+                    try:
+                        hog.append(os.open("/dev/null", os.O_RDONLY))
+                    except OSError:
+                        break
+        except CleanupError:
+            pass
+        for fd in hog:
+            os.close(fd)
+        outlived = running(escapee)
+        async with open_process_tree(["true"]) as other:
+            await other.wait()
+        deadline = time.monotonic() + 2
+        while running(escapee) and time.monotonic() < deadline:
+            await trio.sleep(0.01)  # (a stranger's death: no event to wait on)
+        print(escapee, outlived, running(escapee), flush=True)
+
+    trio.run(main)
+    """
+)
+
+
+def test_an_escapee_that_outlived_a_starved_cleanup_is_killed_at_the_next_tree(
+    tracked: Tracked,
+) -> None:
+    # Out of file descriptors, the cleanup could not write the hard stop; its cgroup was
+    # kept to be removed "once it is empty", at a later tree's start, but nothing killed
+    # what was in it: the escapee ran until interpreter exit (helper-77). It is killed
+    # there now, as the watchdog would kill it had we died. Red before: still running.
+    available("cgroup")
+    escapee, outlived, running = procs.run_python(
+        ESCAPEE_OUTLIVING_A_STARVED_CLEANUP, env=tracked.env
+    ).split()
+    procs.remember(int(escapee))
+    assert (outlived, running) == ("True", "False")
     assert tracked.survivors() == []
 
 

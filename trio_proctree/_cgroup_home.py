@@ -127,6 +127,13 @@ class CgroupHome:
             retired, self._retired = self._retired, {}
         still_in_use: list[str] = []
         for tree, backstop in retired.items():
+            if backstop:
+                # A tree that outlived its cleanup: what it could not stop (its hard stop
+                # not written, out of file descriptors) is stopped now, as the watchdog
+                # would stop it had we died; else it ran on until interpreter exit
+                # (helper-77). What is still dying is waited for by the next start.
+                with contextlib.suppress(OSError):
+                    cgroupfs.kill(tree)
             cgroupfs.remove_inner(tree)
             try:
                 os.rmdir(tree)
@@ -148,8 +155,9 @@ class CgroupHome:
 
     def retire_outlived(self, tree: str, backstop: list[str]) -> None:
         """A tree cgroup whose processes outlived the tree's cleanup (in uninterruptible
-        sleep past ``kill_wait``, on a hung NFS or FUSE mount, say): removed at the first
-        tree start after they have gone, and its watchdog entry, ``backstop``, dropped then
+        sleep past ``kill_wait``, on a hung NFS or FUSE mount, say, or not killed at all,
+        the cleanup out of file descriptors): killed again at each tree start, removed at
+        the first after they have gone, and its watchdog entry, ``backstop``, dropped then
         (it stays until then: a parent killed meanwhile takes them along). Kept for good,
         it stayed until interpreter exit, one more for each such failure, each counted
         against any ``cgroup.max.descendants`` above (helper-63)."""

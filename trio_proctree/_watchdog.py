@@ -716,8 +716,14 @@ def unregister(*entries: str) -> None:
         for entry in entries:
             if _registered[entry] <= 0:
                 del _registered[entry]
+        if not _current:
+            # No watchdog to tell (none could start): the next is told what is registered
+            # as it starts. Kept for it, these grew without bound through an outage, and
+            # struck out an entry registered again since (a kept cgroup a tree reused):
+            # that tree then outlived its parent's SIGKILL (helper-77).
+            return
         _deferred.extend("-" + entry for entry in entries)
-        if len(_deferred) < _DEFER_AT_MOST or not _current:
+        if len(_deferred) < _DEFER_AT_MOST:
             return
         with contextlib.suppress(OSError):  # (said at the next registration)
             _write(_current[0], ())

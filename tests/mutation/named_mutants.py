@@ -3015,6 +3015,20 @@ MUTANTS = [
         "        if False:\n            raise  # (the tree killed",
         "destroyed_in_the_setup",
     ),
+    (
+        "watchdog: unregistrations kept through an outage for the next watchdog",
+        "_watchdog.py",
+        "        if not _current:\n            # No watchdog to tell",
+        "        if False:\n            # No watchdog to tell",
+        "no_watchdog_could_start",
+    ),
+    (
+        "cgroup: a tree that outlived a starved cleanup never killed again",
+        "_cgroup_home.py",
+        "                with contextlib.suppress(OSError):\n                    cgroupfs.kill(tree)\n",
+        "                pass\n",
+        "starved_cleanup",
+    ),
 ]
 
 
