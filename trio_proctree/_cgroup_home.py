@@ -134,6 +134,7 @@ class CgroupHome:
                 # (helper-77). What is still dying is waited for by the next start.
                 with contextlib.suppress(OSError):
                     cgroupfs.kill(tree)
+                    cgroupfs.kill_main_thread_gone(tree)
             cgroupfs.remove_inner(tree)
             try:
                 os.rmdir(tree)
@@ -156,8 +157,9 @@ class CgroupHome:
     def retire_outlived(self, tree: str, backstop: list[str]) -> None:
         """A tree cgroup whose processes outlived the tree's cleanup (in uninterruptible
         sleep past ``kill_wait``, on a hung NFS or FUSE mount, say, or not killed at all,
-        the cleanup out of file descriptors): killed again at each tree start, removed at
-        the first after they have gone, and its watchdog entry, ``backstop``, dropped then
+        the cleanup out of file descriptors): killed again at each tree start (up to
+        `KEEP` such cgroups at a time), removed at the first after they have gone, and its
+        watchdog entry, ``backstop``, dropped then
         (it stays until then: a parent killed meanwhile takes them along). Kept for good,
         it stayed until interpreter exit, one more for each such failure, each counted
         against any ``cgroup.max.descendants`` above (helper-63)."""

@@ -899,8 +899,16 @@ class _QueuedSpawn:
     of the setup after the fork, and from here it is found and stopped (`stop_under`).
     """
 
-    def __init__(self, plan: SpawnPlan, policy: Escalation, containment: ContainmentChoice) -> None:
+    def __init__(
+        self,
+        plan: SpawnPlan,
+        policy: Escalation,
+        containment: ContainmentChoice,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
         self._plan, self._policy, self._containment = plan, policy, containment
+        #: The loop of the task that asked for it: closed, nothing will take the tree.
+        self._loop = loop
         self._lock = threading.Lock()
         # "queued", then "forking" (a worker took it) and "done"; or "dropped" (it never
         # starts); "abandoned" while forking, "stopped" once done (`stop_unawaited`).
@@ -922,6 +930,10 @@ class _QueuedSpawn:
         net at interpreter exit before the main thread has anything to lose.)"""
         try:
             with self._lock:
+                if self._loop.is_closed():
+                    # Closed with its task pending: the task, held by this spawn, would be
+                    # destroyed only once the collector meets it, the tree running till then.
+                    self._state = "dropped"
                 if self._state == "dropped":
                     return False
                 self._state = "forking"
@@ -933,7 +945,9 @@ class _QueuedSpawn:
             raise
         finally:
             with self._lock:
-                abandoned = self._state == "abandoned"
+                abandoned = self._state == "abandoned" or (
+                    self._state == "forking" and self._loop.is_closed()
+                )
                 if self._state in ("forking", "abandoned"):
                     self._state = "stopped" if abandoned else "done"
             self.worker_done.set()
@@ -955,6 +969,11 @@ class _QueuedSpawn:
                 return  # (dropped, or stopped already)
             self._state = "stopped"
         self._kill_started()
+
+    def stopped_unawaited(self) -> bool:
+        """Whether `stop_unawaited` (or the worker, for a closed loop) stopped the tree."""
+        with self._lock:
+            return self._state in ("abandoned", "stopped")
 
     def _kill_started(self) -> None:
         """Kill the tree the worker started, if any, and close our pipe ends."""
@@ -1094,7 +1113,8 @@ class _TreeScope:
             # every task"): the worker thread forks all the same, so wait for it through
             # that too, or the process it starts is nobody's.
             cancelled = await spawn.until_forked(forking)
-            if not spawn.outcome(forking):  # (a failed spawn raises here)
+            if not spawn.outcome(forking) or spawn.stopped_unawaited():  # (failed: raises)
+                # (Stopped from outside while this task waited: its pipe ends closed.)
                 return None
             tree = spawn.tree()
             if cancelled is not None:
@@ -1105,7 +1125,7 @@ class _TreeScope:
                 raise cancelled  # noqa: TRY301 - (see above)
             await tree._connect(spawn.spawned, limit=self._limit)
         except BaseException as exc:
-            if isinstance(exc, GeneratorExit) and _closed_from_outside(loop):
+            if isinstance(exc, GeneratorExit) and _outside(loop):
                 spawn.stop_unawaited()  # (and GeneratorExit goes on: nothing awaited)
                 raise
             await spawn.stop_under(exc)
@@ -1119,11 +1139,11 @@ class _TreeScope:
             raise RuntimeError("this open_process_tree() scope was already entered")
         self._entered = True
         loop = asyncio.get_running_loop()
-        spawn = _QueuedSpawn(self._plan, self._policy, self._containment)
+        spawn = _QueuedSpawn(self._plan, self._policy, self._containment, loop)
         try:
             self._tree = await self._spawn(spawn)
         except BaseException as exc:
-            if isinstance(exc, GeneratorExit) and _closed_from_outside(loop):
+            if isinstance(exc, GeneratorExit) and _outside(loop):
                 # Its task destroyed where no loop runs (a loop closed with it pending):
                 # an await here would raise "no running event loop" in its place, and the
                 # tree run on until interpreter exit.
@@ -1193,14 +1213,25 @@ def _closed_from_outside(its_loop: asyncio.AbstractEventLoop) -> bool:
     return running is not its_loop and not its_loop.is_closed()
 
 
+def _outside(its_loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether GeneratorExit on its way out of a tree's setup runs where nothing of the
+    setup can be awaited: anywhere but in ``its_loop`` (its spawn's task is that loop's,
+    never done in another; the block's exit can instead begin its cleanup anew in a loop
+    that runs after the first closed: `_closed_from_outside`)."""
+    try:
+        return asyncio.get_running_loop() is not its_loop
+    except RuntimeError:
+        return True
+
+
 def _kill_destroyed(core: TreeCore) -> None:
     """Kill a tree whose task was destroyed with no event loop to clean up in, reap its
     leader and let its containment go now, as the net at interpreter exit would: the
     program may run on for long."""
     if core in open_trees():
         logger.warning(
-            "%s: the task of its block was destroyed with no event loop to clean up in; "
-            "killed without grace",
+            "%s: the task of its block (or of its setup) was destroyed with no event loop "
+            "to clean up in; killed without grace",
             core.label,
         )
         core.kill_blocking(when="as the task of its block was destroyed")
@@ -1322,8 +1353,8 @@ async def run_process_tree(
             try:
                 await tree.wait()
             except BaseException as exc:
-                if isinstance(exc, GeneratorExit) and _closed_from_outside(loop):
-                    raise  # (nothing can be awaited: the block's exit kills the tree)
+                if isinstance(exc, GeneratorExit) and _outside(loop):
+                    raise  # (nothing of its loop can be awaited: the block's exit stops it)
                 # Left early (cancelled, say): the input stops and its pipe closes before
                 # the cleanup, as the trio driver's feeder ends with its nursery, so the
                 # close-stdin step gives a CLI the EOF to finish on.
@@ -1347,8 +1378,8 @@ async def run_process_tree(
                         PIPE_DRAIN_TIMEOUT,
                     )
     except BaseException as exc:
-        if isinstance(exc, GeneratorExit) and _closed_from_outside(loop):
-            raise  # (the tree killed as the block's task was destroyed; its loop's tasks gone)
+        if isinstance(exc, GeneratorExit) and _outside(loop):
+            raise  # (the tree stopped at the block's exit; its loop's tasks not ours to await)
         # Unshielded: the tree is gone by now, and the readers and feeder, cancelled, end
         # within a loop round or two. A cancellation that comes meanwhile wins, as one
         # does, with the exception in flight as its context.

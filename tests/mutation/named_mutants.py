@@ -266,8 +266,8 @@ MUTANTS = [
     (
         "sweep: a member whose main thread exited left to cgroup.kill alone",
         "_cgroup_home.py",
-        "                    cgroupfs.kill_main_thread_gone(tree)\n",
-        "",
+        "                    cgroupfs.kill(tree)\n                    cgroupfs.kill_main_thread_gone(tree)\n                    # A cgroup goes",
+        "                    cgroupfs.kill(tree)\n                    # A cgroup goes",
         "stale_member_whose",
     ),
     (
@@ -2969,7 +2969,7 @@ MUTANTS = [
     (
         "asyncio: a task destroyed in the setup awaits its stop with no loop to run in",
         "asyncio.py",
-        "            if isinstance(exc, GeneratorExit) and _closed_from_outside(loop):\n                # Its task destroyed",
+        "            if isinstance(exc, GeneratorExit) and _outside(loop):\n                # Its task destroyed",
         "            if False:\n                # Its task destroyed",
         "destroyed_in_the_setup",
     ),
@@ -3004,14 +3004,14 @@ MUTANTS = [
     (
         "asyncio run: a destroyed task's wait awaits its input's end",
         "asyncio.py",
-        "                if isinstance(exc, GeneratorExit) and _closed_from_outside(loop):\n                    raise  # (nothing can be awaited",
+        "                if isinstance(exc, GeneratorExit) and _outside(loop):\n                    raise  # (nothing of its loop",
         "                if False:\n                    raise  # (nothing can be awaited",
         "destroyed_in_the_setup",
     ),
     (
         "asyncio run: a destroyed task awaits its readers' end",
         "asyncio.py",
-        "        if isinstance(exc, GeneratorExit) and _closed_from_outside(loop):\n            raise  # (the tree killed",
+        "        if isinstance(exc, GeneratorExit) and _outside(loop):\n            raise  # (the tree stopped",
         "        if False:\n            raise  # (the tree killed",
         "destroyed_in_the_setup",
     ),
@@ -3025,9 +3025,30 @@ MUTANTS = [
     (
         "cgroup: a tree that outlived a starved cleanup never killed again",
         "_cgroup_home.py",
-        "                with contextlib.suppress(OSError):\n                    cgroupfs.kill(tree)\n",
+        "                with contextlib.suppress(OSError):\n                    cgroupfs.kill(tree)\n                    cgroupfs.kill_main_thread_gone(tree)\n",
         "                pass\n",
         "starved_cleanup",
+    ),
+    (
+        "asyncio: a spawn its worker takes up after its loop closed still starts",
+        "asyncio.py",
+        "                if self._loop.is_closed():\n",
+        "                if False:\n",
+        "destroyed_in_the_setup",
+    ),
+    (
+        "asyncio: a tree forked as its loop closed left for the collector",
+        "asyncio.py",
+        '                    self._state == "forking" and self._loop.is_closed()\n',
+        "                    False\n",
+        "destroyed_in_the_setup",
+    ),
+    (
+        "asyncio: a setup destroyed while another loop runs awaits the first loop's task",
+        "asyncio.py",
+        "        return asyncio.get_running_loop() is not its_loop\n",
+        "        return False\n",
+        "destroyed_in_the_setup",
     ),
 ]
 
