@@ -590,6 +590,28 @@ def test_a_tool_leading_a_pipeline_leaves_the_terminal_to_the_pipeline(
     assert tracked.survivors() == [shell.bash.pid]
 
 
+def test_a_sigquit_the_tool_passed_on_is_no_ctrl_backslash_for_its_caller(
+    shell: InteractiveShell, tracked: Tracked
+) -> None:
+    # `kill -QUIT` to the tool is passed on to its command (a JVM prints its threads):
+    # one that dies of it, holding the terminal, got no key from the terminal. Red
+    # before: it was taken for Ctrl-\\ and passed on to the script that ran the tool
+    # (whose trap said so), and the tool ended by SIGQUIT (bash said "Quit"), not 131.
+    run = run_line(READS_THE_TERMINAL)
+    script = f'trap \'echo "QU""IT caught"\' QUIT; {run}; echo "af""ter=$?"'
+    shell.type(f"bash -c {shlex.quote(script)}\n")
+    leader = shell.said_pid(b"leader ")
+    shell.wait_foreground(leader)
+    tool_pid = procs.stat_field(leader, 4)  # (its parent: the tool, our grandchild)
+    procs.remember(tool_pid)
+    os.kill(tool_pid, signal.SIGQUIT)
+    shown = shell.expect(b"after=131")
+    shown += shell.expect(b"$ ")
+    assert b"QUIT caught" not in shown
+    assert b"Quit" not in shown  # (bash's word for a child that died of SIGQUIT)
+    assert tracked.survivors() == [shell.bash.pid]
+
+
 def test_a_command_that_dies_of_sigint_away_from_the_terminal_is_no_ctrl_c(
     shell: InteractiveShell, tracked: Tracked
 ) -> None:

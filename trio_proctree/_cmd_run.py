@@ -192,6 +192,7 @@ async def _run_with(options: RunOptions, terminal: Terminal | None) -> int:
     timed_out = False
     keys_pressed = False  # the command, holding the terminal, died of Ctrl-C or Ctrl-\\
     requested: list[int] = []  # the stop requests received, in order
+    passed_on: set[int] = set()  # the signals this tool passed on to the command
     # Signals are received from here on, so none can end us before the tree is stopped;
     # and until the end, so none is redelivered as we leave (trio's receiver does that to
     # signals left pending: a traceback, or death by it, and the command's status lost).
@@ -221,12 +222,13 @@ async def _run_with(options: RunOptions, terminal: Terminal | None) -> int:
                 if terminal is not None:
                     terminal.hand_to(tree.pid)  # (its group's id: a group of its own)
                 with trio.CancelScope() as waiting:
-                    answer = functools.partial(_answer, terminal=terminal)
+                    answer = functools.partial(_answer, terminal=terminal, passed_on=passed_on)
                     answering.start_soon(answer, requests, requested, waiting, stopping, tree)
                     timeout = math.inf if options.timeout is None else options.timeout
                     with trio.move_on_after(timeout) as deadline:
                         returncode = await tree.wait()
-                        if -returncode in (signal.SIGINT, signal.SIGQUIT) and terminal:
+                        keys = (signal.SIGINT, signal.SIGQUIT)
+                        if -returncode in keys and -returncode not in passed_on and terminal:
                             # Its Ctrl-C, passed on to a caller where it had the terminal.
                             keys_pressed = terminal.pass_on(-returncode)
                     timed_out = deadline.cancelled_caught
@@ -258,6 +260,7 @@ async def _answer(
     tree: ProcessTree,
     *,
     terminal: Terminal | None,
+    passed_on: set[int],
 ) -> None:
     """A stop request ends the wait for the command: the tree is stopped as the escalation
     says, gracefully first. One that comes during a stop already under way (a second one,
@@ -278,6 +281,9 @@ async def _answer(
             # To the group, as a terminal sends them to its foreground job: a daemon or an
             # escapee that left it has left the job too.
             if tree.outcome is None:  # (not yet reaped: the leader pins the group id)
+                # (Noted: should it end the command, that was no key pressed at the
+                # terminal, for the caller to get too.)
+                passed_on.add(sig)
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(tree.pid, sig)
             continue

@@ -3050,6 +3050,13 @@ MUTANTS = [
         "        return False\n",
         "destroyed_in_the_setup",
     ),
+    (
+        "cli: a SIGQUIT the tool passed on taken for a key pressed at the terminal",
+        "_cmd_run.py",
+        "                        if -returncode in keys and -returncode not in passed_on and terminal:\n",
+        "                        if -returncode in keys and terminal:\n",
+        "sigquit_the_tool_passed_on",
+    ),
 ]
 
 
