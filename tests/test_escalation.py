@@ -433,6 +433,35 @@ async def test_a_leader_that_fails_its_step_hands_it_on_to_what_it_left(
     assert tracked.survivors() == []
 
 
+async def test_a_step_handed_on_before_the_groups_scan_still_counts_what_it_stops(
+    tracked: Tracked, tmp_path: Path
+) -> None:
+    # Group containment finds what outlived the leader by a scan a yield after its exit
+    # is seen; the step that hands the leader's signal on to it comes at once. Taken
+    # first (one run in about thirty of the test above, on two cores), it counted nothing
+    # as lingering, though it stopped the member. Here that order is made sure of: the
+    # step is taken before cleanup ever asks who is left. Red before: 0.
+    member = tmp_path / "member"
+    member.write_text(_MEMBER)
+    async with open_process_tree(
+        ["sh", "-c", f"sh {member} & wait"],
+        grace=0.5,
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+        containment="group",
+    ) as tree:
+        assert tree.stdout is not None
+        said = b""
+        while b"ready" not in said:
+            said += await tree.stdout.receive_some()
+        os.kill(tree.pid, signal.SIGKILL)  # (our child: the leader, gone at once)
+        assert await tree.wait() == -signal.SIGKILL
+        containment = tree._core.containment
+        containment.signal(signal.SIGTERM, escalation=True)  # (before any `pending`)
+        assert containment.lingering >= 1
+    assert tracked.survivors() == []
+
+
 #: A leader that passes the step on to its member and exits at once, with a status of its
 #: own, not waiting for the member to finish stopping (which takes its time: a job).
 _PASSES_IT_ON_AND_EXITS = """

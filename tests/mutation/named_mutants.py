@@ -3057,6 +3057,13 @@ MUTANTS = [
         "                        if -returncode in keys and terminal:\n",
         "sigquit_the_tool_passed_on",
     ),
+    (
+        "group: a step handed on before the group's scan counts nothing as lingering",
+        "_group.py",
+        "        if self._leader.exited and not self._scanned_after_exit:\n",
+        "        if False:\n",
+        "handed_on_before_the_groups_scan",
+    ),
 ]
 
 
