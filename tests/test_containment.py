@@ -2953,20 +2953,26 @@ WITH_NO_ROOM_FOR_TREE_CGROUPS = textwrap.dedent(
 )
 
 
+@pytest.mark.parametrize(
+    "limit",
+    [{"cgroup.max.depth": "1"}, {"cgroup.max.descendants": "0"}],
+    ids=["room-for-the-home-alone", "no-room-for-the-home"],
+)
 def test_auto_takes_the_next_containment_when_no_tree_cgroup_can_be_made(
-    tracked: Tracked,
+    tracked: Tracked, limit: dict[str, str]
 ) -> None:
-    # A cgroup limit (cgroup.max.depth here; cgroup.max.descendants alike) can leave room
-    # for our home and none for a tree's cgroup. Red before: every tree failed to start,
-    # with "auto" too, on a bare EAGAIN ("Resource temporarily unavailable").
+    # A cgroup limit (cgroup.max.depth, cgroup.max.descendants) can leave room for our
+    # home and none for a tree's cgroup, or none even for the home. Red before: every
+    # tree failed to start, with "auto" too, on a bare EAGAIN ("Resource temporarily
+    # unavailable"); and (helper-77) with no room for the home, "cgroup" was refused
+    # with that bare EAGAIN, naming no limit.
     available("cgroup")
-    limit = {"cgroup.max.depth": "1"}  # the home, one level down: no room below it
     with procs.cgroup_in_ours(f"no-room-{tracked.token}", limit) as capped:
         output = procs.run_python(WITH_NO_ROOM_FOR_TREE_CGROUPS, capped, env=tracked.env)
     auto, forced = output.splitlines()
     assert auto == "subreaper 3"
     assert forced.startswith("refused: cgroup containment is unavailable: ")
-    assert "cgroup.max.depth" in forced
+    assert "cgroup.max.depth or cgroup.max.descendants" in forced
     assert tracked.survivors() == []
 
 

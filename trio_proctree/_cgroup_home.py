@@ -119,7 +119,7 @@ class CgroupHome:
             except FileExistsError:  # pragma: no cover - a name made by someone else
                 continue
             except OSError as exc:
-                raise CgroupUnavailable(_why_no_tree_cgroup(self.path, exc)) from exc
+                raise CgroupUnavailable(_why_no_cgroup("a tree cgroup", self.path, exc)) from exc
             return path, False
 
     def _remove_retired(self) -> None:
@@ -205,9 +205,10 @@ class CgroupUnavailable(Exception):
     """Why cgroup containment cannot be used here (the message says)."""
 
 
-def _why_no_tree_cgroup(home: str, error: OSError) -> str:
-    """What stopped a tree's cgroup from being made in ``home``, for the user."""
-    why = f"cannot create a tree cgroup in {home}: {error.strerror}"
+def _why_no_cgroup(what: str, parent: str, error: OSError) -> str:
+    """What stopped ``what`` (a tree's cgroup, our home) from being made in ``parent``,
+    for the user."""
+    why = f"cannot create {what} in {parent}: {error.strerror}"
     if error.errno == errno.EAGAIN:
         # Linux says EAGAIN for a cgroup one level too deep, or one too many.
         why += (
@@ -270,7 +271,8 @@ def _make_home(pid: int) -> CgroupHome:
         except FileExistsError:  # pragma: no cover - a token drawn twice
             continue
         except OSError as exc:
-            raise CgroupUnavailable(f"cannot create a cgroup under {parent}: {exc}") from exc
+            # (No room for it under a limit, say: EAGAIN, named as such.)
+            raise CgroupUnavailable(_why_no_cgroup("a cgroup", parent, exc)) from exc
         break
     if not os.path.exists(os.path.join(path, "cgroup.kill")):
         os.rmdir(path)

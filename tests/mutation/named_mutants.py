@@ -2087,7 +2087,7 @@ MUTANTS = [
     (
         "cgroup: a tree cgroup that cannot be made failing with mkdir's bare error",
         "_cgroup_home.py",
-        "                raise CgroupUnavailable(_why_no_tree_cgroup(self.path, exc)) from exc",
+        '                raise CgroupUnavailable(_why_no_cgroup("a tree cgroup", self.path, exc)) from exc',
         "                raise",
         "no_tree_cgroup_can_be_made",
     ),
@@ -3063,6 +3063,13 @@ MUTANTS = [
         "        if self._leader.exited and not self._scanned_after_exit:\n",
         "        if False:\n",
         "handed_on_before_the_groups_scan",
+    ),
+    (
+        "home: a cgroup limit that leaves no room for the home is not named",
+        "_cgroup_home.py",
+        '            raise CgroupUnavailable(_why_no_cgroup("a cgroup", parent, exc)) from exc\n',
+        '            raise CgroupUnavailable(f"cannot create a cgroup in {parent}: {exc}") from exc\n',
+        "no_tree_cgroup_can_be_made",
     ),
 ]
 
