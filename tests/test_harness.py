@@ -154,3 +154,40 @@ def test_every_named_mutant_is_code_that_compiles() -> None:
             broken[name] = str(exc)
     assert len(MUTANTS) > 100
     assert broken == {}
+
+
+LEAVES_ITS_TREE_TO_THE_NET = """
+import os, signal
+import pytest
+from trio_proctree import CleanupError, Escalation, open_process_tree
+
+async def test_a_cleanup_that_failed():
+    def failing_hard_stop():
+        raise OSError("injected")
+
+    with pytest.raises(CleanupError):
+        async with open_process_tree(
+            ["sh", "-c", "trap '' TERM; sleep 60 & wait"],
+            escalation=Escalation(steps=[(signal.SIGTERM, 0.1)], kill_wait=0.1),
+            containment="group",
+        ) as tree:
+            tree._core.containment.kill = failing_hard_stop
+    del tree._core.containment.kill
+    os.killpg(tree.pid, signal.SIGKILL)  # (its leader, unreaped, pins the group)
+    os.waitid(os.P_PID, tree.pid, os.WEXITED | os.WNOWAIT)  # a zombie as the test ends
+"""
+
+
+def test_the_leader_of_a_tree_left_to_the_net_at_exit_is_not_reaped_after_its_test(
+    pytester: pytest.Pytester,
+) -> None:
+    # Red before: the harness reaped every zombie child a test left, this one too, and
+    # the net at interpreter exit said "pid N was reaped by someone else" (six times at
+    # the end of each full run, from the tests that make a cleanup fail).
+    pytester.makeini("[pytest]\ntrio_mode = true\n")
+    pytester.makeconftest("from tests.conftest import pytest_runtest_protocol  # noqa: F401\n")
+    pytester.makepyfile(test_left_open=LEAVES_ITS_TREE_TO_THE_NET)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    assert "reaped by someone else" not in result.stderr.str()
+    assert "processes outlived cleanup" not in result.stderr.str()
