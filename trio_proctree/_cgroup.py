@@ -99,13 +99,6 @@ class CgroupContainment(MemberTracking):
         self._emptying: select.epoll | None = None
         #: That watch could not be made (out of file descriptors).
         self._no_watch = False
-        #: Why the escalation's listing failed (out of file descriptors, say), held rather
-        #: than raised: it is tried again (`_hold`), and a tree seen empty had no escapee
-        #: left to miss its stop signal. Raised by the hard stop (`kill`).
-        self._unlisted: OSError | None = None
-        #: Seconds until that listing is tried again: RETRY_PAUSE, doubled at each failure
-        #: up to MAX_RETRY_PAUSE (a 5 s grace out of descriptors takes ~15 tries, not 100).
-        self._retry_pause = RETRY_PAUSE
         #: Cleanup's first step has thawed the cgroup (`_thaw_once`).
         self._thawed = False
         #: When the leader was taken in charge: it has joined its cgroup by then, or (through
@@ -303,32 +296,17 @@ class CgroupContainment(MemberTracking):
                 new.append(pid)
 
     def kill(self) -> None:
-        # A listing that failed all through the grace left any escapee without its stop
-        # signal: said once the hard stop (which reaches them) has gone out.
-        unlisted, self._unlisted = self._unlisted, None
         if self._survey_due or not self._surveyed:
             # The graceful wait ended before the deferred listing (no grace, or Ctrl-C cut it
             # short), or no step listed at all (steps for the leader alone list nothing):
             # take it now, so that the escapees are counted and the lingering known
-            # before the hard stop, which itself needs no listing (cgroup.kill).
+            # before the hard stop, which itself needs no listing (cgroup.kill). (Not as
+            # `_try_survey_now`: a listing held as failed is raised all the same, below.)
             try:
                 self._survey_now()
             except OSError as exc:  # out of file descriptors, say: the hard stop goes out
                 logger.debug("%s: not listed before the hard stop: %s", self.path, exc)
-        failed: Exception | None = None
-        try:
-            super().kill()
-        except Exception as exc:  # noqa: BLE001 - raised below, after the held error
-            # (Only an Exception: a KeyboardInterrupt goes on as it is, unreplaced.)
-            failed = exc
-        if unlisted is not None:
-            if failed is not None and unlisted.__context__ is None:
-                unlisted.__context__ = failed  # (shown with it, not lost)
-            elif failed is not None:
-                logger.error("%s: the hard stop failed too", self.path, exc_info=failed)
-            raise unlisted
-        if failed is not None:
-            raise failed
+        super().kill()
 
     def signal(self, sig: int, *, escalation: bool = False, leader_only: bool = False) -> bool:
         if leader_only and signal_leader_alone(self.leader, sig):
@@ -521,21 +499,10 @@ class CgroupContainment(MemberTracking):
         self._unlisted, self._retry_pause = None, RETRY_PAUSE  # (they had their signals)
         return True
 
-    #: Seconds between tries of a failed listing, at most (see `_retry_pause`).
-    MAX_RETRY_PAUSE = 0.4
-
     def _hold(self, failed: OSError) -> None:
-        """Keep why the escalation's listing failed, and have it tried again later (the
-        escapees it finds then get the escalation so far).
-
-        Not raised at once: the members are often exiting by then, and a tree seen empty
-        before its hard stop lost nothing to the failure. (Raised, it ended every teardown
-        in an error, however clean.) One held still when cleanup ends with the tree not
-        empty is raised by `release`: it may be why.
-        """
-        self._unlisted = failed
-        self._survey_due, self.ask_again_within = True, self._retry_pause
-        self._retry_pause = min(self._retry_pause * 2, self.MAX_RETRY_PAUSE)
+        # The deferred listing, tried again (`pending`).
+        super()._hold(failed)
+        self._survey_due = True
 
     def _survey_now(self) -> None:
         """The escalation's deferred listing: every member pinned by pidfd, and the escapees

@@ -26,10 +26,14 @@ class NeedScan(enum.Enum):
     #: A look at the tree failed (out of file descriptors, say) and is to be taken again:
     #: the driver pauses first, `ask_again_within` (else `RETRY_PAUSE`).
     RETRY_LATER = enum.auto()
+    #: As `RETRY_LATER`, where the failed look was the only way to tell whether anything
+    #: is left: a wait that runs out meanwhile ran out with the tree unseen, not running.
+    UNSEEN = enum.auto()
 
 
 NEED_SCAN: Final = NeedScan.NEED_SCAN
 RETRY_LATER: Final = NeedScan.RETRY_LATER
+UNSEEN: Final = NeedScan.UNSEEN
 #: Seconds before a look at the tree that failed is taken again (the first time).
 RETRY_PAUSE = 0.05
 Pending = list[int] | NeedScan
@@ -86,7 +90,7 @@ class Containment(Protocol):
     def pending(self) -> Pending:
         """Pidfds to wait on (any turning readable: ask again); [] once the tree is empty;
         `NEED_SCAN` to be asked again after the driver has yielded once, `RETRY_LATER`
-        after a pause."""
+        (or `UNSEEN`) after a pause."""
         ...
 
     #: If not None, the driver asks `pending` again after at most this many seconds, even

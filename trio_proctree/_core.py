@@ -19,7 +19,7 @@ import time
 from typing import Protocol
 
 from ._cgroup_home import remove_home
-from ._containment import NEED_SCAN, RETRY_PAUSE, Containment, ContainmentLost
+from ._containment import NEED_SCAN, RETRY_PAUSE, UNSEEN, Containment, ContainmentLost
 from ._escalation import Escalation, SignalLike, parse_signal, signal_name
 from ._leader import Leader
 from ._outcome import CleanupError, CleanupOutcome, chain_cleanup_error
@@ -451,7 +451,9 @@ class TreeCore:
                 errors.append(exc)
             self._look_failed = True
             return RETRY_PAUSE  # a degraded poll, only here: the error is raised at the end
-        self._look_failed = False
+        # (A look that failed and is held, not raised, leaves the tree unseen all the same:
+        # a wait that runs out meanwhile must not say it still runs.)
+        self._look_failed = pending is UNSEEN
         return pending if isinstance(pending, list) else self._pause_for(pending)
 
     def _pause_for(self, pending: object) -> float:

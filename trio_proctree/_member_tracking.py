@@ -10,7 +10,14 @@ import signal
 from collections.abc import Iterable, Sequence
 
 from . import _watchdog as watchdog
-from ._containment import NEED_SCAN, ContainmentLost, Pending, signal_leader_alone
+from ._containment import (
+    NEED_SCAN,
+    RETRY_PAUSE,
+    UNSEEN,
+    ContainmentLost,
+    Pending,
+    signal_leader_alone,
+)
 from ._group import ProcessGroupContainment
 from ._leader import Leader
 from ._orphans import reap_orphans
@@ -59,6 +66,13 @@ class MemberTracking:
         #: The first refusal to signal (EPERM: a member runs as another user) met by the
         #: call under way, raised once it has done the rest (`_raise_denied`).
         self._denied: PermissionError | None = None
+        #: Why the escalation's listing failed (out of file descriptors, say), held rather
+        #: than raised: it is tried again (`pending`), and a tree then seen empty had no
+        #: escapee left to miss its stop signal. Raised by the hard stop (`kill`).
+        self._unlisted: OSError | None = None
+        #: Seconds until that listing is tried again: RETRY_PAUSE, doubled at each failure
+        #: up to MAX_RETRY_PAUSE (a 5 s grace out of descriptors takes ~15 tries, not 100).
+        self._retry_pause = RETRY_PAUSE
 
     def prepare(self, plan: SpawnPlan) -> SpawnPlan:
         # Registered before the leader starts: if this process is SIGKILLed between the
@@ -321,7 +335,14 @@ class MemberTracking:
                 listing_failed = exc
         if listing_failed is not None:
             self._signal_escapees(self._escapees, step)  # those already known
-            self._raise_denied(listing_failed)
+            if not escalation:
+                self._raise_denied(listing_failed)  # a program's own signal: said at once
+            # A step's: held, and the listing tried again (`pending`), its escapees then
+            # given the escalation so far. Raised at once, it ended in an error a teardown
+            # that stopped cleanly in a millisecond, once descriptors were back (helper-77).
+            self._hold(listing_failed)
+            self._raise_denied()
+            return False
         if not escalation:
             # A program's signal during cleanup may be the first to find an escapee: it
             # gets the escalation so far first.
@@ -374,7 +395,55 @@ class MemberTracking:
         self._members.forget_exited()
         self._lingering.update(pid for pid in self._members if pid != self.leader.pid)
 
+    #: Seconds between tries of a failed listing, at most (see `_retry_pause`).
+    MAX_RETRY_PAUSE = 0.4
+
+    def _hold(self, failed: OSError) -> None:
+        """Keep why the escalation's listing failed, and have it tried again later (the
+        escapees it finds then get the escalation so far).
+
+        Not raised at once: the members are often exiting by then, and a tree seen empty
+        before its hard stop lost nothing to the failure. (Raised, it ended every teardown
+        in an error, however clean.) One held still at the hard stop is raised by `kill`.
+        """
+        self._unlisted = failed
+        self.ask_again_within = self._retry_pause
+        self._retry_pause = min(self._retry_pause * 2, self.MAX_RETRY_PAUSE)
+
+    def _list_again(self) -> bool:
+        """The held listing, tried again: whether it worked (its escapees then have the
+        escalation so far), or, failing, is held once more (`_hold`)."""
+        try:
+            _, new_escapees = self._track_new_members(give=self._sent)
+        except OSError as exc:
+            self._hold(exc)
+            return False
+        self._signal_escapees(new_escapees, self._sent)
+        logger.debug("%s: listed at last, after: %s", self.leader.pid, self._unlisted)
+        self._unlisted, self.ask_again_within, self._retry_pause = None, None, RETRY_PAUSE
+        return True
+
     def kill(self) -> None:
+        # A listing that failed all through the grace left any escapee without its stop
+        # signal: said once the hard stop (which reaches them) has gone out.
+        unlisted, self._unlisted = self._unlisted, None
+        self.ask_again_within = None
+        failed: Exception | None = None
+        try:
+            self._kill()
+        except Exception as exc:  # noqa: BLE001 - raised below, after the held error
+            # (Only an Exception: a KeyboardInterrupt goes on as it is, unreplaced.)
+            failed = exc
+        if unlisted is not None:
+            if failed is not None and unlisted.__context__ is None:
+                unlisted.__context__ = failed  # (shown with it, not lost)
+            elif failed is not None:
+                logger.error("%s: the hard stop failed too", self.leader.pid, exc_info=failed)
+            raise unlisted
+        if failed is not None:
+            raise failed
+
+    def _kill(self) -> None:
         pins = self.leader.pins_group
         if self.leader.exited:
             self._mark_lingering()
@@ -392,6 +461,11 @@ class MemberTracking:
 
     def pending(self) -> Pending:
         self._members.forget_exited()
+        if self._unlisted is not None and not self._list_again():
+            # The step's listing failed, and again now: asked again at a tracked member's
+            # exit, or within ask_again_within. With nothing tracked, whether anything is
+            # left is unknown.
+            return list(self._members.values()) if self._members else UNSEEN
         # Every tracked member has exited: a new listing says whether others remain (forked
         # while we signalled, say); they get the escalation's signals so far.
         if not self._members:

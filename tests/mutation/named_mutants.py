@@ -1712,7 +1712,7 @@ MUTANTS = [
     ),
     (
         "cgroup: a listing that failed all through the grace not said by the hard stop",
-        "_cgroup.py",
+        "_member_tracking.py",
         "        # signal: said once the hard stop (which reaches them) has gone out.\n"
         "        unlisted, self._unlisted = self._unlisted, None\n",
         "        # signal: said once the hard stop (which reaches them) has gone out.\n"
@@ -3070,6 +3070,27 @@ MUTANTS = [
         '            raise CgroupUnavailable(_why_no_cgroup("a cgroup", parent, exc)) from exc\n',
         '            raise CgroupUnavailable(f"cannot create a cgroup in {parent}: {exc}") from exc\n',
         "no_tree_cgroup_can_be_made",
+    ),
+    (
+        "subreaper: a step's failed listing raised at once, though the tree ended cleanly",
+        "_member_tracking.py",
+        "            self._hold(listing_failed)\n            self._raise_denied()\n",
+        "            raise listing_failed\n",
+        "escapee_found_once_descriptors_are_back and leader_stops",
+    ),
+    (
+        "subreaper: a held listing tried again only once no tracked member runs",
+        "_member_tracking.py",
+        "        if self._unlisted is not None and not self._list_again():\n",
+        "        if self._unlisted is not None and (self._members or not self._list_again()):\n",
+        "escapee_found_once_descriptors_are_back and ignores",
+    ),
+    (
+        "core: a wait that ran out with a held look failing says the tree ran on",
+        "_core.py",
+        "        self._look_failed = pending is UNSEEN\n",
+        "        self._look_failed = False\n",
+        "not_seen_gone_is_not_said_to_run_on",
     ),
 ]
 
