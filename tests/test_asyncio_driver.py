@@ -35,6 +35,8 @@ from .test_escalation import (
     LETS_A_CLI_FINISH,
     LONG_INPUT,
     SHORT_CLOSE_STDIN,
+    SLOW_COUNTER,
+    WAITS_FOR_THE_COUNTER,
 )
 from .test_run_process_tree import leaving_an_escapee_on_stdout
 
@@ -486,6 +488,33 @@ def test_asyncio_input_still_fed_once_the_leader_exited_reaches_what_it_left_in_
 
     assert run(main) == 0
     assert out.read_bytes() == LONG_INPUT
+    assert tracked.survivors() == []
+
+
+def test_asyncio_close_stdin_step_sends_what_write_took_before_the_input_ends(
+    run: Callable[..., Any], tracked: Tracked, tmp_path: Path, contained: dict[str, Any]
+) -> None:
+    # What write() took and the pipe has not yet goes to the tree first, as it reads it,
+    # then the end of its input, within the close-stdin step's wait (trio's twin has no
+    # such buffer: its input ends at once). The README says which.
+    out = tmp_path / "taken"
+    data = b"x" * (2 << 20)
+
+    async def main() -> Any:
+        async with open_process_tree(
+            [*SLOW_COUNTER, str(out)],
+            escalation=WAITS_FOR_THE_COUNTER,
+            stdin=subprocess.PIPE,
+            **contained,
+        ) as tree:
+            assert tree.stdin is not None
+            tree.stdin.write(data)  # (not drained: the block ends with it buffered)
+        return tree.outcome
+
+    outcome = run(main)
+    assert outcome.stdin_closed
+    assert outcome.signals == ()  # it ended at its input's end, in the step's wait
+    assert int(out.read_text()) == len(data)
     assert tracked.survivors() == []
 
 

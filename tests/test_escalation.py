@@ -11,6 +11,7 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -731,6 +732,47 @@ LEAVES_A_FAST_READER_OF_ITS_INPUT = 'exec 3<&0; { cat > "$0"; } <&3 & exit 0'
 LONG_INPUT = (b"x" * 16384 + b"\n") * 640
 #: A close-stdin step short beside that.
 SHORT_CLOSE_STDIN = Escalation(steps=[(signal.SIGTERM, 1.0)], close_stdin=0.3)
+
+
+#: Reads its input slowly (64 KiB at most, then 5 ms: 8 MiB take it 0.64 s or more), and
+#: at its end writes into the file argv[1] how many bytes it took.
+SLOW_COUNTER = [
+    sys.executable,
+    "-c",
+    "import os, sys, time\n"
+    "taken = 0\n"
+    "while chunk := os.read(0, 65536):\n"
+    "    taken += len(chunk)\n"
+    "    time.sleep(0.005)\n"
+    "with open(sys.argv[1], 'w') as f:\n"
+    "    f.write(str(taken))\n",
+]
+#: Time enough for the slow counter to take a few MiB before any signal.
+WAITS_FOR_THE_COUNTER = Escalation(steps=[(signal.SIGTERM, 1.0)], close_stdin=5.0)
+
+
+async def test_close_stdin_step_ends_the_input_after_what_the_stream_handed_to_the_pipe(
+    tracked: Tracked, tmp_path: Path, contained: dict[str, Any]
+) -> None:
+    # Under trio nothing is buffered past the pipe: a send_all cut short sent part of its
+    # data, and the input ends after that, at once (asyncio's twin: what write() took
+    # still goes first). The README says which.
+    out = tmp_path / "taken"
+    data = b"x" * (8 << 20)
+    async with open_process_tree(
+        [*SLOW_COUNTER, str(out)],
+        escalation=WAITS_FOR_THE_COUNTER,
+        stdin=subprocess.PIPE,
+        **contained,
+    ) as tree:
+        assert tree.stdin is not None
+        with trio.move_on_after(0.05):
+            await tree.stdin.send_all(data)
+    assert tree.outcome is not None
+    assert tree.outcome.stdin_closed
+    assert tree.outcome.signals == ()  # it ended at its input's end, in the step's wait
+    assert 0 < int(out.read_text()) < len(data)
+    assert tracked.survivors() == []
 
 
 async def fed_long_input(

@@ -3092,6 +3092,13 @@ MUTANTS = [
         "        self._look_failed = False\n",
         "not_seen_gone_is_not_said_to_run_on",
     ),
+    (
+        "asyncio: the close-stdin step drops what write() took",
+        "asyncio.py",
+        "            _close(writer.transport)\n",
+        "            _close(writer.transport, abort=True)\n",
+        "sends_what_write_took",
+    ),
 ]
 
 
