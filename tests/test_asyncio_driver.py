@@ -509,6 +509,7 @@ def test_asyncio_close_stdin_step_sends_what_write_took_before_the_input_ends(
         ) as tree:
             assert tree.stdin is not None
             tree.stdin.write(data)  # (not drained: the block ends with it buffered)
+        assert tree.stdin is not None and tree.stdin.is_closing()  # the tree's, closed
         return tree.outcome
 
     outcome = run(main)
@@ -630,6 +631,8 @@ def test_a_reader_holds_all_the_tree_said_as_it_stopped_after_cleanup(
                 tree.stdout = None
             assert await reader.readline() == b"ready\n"
         assert procs.open_fds() == before
+        # Still the tree's unless taken off it (red before: None after the block).
+        assert tree.stdout is (None if taken else reader)
         said = await reader.read()
         assert said == seq(last)
         assert tree.outcome is not None

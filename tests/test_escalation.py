@@ -660,6 +660,8 @@ async def test_close_stdin_step_lets_a_cli_flush_and_exit_without_a_signal(
     outcome = tree.outcome
     assert outcome is not None
     assert outcome.stdin_closed
+    with pytest.raises(trio.ClosedResourceError):  # still the tree's stream, closed
+        await tree.stdin.send_all(b"more\n")
     assert outcome.signals == ()
     assert outcome.returncode == 0
     with open(out) as f:

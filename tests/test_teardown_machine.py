@@ -210,6 +210,21 @@ def test_a_ctrl_c_in_a_grace_brings_sigkill_at_once_and_no_grace_ran_out(
     ]
 
 
+def test_a_ctrl_c_in_a_grace_the_tree_could_not_be_seen_in_does_not_say_it_ran_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Red before: "still running when cleanup was interrupted", though cleanup's last look
+    # at the tree had failed (out of descriptors): it was not seen at all (helper-81).
+    policy = Escalation(steps=[(signal.SIGTERM, 1.0)], kill_wait=0.5)
+    teardown = Teardown(policy, label=LABEL, stdin_open=False)
+    with caplog.at_level(logging.WARNING, logger="trio_proctree"):
+        drive(teardown, [CutShort(0.25, unseen=True), True])
+    assert warnings_of(caplog) == [
+        f"{LABEL} not seen gone when cleanup was interrupted (Ctrl-C) 0.25s after SIGTERM "
+        "(it could not be looked at); sending SIGKILL to the tree"
+    ]
+
+
 def test_a_ctrl_c_after_stdin_was_closed_brings_sigkill_at_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

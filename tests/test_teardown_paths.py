@@ -309,6 +309,9 @@ async def test_a_stream_kept_by_the_program_holds_what_the_tree_said_as_it_stopp
         assert kept is not None
         assert await kept.receive_some() == b"ready\n"
     assert procs.open_fds() == before
+    # Still the tree's, as a trio.Process keeps its own (red before: None after the block,
+    # an AttributeError for `tree.stdout.receive_some()` where the rest was waiting).
+    assert tree.stdout is kept
     with pytest.raises(ValueError, match="max_bytes"):
         await kept.receive_some(0)
     busy: list[BaseException] = []

@@ -499,6 +499,10 @@ class CgroupContainment(MemberTracking):
         self._unlisted, self._retry_pause = None, RETRY_PAUSE  # (they had their signals)
         return True
 
+    @property
+    def _where(self) -> str:
+        return self.path
+
     def _hold(self, failed: OSError) -> None:
         # The deferred listing, tried again (`pending`).
         super()._hold(failed)

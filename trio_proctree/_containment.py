@@ -36,6 +36,8 @@ RETRY_LATER: Final = NeedScan.RETRY_LATER
 UNSEEN: Final = NeedScan.UNSEEN
 #: Seconds before a look at the tree that failed is taken again (the first time).
 RETRY_PAUSE = 0.05
+#: Seconds, at least, of an `ask_again_within` that is due now (0 would read as "none").
+RETRY_SOON = 0.001
 Pending = list[int] | NeedScan
 
 

@@ -487,7 +487,7 @@ class TreeCore:
                     return Unseen()
                 return False if self.leader.poll() is None else LeaderExited()
             if wait.grace and io.interrupted():
-                return CutShort(wait.timeout - remaining)
+                return CutShort(wait.timeout - remaining, unseen=self._look_failed)
             # (A pause instead of pidfds: members finishing their exit, or a look that
             # failed. Asked again after it, not handed a step they may not need.)
             if leader_step is not None and isinstance(pending, list) and self._failed(leader_step):
@@ -647,6 +647,11 @@ def kill_at_once(cores: list[TreeCore], *, when: str) -> None:
             # safely any more; its cleanup already sent SIGKILL, and could not confirm it.
             logger.debug("%s: not signalled again %s", core.label, when)
         except OSError as exc:
+            if exc is getattr(core.containment, "raised_held", None):
+                # Not the hard stop's: an escalation's listing that had failed, said by the
+                # hard stop that went out (a cleanup's caller is told; nobody is here).
+                logger.debug("%s: killed %s; a listing had failed: %s", core.label, when, exc)
+                continue
             # Some of it, maybe: a refused signal (another user's member) is raised only
             # once the rest of the tree had its SIGKILL. Its leader is reaped all the same,
             # or it stays a zombie for good where init does not reap.

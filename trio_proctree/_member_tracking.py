@@ -7,12 +7,14 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 from collections.abc import Iterable, Sequence
 
 from . import _watchdog as watchdog
 from ._containment import (
     NEED_SCAN,
     RETRY_PAUSE,
+    RETRY_SOON,
     UNSEEN,
     ContainmentLost,
     Pending,
@@ -73,6 +75,11 @@ class MemberTracking:
         #: Seconds until that listing is tried again: RETRY_PAUSE, doubled at each failure
         #: up to MAX_RETRY_PAUSE (a 5 s grace out of descriptors takes ~15 tries, not 100).
         self._retry_pause = RETRY_PAUSE
+        #: When that listing is next tried (time.monotonic()), at the latest.
+        self._retry_at = 0.0
+        #: The held error the last hard stop raised (`kill`): the net at interpreter exit,
+        #: with nobody to tell, does not take it for a hard stop that failed.
+        self.raised_held: OSError | None = None
 
     def prepare(self, plan: SpawnPlan) -> SpawnPlan:
         # Registered before the leader starts: if this process is SIGKILLed between the
@@ -101,6 +108,11 @@ class MemberTracking:
     def backstop(self) -> list[str]:
         """What the parent-death watchdog kills, should we die before cleanup."""
         return []
+
+    @property
+    def _where(self) -> str:
+        """The tree, as the log names it."""
+        return f"pid {self.leader.pid}"
 
     @property
     def leader(self) -> Leader:
@@ -406,20 +418,31 @@ class MemberTracking:
         before its hard stop lost nothing to the failure. (Raised, it ended every teardown
         in an error, however clean.) One held still at the hard stop is raised by `kill`.
         """
+        now = time.monotonic()
+        if self._unlisted is None or now >= self._retry_at:
+            # The first failure, or a try at its time: the next waits twice as long. (Tries
+            # between, at a member's exit, leave the pause as it is: counted, they took it
+            # to its longest within 10 ms, and escapees were found ~0.3 s late: helper-81.)
+            self._retry_at = now + self._retry_pause
+            self._retry_pause = min(self._retry_pause * 2, self.MAX_RETRY_PAUSE)
         self._unlisted = failed
-        self.ask_again_within = self._retry_pause
-        self._retry_pause = min(self._retry_pause * 2, self.MAX_RETRY_PAUSE)
+        self.ask_again_within = max(self._retry_at - now, RETRY_SOON)
 
-    def _list_again(self) -> bool:
-        """The held listing, tried again: whether it worked (its escapees then have the
-        escalation so far), or, failing, is held once more (`_hold`)."""
+    def _listed_again(self) -> bool:
+        """The held listing, tried again at its time, or once nothing tracked is left to
+        wait on: whether it worked (its escapees then have the escalation so far), or,
+        failing, is held once more (`_hold`). (Tried at every member's exit, it took a
+        listing each: 250 exits, 250 listings.)"""
+        if self._members and time.monotonic() < self._retry_at:
+            self.ask_again_within = max(self._retry_at - time.monotonic(), RETRY_SOON)
+            return False
         try:
             _, new_escapees = self._track_new_members(give=self._sent)
         except OSError as exc:
             self._hold(exc)
             return False
         self._signal_escapees(new_escapees, self._sent)
-        logger.debug("%s: listed at last, after: %s", self.leader.pid, self._unlisted)
+        logger.debug("%s: listed at last, after: %s", self._where, self._unlisted)
         self._unlisted, self.ask_again_within, self._retry_pause = None, None, RETRY_PAUSE
         return True
 
@@ -432,13 +455,19 @@ class MemberTracking:
         try:
             self._kill()
         except Exception as exc:  # noqa: BLE001 - raised below, after the held error
-            # (Only an Exception: a KeyboardInterrupt goes on as it is, unreplaced.)
             failed = exc
+        except BaseException:
+            # A Ctrl-C goes on as it is, unreplaced, and the held error stays held: the
+            # hard stop, taken again after it, says it (dropped, a bare KeyboardInterrupt
+            # came out of a cleanup whose escapees never had their stop signal: helper-81).
+            self._unlisted = unlisted
+            raise
         if unlisted is not None:
+            self.raised_held = unlisted
             if failed is not None and unlisted.__context__ is None:
                 unlisted.__context__ = failed  # (shown with it, not lost)
             elif failed is not None:
-                logger.error("%s: the hard stop failed too", self.leader.pid, exc_info=failed)
+                logger.error("%s: the hard stop failed too", self._where, exc_info=failed)
             raise unlisted
         if failed is not None:
             raise failed
@@ -461,10 +490,10 @@ class MemberTracking:
 
     def pending(self) -> Pending:
         self._members.forget_exited()
-        if self._unlisted is not None and not self._list_again():
-            # The step's listing failed, and again now: asked again at a tracked member's
-            # exit, or within ask_again_within. With nothing tracked, whether anything is
-            # left is unknown.
+        if self._unlisted is not None and not self._listed_again():
+            # The step's listing failed, and again now (or it is not time yet): asked again
+            # within ask_again_within. With nothing tracked, whether anything is left is
+            # unknown.
             return list(self._members.values()) if self._members else UNSEEN
         # Every tracked member has exited: a new listing says whether others remain (forked
         # while we signalled, say); they get the escalation's signals so far.

@@ -89,6 +89,8 @@ class CutShort:
     skipped. The grace did not run out, and is not said to have."""
 
     waited: float
+    #: The tree's last look failed (see `Unseen`): not said to be running.
+    unseen: bool = False
 
 
 @attrs.frozen
@@ -273,12 +275,15 @@ class Teardown:
         return (yield from self._hard_stop())
 
     def _cut_short(self, cut: CutShort, after: str) -> _Plan:
+        did, note = _ran_on(Unseen() if cut.unseen else False)
         logger.warning(
-            "%s still running when cleanup was interrupted (Ctrl-C) %.3gs after %s; sending "
+            "%s %s when cleanup was interrupted (Ctrl-C) %.3gs after %s%s; sending "
             "SIGKILL to the tree",
             self.label,
+            did,
             cut.waited,
             after,
+            note,
         )
         return (yield from self._hard_stop())
 

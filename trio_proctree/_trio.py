@@ -131,6 +131,7 @@ class _TrioIO:
             for name in ("stdin", "stdout", "stderr")
             if getattr(self._tree, name) is not None
         ]
+        self._tree._give_back_closed()
         return [error for error in errors if error is not None]
 
     def forget_fd(self, fd: int) -> None:
@@ -150,8 +151,9 @@ class ProcessTree(TreeView):
     ends, or earlier with `aclose`.
 
     Cleanup closes the pipes it made (stdout and stderr once the tree is gone, reading
-    what is left in them first: a task still reading, or a program that kept the stream,
-    gets all the tree said as it stopped, then the end). While the tree stops, it reads
+    what is left in them first: a task still reading, or a read after the block, the
+    stream still ``tree.stdout`` as a `trio.Process` keeps its own, gets all the tree
+    said as it stopped, then the end). While the tree stops, it reads
     them whenever no task of the program's does, until 1 MiB is unread, so that a program
     writing as it stops does not block on a full pipe until SIGKILL.
     A stream taken off the tree (``stdout, tree.stdout = tree.stdout, None``) is left open
@@ -180,6 +182,8 @@ class ProcessTree(TreeView):
         self._read_by_run: list[TreeOutput] = []
         self._cleanup_started = False
         self._cleanup_done = trio.Event()
+        #: The streams cleanup closed, by name (`_give_back_closed`).
+        self._closed_by_cleanup: dict[str, trio.abc.AsyncResource] = {}
 
     async def wait(self) -> int:
         """Wait for the leader to exit and return its exit status.
@@ -275,6 +279,15 @@ class ProcessTree(TreeView):
             raise interrupt
         return io.scheduled
 
+    def _give_back_closed(self) -> None:
+        """Put back the streams cleanup closed, as a `trio.Process` keeps its own: an
+        output stream still gives what the tree said as it stopped, then its end (None
+        after the block, ``tree.stdout.receive_some()`` was an AttributeError where that
+        rest waited). Not where the program has put something else meanwhile."""
+        for name, stream in self._closed_by_cleanup.items():
+            if getattr(self, name) is None:
+                setattr(self, name, stream)
+
     def _left_to_the_caller(self, stream: object) -> bool:
         """Whether ``stream`` is one `run_process_tree` handed back (`_left_open`)."""
         return any(stream is kept for kept in self._left_open)
@@ -283,7 +296,8 @@ class ProcessTree(TreeView):
         stream = getattr(self, name)
         if stream is None or self._left_to_the_caller(stream):
             return None
-        setattr(self, name, None)
+        setattr(self, name, None)  # (until the end: a stream is closed once)
+        self._closed_by_cleanup[name] = stream
         try:
             if isinstance(stream, TreeOutput):
                 if stream.flowing:

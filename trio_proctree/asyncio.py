@@ -364,7 +364,9 @@ class _AsyncioIO:
     async def close_streams(self, within: float) -> list[Exception]:
         await self._tree._close_stdin()
         self._tree._abort_stdin()
-        return self._tree._close_readers()
+        errors = self._tree._close_readers()
+        self._tree._give_back_closed()
+        return errors
 
     def forget_fd(self, fd: int) -> None:
         self._tree._stop_watching_leader()
@@ -383,8 +385,9 @@ class ProcessTree(TreeView):
     Made by `open_process_tree` and `run_process_tree`.
 
     Cleanup closes the pipes it made (stdout and stderr once the tree is gone, each once
-    what is still in it is in its reader): a reader kept from the tree (``stdout =
-    tree.stdout``) holds all that the tree said as it stopped, to be read after cleanup.
+    what is still in it is in its reader): each reader, still ``tree.stdout`` after the
+    block unless the program took it off the tree, holds all that the tree said as it
+    stopped, to be read after cleanup.
     While the tree stops, each reader made for its pipes takes in up to 1 MiB unread, or
     twice its ``limit`` if that is more, so that a program writing as it stops does not
     block on a full pipe until SIGKILL.
@@ -406,6 +409,8 @@ class ProcessTree(TreeView):
         #: The readers made for stdout and stderr, each with its pipe's transport.
         self._read_transports: dict[str, tuple[_TreeReader, asyncio.BaseTransport]] = {}
         self._stdin_transport: asyncio.WriteTransport | None = None
+        #: The streams cleanup closed, by name (`_give_back_closed`).
+        self._closed_by_cleanup: dict[str, asyncio.StreamReader | asyncio.StreamWriter] = {}
         #: The writer ``stdin`` was made, while it is the program's to take off the tree.
         self._given_stdin: asyncio.StreamWriter | None = None
         self._exited: asyncio.Future[None] | None = None
@@ -712,11 +717,20 @@ class ProcessTree(TreeView):
     async def _close_stdin(self) -> Exception | None:
         writer, self.stdin = self.stdin, None
         if writer is not None:
+            self._closed_by_cleanup["stdin"] = writer
             # Closed now; what is still buffered is written as the tree reads it. Waiting
             # for that here would hang on a tree that no longer reads its stdin.
             self._stdin_transport = writer.transport
             _close(writer.transport)
         return None
+
+    def _give_back_closed(self) -> None:
+        """Put back the streams cleanup closed: a reader still holds what the tree said as
+        it stopped (None after the block, ``tree.stdout.read()`` was an AttributeError
+        where that rest waited). Not where the program has put something else meanwhile."""
+        for name, stream in self._closed_by_cleanup.items():
+            if getattr(self, name) is None:
+                setattr(self, name, stream)
 
     def _abort_stdin(self) -> None:
         """Drop what is still buffered for stdin: by now the tree is gone."""
@@ -734,7 +748,8 @@ class ProcessTree(TreeView):
         for name, (reader, transport) in list(self._read_transports.items()):
             del self._read_transports[name]
             if getattr(self, name) is reader:
-                setattr(self, name, None)
+                setattr(self, name, None)  # (until the end: a reader is closed once)
+                self._closed_by_cleanup[name] = reader
             try:
                 _drain_into(reader, transport)
             except Exception as exc:  # noqa: BLE001 - kept and raised after cleanup

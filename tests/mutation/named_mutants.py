@@ -329,9 +329,12 @@ MUTANTS = [
     (
         "asyncio: a reader taken off the tree left open by cleanup",
         "asyncio.py",
-        "            if getattr(self, name) is reader:\n                setattr(self, name, None)\n",
+        "            if getattr(self, name) is reader:\n"
+        "                setattr(self, name, None)  # (until the end: a reader is closed once)\n"
+        "                self._closed_by_cleanup[name] = reader\n",
         "            if getattr(self, name) is not reader:\n                continue\n"
-        "            setattr(self, name, None)\n",
+        "            setattr(self, name, None)\n"
+        "            self._closed_by_cleanup[name] = reader\n",
         "escapee_holds",
     ),
     (
@@ -1636,7 +1639,7 @@ MUTANTS = [
     (
         "cleanup: a grace cut short by Ctrl-C reported as run out",
         "_core.py",
-        "                return CutShort(wait.timeout - remaining)",
+        "                return CutShort(wait.timeout - remaining, unseen=self._look_failed)",
         "                return False",
         "ctrl_c_during_the_grace or asyncio_programs_end",
     ),
@@ -3081,8 +3084,8 @@ MUTANTS = [
     (
         "subreaper: a held listing tried again only once no tracked member runs",
         "_member_tracking.py",
-        "        if self._unlisted is not None and not self._list_again():\n",
-        "        if self._unlisted is not None and (self._members or not self._list_again()):\n",
+        "        if self._unlisted is not None and not self._listed_again():\n",
+        "        if self._unlisted is not None and (self._members or not self._listed_again()):\n",
         "escapee_found_once_descriptors_are_back and ignores",
     ),
     (
@@ -3098,6 +3101,55 @@ MUTANTS = [
         "            _close(writer.transport)\n",
         "            _close(writer.transport, abort=True)\n",
         "sends_what_write_took",
+    ),
+    (
+        "trio: the streams cleanup closed are None after the block",
+        "_trio.py",
+        "        self._tree._give_back_closed()\n        return [error",
+        "        return [error",
+        "kept_by_the_program_holds or lets_a_cli_flush",
+    ),
+    (
+        "asyncio: the streams cleanup closed are None after the block",
+        "asyncio.py",
+        "        self._tree._give_back_closed()\n        return errors\n",
+        "        return errors\n",
+        "reader_holds_all_the_tree_said or sends_what_write_took",
+    ),
+    (
+        "listing: a Ctrl-C in the hard stop drops the held listing's failure",
+        "_member_tracking.py",
+        "            self._unlisted = unlisted\n            raise\n",
+        "            raise\n",
+        "ctrl_c_in_the_hard_stop",
+    ),
+    (
+        "net: a held listing's failure taken for a hard stop that failed at exit",
+        "_core.py",
+        '            if exc is getattr(core.containment, "raised_held", None):\n',
+        "            if False:\n",
+        "net_at_exit_takes",
+    ),
+    (
+        "listing: each failed try doubles the pause, at its time or not",
+        "_member_tracking.py",
+        "        if self._unlisted is None or now >= self._retry_at:\n",
+        "        if True:\n",
+        "held_listing_is_tried",
+    ),
+    (
+        "listing: a held listing tried at every wake-up",
+        "_member_tracking.py",
+        "        if self._members and time.monotonic() < self._retry_at:\n",
+        "        if False:\n",
+        "held_listing_is_tried",
+    ),
+    (
+        "teardown: a Ctrl-C in a grace the tree was unseen in says it ran on",
+        "_teardown.py",
+        "        did, note = _ran_on(Unseen() if cut.unseen else False)\n",
+        "        did, note = _ran_on(False)\n",
+        "could_not_be_seen_in",
     ),
 ]
 
