@@ -427,8 +427,10 @@ def test_callers_timeout_does_not_cut_the_cleanup_short(
         began = loop.time()
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(tree.aclose(), 0.05)
-        # It returned only once the tree was gone: after the whole grace, not 0.05 s.
-        assert loop.time() - began >= 0.3
+        # It returned only once the tree was gone: after the whole grace, not 0.05 s. (Less
+        # a hundredth: uvloop's clock counts whole milliseconds, and 0.36 - 0.06 < 0.3 in
+        # floating point; seen once in CI.)
+        assert loop.time() - began >= 0.29
         assert tracked.survivors() == []
         assert tree.outcome is not None
         assert tree.outcome.grace_expired

@@ -3438,3 +3438,111 @@ async def test_a_leader_running_as_ourselves_keeps_its_cgroup(
     ) as tree:
         assert await tree.wait() == 0
     assert tracked.survivors() == []
+
+
+#: A member with no handler for SIGTERM that calls setsid() on SIGUSR1; says its pid.
+SETSID_ON_USR1 = (
+    "import os, signal\n"
+    "signal.signal(signal.SIGUSR1, lambda *_: os.setsid())\n"
+    "print(os.getpid(), flush=True)\n"
+    "while True:\n"
+    "    signal.pause()\n"
+)
+
+
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper"])
+async def test_a_member_leaving_the_group_just_before_its_signal_still_gets_it(
+    tracked: Tracked, containment: str
+) -> None:
+    # The member calls setsid() after cleanup's last look at the group and before the
+    # group's SIGTERM (steered here: it is told to at that very point), so the signal
+    # misses it. Red before (subreaper, which tracks it from its listing before the
+    # signal): it ran through the whole grace to SIGKILL. It has no handler for SIGTERM,
+    # so a second one could do nothing more than the first: it now gets one through its
+    # pidfd once cleanup sees it outside the group. (The race, unsteered: 5 teardowns in
+    # 1,500 begun at a tree's start.)
+    available(containment)
+    command = ["sh", "-c", f"{shlex.quote(sys.executable)} -c {shlex.quote(SETSID_ON_USR1)} & wait"]
+    left: list[int] = []
+    async with trio_proctree.open_process_tree(
+        command,
+        escalation=trio_proctree.Escalation(steps=[(signal.SIGTERM, 5.0)], kill_wait=0.5),
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+        containment=containment,
+    ) as tree:
+        assert tree.stdout is not None
+        with trio.fail_after(10):
+            line = b""
+            while not line.endswith(b"\n"):
+                line += await tree.stdout.receive_some()
+        member = int(line)
+        from trio_proctree._procfs import read_stat  # noqa: PLC0415 - as above
+
+        group: Any = tree._core.containment._group
+        real_signal_pinned = group.signal_pinned
+
+        def leaves_then_signalled(sig: int, *, wake: bool = False) -> None:
+            if sig == signal.SIGTERM and not left:
+                os.kill(member, signal.SIGUSR1)  # (ours: its pid was just said)
+                deadline = time.monotonic() + 10
+                while (stat := read_stat(member)) is not None and stat.pgid == tree.pid:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.001)
+                left.append(member)
+            real_signal_pinned(sig, wake=wake)
+
+        group.signal_pinned = leaves_then_signalled
+    assert left == [member]  # (the premise: it left before the signal)
+    outcome = tree.outcome
+    assert outcome is not None
+    assert outcome.signals == (signal.SIGTERM, signal.SIGCONT)
+    assert not outcome.grace_expired
+    assert outcome.escapees_killed == 1
+    assert tracked.survivors() == []
+
+
+#: A member whose SIGTERM handler notes each call in the file argv[1], then calls setsid()
+#: (it leaves the group as it takes the group's signal) and runs on; says its pid.
+NOTES_SIGTERM_THEN_LEAVES = (
+    "import os, signal, sys\n"
+    "def on_term(*_):\n"
+    "    with open(sys.argv[1], 'a') as f:\n"
+    "        f.write('term\\n')\n"
+    "    os.setsid()\n"
+    "signal.signal(signal.SIGTERM, on_term)\n"
+    "print(os.getpid(), flush=True)\n"
+    "while True:\n"
+    "    signal.pause()\n"
+)
+
+
+@pytest.mark.parametrize("containment", ["subreaper"])  # (the cgroup's: see README, Limits)
+async def test_a_member_that_left_the_group_with_its_signal_is_not_given_it_twice(
+    tracked: Tracked, containment: str, tmp_path: Path
+) -> None:
+    # Seen outside the group after the signal, with a handler for it, a member may have
+    # left just after taking it (here, in that very handler): it is not sent it again
+    # (many programs take a second SIGTERM or SIGINT for "stop now"). It runs on to the
+    # hard stop. (Red with the signal sent again to every member seen to have left.)
+    available(containment)
+    noted = tmp_path / "noted"
+    member = f"{shlex.quote(sys.executable)} -c {shlex.quote(NOTES_SIGTERM_THEN_LEAVES)} {noted}"
+    async with trio_proctree.open_process_tree(
+        ["sh", "-c", f"{member} & wait"],
+        escalation=trio_proctree.Escalation(steps=[(signal.SIGTERM, 0.3)], kill_wait=0.5),
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+        containment=containment,
+    ) as tree:
+        assert tree.stdout is not None
+        with trio.fail_after(10):
+            line = b""
+            while not line.endswith(b"\n"):
+                line += await tree.stdout.receive_some()
+    assert noted.read_text() == "term\n"  # its handler ran once
+    outcome = tree.outcome
+    assert outcome is not None
+    assert outcome.signals == (signal.SIGTERM, signal.SIGCONT, signal.SIGKILL)
+    assert outcome.escapees_killed == 1
+    assert tracked.survivors() == []

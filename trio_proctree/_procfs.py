@@ -287,18 +287,42 @@ def command_line(pid: int) -> str:
         return "?"
 
 
-def catches(pid: int, sig: int) -> bool:
-    """Whether ``pid`` has a handler of its own for ``sig`` now (``SigCgt`` in
-    /proc/PID/status: one mask for all its threads). False when that cannot be told: it
-    is gone, /proc hides it (``hidepid``), or no file descriptor is left to look."""
+def _signal_masks(pid: int) -> dict[bytes, int] | None:
+    """``pid``'s signal masks from /proc/PID/status (``SigCgt``, ``SigPnd``, ...: one
+    line each), or None when they cannot be read: it is gone, /proc hides it
+    (``hidepid``), or no file descriptor is left to look."""
     try:
         status = read_file(f"/proc/{pid}/status")
     except OSError:
-        return False
+        return None
+    masks: dict[bytes, int] = {}
     for line in status.splitlines():
-        if line.startswith(b"SigCgt:"):
-            return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
-    return False  # pragma: no cover - every Linux since 2.6 shows it
+        name, _, value = line.partition(b":")
+        if name in _SIGNAL_MASKS:  # (not SigQ: "0/96555", a count, not a mask)
+            masks[name] = int(value, 16)
+    return masks
+
+
+_SIGNAL_MASKS = frozenset({b"SigPnd", b"ShdPnd", b"SigBlk", b"SigIgn", b"SigCgt"})
+
+
+def catches(pid: int, sig: int) -> bool:
+    """Whether ``pid`` has a handler of its own for ``sig`` now (``SigCgt``: one mask for
+    all its threads). False when that cannot be told (`_signal_masks`)."""
+    masks = _signal_masks(pid)
+    return masks is not None and bool(masks.get(b"SigCgt", 0) >> (sig - 1) & 1)
+
+
+def takes_again_harmlessly(pid: int, sig: int) -> bool:
+    """Whether ``sig`` sent to ``pid`` now could do nothing a first one did not: no
+    handler of its own runs for it (``SigCgt``), and none is pending to be taken
+    (``SigPnd``, ``ShdPnd``: blocked, or not yet delivered). False when that cannot be
+    told (`_signal_masks`)."""
+    masks = _signal_masks(pid)
+    needed = (b"SigCgt", b"SigPnd", b"ShdPnd")
+    if masks is None or any(name not in masks for name in needed):
+        return False
+    return not any(masks[name] >> (sig - 1) & 1 for name in needed)
 
 
 def is_alive(pid: int) -> bool:
