@@ -458,3 +458,33 @@ async def test_a_held_listing_is_tried_again_at_its_time_not_at_every_wake(
         assert len(raised) == listings  # none tried before its time
         assert 0 < containment.ask_again_within <= first_pause <= 0.05
         raised.clear()
+
+
+async def test_the_net_at_exit_still_says_a_hard_stop_that_failed_with_a_failed_listing(
+    tracked: Tracked, caplog: pytest.LogCaptureFixture
+) -> None:
+    # As above, but the hard stop fails too (here after it went out, so that nothing
+    # outlives the test). Red before: one DEBUG line said the tree was killed, and the hard
+    # stop's failure, held as the listing error's context, was logged nowhere (helper-82).
+    from trio_proctree._core import kill_at_once  # noqa: PLC0415 - the net itself
+
+    async with open_process_tree(SLEEPER, env=tracked.env, containment="subreaper") as tree:
+        containment: Any = tree._core.containment
+        raised = fail_member_listings(tree)
+        containment.signal(signal.SIGCONT, escalation=True)  # held, not raised
+        raised.clear()
+        real_hard_kill = containment._hard_kill
+
+        def hard_kill_said_to_fail() -> None:
+            real_hard_kill()
+            raise OSError(errno.EIO, "the hard stop failed (injected)")
+
+        containment._hard_kill = hard_kill_said_to_fail
+        kill_at_once([tree._core], when="at interpreter exit")
+        del containment._hard_kill
+        with trio.fail_after(5):
+            while tracked.survivors():
+                await trio.sleep(0.01)
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [line for line in warned if "could not kill at interpreter exit" in line], warned
+    assert tracked.survivors() == []

@@ -3451,22 +3451,25 @@ SETSID_ON_USR1 = (
 
 
 @pytest.mark.parametrize("containment", ["cgroup", "subreaper"])
-async def test_a_member_leaving_the_group_just_before_its_signal_still_gets_it(
+async def test_a_member_leaving_the_group_as_the_signal_goes_misses_it_under_a_subreaper(
     tracked: Tracked, containment: str
 ) -> None:
     # The member calls setsid() after cleanup's last look at the group and before the
-    # group's SIGTERM (steered here: it is told to at that very point), so the signal
-    # misses it. Red before (subreaper, which tracks it from its listing before the
-    # signal): it ran through the whole grace to SIGKILL. It has no handler for SIGTERM,
-    # so a second one could do nothing more than the first: it now gets one through its
-    # pidfd once cleanup sees it outside the group. (The race, unsteered: 5 teardowns in
-    # 1,500 begun at a tree's start.)
+    # group's SIGTERM (steered: it is told to at that very point), so the signal misses
+    # it. The subreaper, which knows it from its listing before the signal, cannot tell
+    # it from one that left just after taking the signal (whose handler may take a second
+    # for "stop now"), so it stops at SIGKILL when the grace has run out (README, Limits;
+    # unsteered: 5 teardowns in 1,500 begun at a tree's start). The cgroup lists its
+    # escapees after the signal, and gives it the signal then. (A look again at such
+    # members, signalling those with no handler and none pending, was tried and undone:
+    # one that takes the signal with sigwait, or whose handler puts the default action
+    # back, shows the same, and a second killed it mid-cleanup: helper-82.)
     available(containment)
     command = ["sh", "-c", f"{shlex.quote(sys.executable)} -c {shlex.quote(SETSID_ON_USR1)} & wait"]
     left: list[int] = []
     async with trio_proctree.open_process_tree(
         command,
-        escalation=trio_proctree.Escalation(steps=[(signal.SIGTERM, 5.0)], kill_wait=0.5),
+        escalation=trio_proctree.Escalation(steps=[(signal.SIGTERM, 0.3)], kill_wait=0.5),
         stdout=subprocess.PIPE,
         env=tracked.env,
         containment=containment,
@@ -3496,8 +3499,13 @@ async def test_a_member_leaving_the_group_just_before_its_signal_still_gets_it(
     assert left == [member]  # (the premise: it left before the signal)
     outcome = tree.outcome
     assert outcome is not None
-    assert outcome.signals == (signal.SIGTERM, signal.SIGCONT)
-    assert not outcome.grace_expired
+    missed = containment == "subreaper"
+    assert outcome.grace_expired is missed
+    assert outcome.signals == (
+        (signal.SIGTERM, signal.SIGCONT, signal.SIGKILL)
+        if missed
+        else (signal.SIGTERM, signal.SIGCONT)
+    )
     assert outcome.escapees_killed == 1
     assert tracked.survivors() == []
 
@@ -3521,10 +3529,10 @@ NOTES_SIGTERM_THEN_LEAVES = (
 async def test_a_member_that_left_the_group_with_its_signal_is_not_given_it_twice(
     tracked: Tracked, containment: str, tmp_path: Path
 ) -> None:
-    # Seen outside the group after the signal, with a handler for it, a member may have
-    # left just after taking it (here, in that very handler): it is not sent it again
-    # (many programs take a second SIGTERM or SIGINT for "stop now"). It runs on to the
-    # hard stop. (Red with the signal sent again to every member seen to have left.)
+    # Seen outside the group after the signal, a member may have left just after taking
+    # it (here, in its handler): it is not sent it again (many programs take a second
+    # SIGTERM or SIGINT for "stop now"). It runs on to the hard stop. (Red with the
+    # signal sent again to a member seen to have left; see the test above.)
     available(containment)
     noted = tmp_path / "noted"
     member = f"{shlex.quote(sys.executable)} -c {shlex.quote(NOTES_SIGTERM_THEN_LEAVES)} {noted}"

@@ -24,7 +24,7 @@ from ._group import ProcessGroupContainment
 from ._leader import Leader
 from ._orphans import reap_orphans
 from ._pidfd import Pidfds, exited, pin_process, signal_pidfd
-from ._procfs import ProcStat, read_stat, takes_again_harmlessly
+from ._procfs import ProcStat, read_stat
 from ._spawn import Spawned, SpawnPlan
 
 logger = logging.getLogger("trio_proctree")
@@ -77,11 +77,6 @@ class MemberTracking:
         self._retry_pause = RETRY_PAUSE
         #: When that listing is next tried (time.monotonic()), at the latest.
         self._retry_at = 0.0
-        #: The members seen in the tree's group by the last look before a group signal
-        #: (`_note_members_that_left`), and, after an escalation's, when to look at them
-        #: again, with its signal (`_look_at_those_that_left`).
-        self._stayed: list[int] = []
-        self._left_check: tuple[float, int, list[int]] | None = None
         #: The held error the last hard stop raised (`kill`): the net at interpreter exit,
         #: with nobody to tell, does not take it for a hard stop that failed.
         self.raised_held: OSError | None = None
@@ -336,13 +331,6 @@ class MemberTracking:
         # through the leader's pidfd, or, on kernels that cannot, every member the listing
         # confirms is signalled through its own pidfd, as an escapee.)
         self._signal_group(sig, pins=pins, wake=escalation)
-        if escalation and self._stayed:
-            # One of them may have left the group between that look and the signal (a
-            # daemon's setsid as it starts): the signal missed it, and it sat out the
-            # grace for SIGKILL (5 teardowns in 1,500 begun at a tree's start). Looked at
-            # again a moment later (`_look_at_those_that_left`), when most have exited.
-            self._left_check = (time.monotonic() + self.LEFT_CHECK_DELAY, sig, self._stayed)
-            self._next_look()
         if escalation or sig == signal.SIGKILL:
             # Replayed to escapees found later (pending() looks for more once every tracked
             # member has exited); kept as soon as the group has it, so that a listing that
@@ -382,7 +370,6 @@ class MemberTracking:
         leaves after it has had it (and must not get it twice: a handler would run twice).
         """
         leader = self.leader.pid  # (a group leader cannot leave its group)
-        self._stayed = []
         for pid, fd in list(self._members.items()):
             if pid == leader or pid in self._escapees:
                 continue
@@ -391,49 +378,6 @@ class MemberTracking:
             # recycled pid's.
             if stat is not None and stat.pgid != leader and not exited(fd):
                 self._escapees.add(pid)
-            elif stat is not None:
-                self._stayed.append(pid)
-
-    #: Seconds after an escalation's signal at which the members that were in the group
-    #: just before it, and still run, are looked at again (`_look_at_those_that_left`).
-    LEFT_CHECK_DELAY = 0.02
-
-    def _look_at_those_that_left(self) -> None:
-        """Once its time has come: those of the members in the group just before the last
-        step's signal that are outside it now, and still run, are escapees from now on.
-        Each gets that signal through its pidfd where a second one could do nothing the
-        first did not (no handler for it, none pending): it was missed, or ignored. One
-        with a handler may have left just after the signal, and run it already: many
-        programs take a second SIGINT or SIGTERM for "stop now, skip the cleanup", so it
-        is left to later steps (as the README says)."""
-        if self._left_check is None or time.monotonic() < self._left_check[0]:
-            return
-        _, sig, stayed = self._left_check
-        self._left_check = None
-        leader = self.leader.pid
-        for pid in stayed:
-            fd = self._members.get(pid)
-            if fd is None or pid in self._escapees:
-                continue
-            stat = read_stat(pid)
-            if stat is None or stat.pgid == leader or not stat.alive or exited(fd):
-                continue
-            self._escapees.add(pid)
-            if takes_again_harmlessly(pid, sig):
-                logger.debug(
-                    "%s: %d left the group as it was signalled; signalled", self._where, pid
-                )
-                self._signal_member(fd, sig, signal.SIGCONT)
-        self._next_look()
-        self._raise_denied()  # (another user's: refused, and said, as any signal of ours)
-
-    def _next_look(self) -> None:
-        """``ask_again_within``: until the sooner of the held listing's next try (`_hold`)
-        and the look at those that left the group (`_look_at_those_that_left`), if any."""
-        due = [self._retry_at] if self._unlisted is not None else []
-        if self._left_check is not None:
-            due.append(self._left_check[0])
-        self.ask_again_within = max(min(due) - time.monotonic(), RETRY_SOON) if due else None
 
     def _wake_all(self) -> None:
         """SIGCONT to the group and to the escapees known, after a step for the leader
@@ -482,7 +426,7 @@ class MemberTracking:
             self._retry_at = now + self._retry_pause
             self._retry_pause = min(self._retry_pause * 2, self.MAX_RETRY_PAUSE)
         self._unlisted = failed
-        self._next_look()
+        self.ask_again_within = max(self._retry_at - now, RETRY_SOON)
 
     def _listed_again(self) -> bool:
         """The held listing, tried again at its time, or once nothing tracked is left to
@@ -490,7 +434,7 @@ class MemberTracking:
         failing, is held once more (`_hold`). (Tried at every member's exit, it took a
         listing each: 250 exits, 250 listings.)"""
         if self._members and time.monotonic() < self._retry_at:
-            self._next_look()
+            self.ask_again_within = max(self._retry_at - time.monotonic(), RETRY_SOON)
             return False
         try:
             _, new_escapees = self._track_new_members(give=self._sent)
@@ -499,15 +443,13 @@ class MemberTracking:
             return False
         self._signal_escapees(new_escapees, self._sent)
         logger.debug("%s: listed at last, after: %s", self._where, self._unlisted)
-        self._unlisted, self._retry_pause = None, RETRY_PAUSE
-        self._next_look()
+        self._unlisted, self.ask_again_within, self._retry_pause = None, None, RETRY_PAUSE
         return True
 
     def kill(self) -> None:
         # A listing that failed all through the grace left any escapee without its stop
         # signal: said once the hard stop (which reaches them) has gone out.
         unlisted, self._unlisted = self._unlisted, None
-        self._left_check = None  # (the hard stop reaches them)
         self.ask_again_within = None
         failed: Exception | None = None
         try:
@@ -521,7 +463,9 @@ class MemberTracking:
             self._unlisted = unlisted
             raise
         if unlisted is not None:
-            self.raised_held = unlisted
+            # Said as it is to the net at exit only when the hard stop itself went out (a
+            # failed one, held as this error's context, was else logged nowhere: helper-82).
+            self.raised_held = unlisted if failed is None else None
             if failed is not None and unlisted.__context__ is None:
                 unlisted.__context__ = failed  # (shown with it, not lost)
             elif failed is not None:
@@ -548,7 +492,6 @@ class MemberTracking:
 
     def pending(self) -> Pending:
         self._members.forget_exited()
-        self._look_at_those_that_left()
         if self._unlisted is not None and not self._listed_again():
             # The step's listing failed, and again now (or it is not time yet): asked again
             # within ask_again_within. With nothing tracked, whether anything is left is

@@ -313,18 +313,6 @@ def catches(pid: int, sig: int) -> bool:
     return masks is not None and bool(masks.get(b"SigCgt", 0) >> (sig - 1) & 1)
 
 
-def takes_again_harmlessly(pid: int, sig: int) -> bool:
-    """Whether ``sig`` sent to ``pid`` now could do nothing a first one did not: no
-    handler of its own runs for it (``SigCgt``), and none is pending to be taken
-    (``SigPnd``, ``ShdPnd``: blocked, or not yet delivered). False when that cannot be
-    told (`_signal_masks`)."""
-    masks = _signal_masks(pid)
-    needed = (b"SigCgt", b"SigPnd", b"ShdPnd")
-    if masks is None or any(name not in masks for name in needed):
-        return False
-    return not any(masks[name] >> (sig - 1) & 1 for name in needed)
-
-
 def is_alive(pid: int) -> bool:
     """True while ``pid`` runs; False for a zombie or a reaped process."""
     stat = read_stat(pid)

@@ -3152,18 +3152,11 @@ MUTANTS = [
         "could_not_be_seen_in",
     ),
     (
-        "subreaper: a member that left the group as the signal went is not looked at again",
+        "net: a hard stop that failed with a held listing is not said at exit",
         "_member_tracking.py",
-        "        if escalation and self._stayed:\n",
-        "        if False:\n",
-        "member_leaving_the_group_just_before",
-    ),
-    (
-        "subreaper: one seen outside the group after the signal gets it again, handler or not",
-        "_member_tracking.py",
-        "            if takes_again_harmlessly(pid, sig):\n",
-        "            if True:\n",
-        "not_given_it_twice",
+        "            self.raised_held = unlisted if failed is None else None\n",
+        "            self.raised_held = unlisted\n",
+        "net_at_exit",
     ),
 ]
 
