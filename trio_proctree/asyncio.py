@@ -1140,9 +1140,9 @@ class _TreeScope:
                 raise cancelled  # noqa: TRY301 - (see above)
             await tree._connect(spawn.spawned, limit=self._limit)
         except BaseException as exc:
-            if isinstance(exc, GeneratorExit) and _outside(loop):
-                spawn.stop_unawaited()  # (and GeneratorExit goes on: nothing awaited)
-                raise
+            if _outside(loop):
+                spawn.stop_unawaited()  # (and the close goes on: nothing awaited)
+                raise _the_close(exc) from None
             await spawn.stop_under(exc)
             raise
         return tree
@@ -1158,12 +1158,12 @@ class _TreeScope:
         try:
             self._tree = await self._spawn(spawn)
         except BaseException as exc:
-            if isinstance(exc, GeneratorExit) and _outside(loop):
+            if _outside(loop):
                 # Its task destroyed where no loop runs (a loop closed with it pending):
                 # an await here would raise "no running event loop" in its place, and the
                 # tree run on until interpreter exit.
                 spawn.stop_unawaited()
-                raise
+                raise _the_close(exc) from None
             # A cancellation, or a Ctrl-C on any line of the setup once the fork happened
             # (asyncio raises it wherever Python runs): whatever the spawn started is
             # stopped here, before it goes on (a tree the spawn's task stopped already,
@@ -1226,6 +1226,22 @@ def _closed_from_outside(its_loop: asyncio.AbstractEventLoop) -> bool:
     except RuntimeError:
         return True
     return running is not its_loop and not its_loop.is_closed()
+
+
+def _the_close(exc: BaseException) -> BaseException:
+    """The GeneratorExit of a coroutine's close that ``exc`` was raised in place of, if
+    any, else ``exc``. Closed where its loop no longer runs, a setup's inner cleanups
+    that need that loop fail: asyncio's own connect of a pipe raises "Event loop is
+    closed" as it closes its transport. Raised out of the close, that error was reported
+    as "Exception ignored" (seen in CI); the tree is stopped all the same, without it."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, GeneratorExit):
+            if cause is not exc:
+                logger.debug("closed where its loop no longer runs: %r", exc)
+            return cause
+        cause = cause.__context__
+    return exc
 
 
 def _outside(its_loop: asyncio.AbstractEventLoop) -> bool:
@@ -1368,8 +1384,9 @@ async def run_process_tree(
             try:
                 await tree.wait()
             except BaseException as exc:
-                if isinstance(exc, GeneratorExit) and _outside(loop):
-                    raise  # (nothing of its loop can be awaited: the block's exit stops it)
+                if _outside(loop):
+                    # (Nothing of its loop can be awaited: the block's exit stops it.)
+                    raise _the_close(exc) from None
                 # Left early (cancelled, say): the input stops and its pipe closes before
                 # the cleanup, as the trio driver's feeder ends with its nursery, so the
                 # close-stdin step gives a CLI the EOF to finish on.
@@ -1393,8 +1410,9 @@ async def run_process_tree(
                         PIPE_DRAIN_TIMEOUT,
                     )
     except BaseException as exc:
-        if isinstance(exc, GeneratorExit) and _outside(loop):
-            raise  # (the tree stopped at the block's exit; its loop's tasks not ours to await)
+        if _outside(loop):
+            # (The tree stopped at the block's exit; its loop's tasks not ours to await.)
+            raise _the_close(exc) from None
         # Unshielded: the tree is gone by now, and the readers and feeder, cancelled, end
         # within a loop round or two. A cancellation that comes meanwhile wins, as one
         # does, with the exception in flight as its context.

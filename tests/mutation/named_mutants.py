@@ -2972,15 +2972,16 @@ MUTANTS = [
     (
         "asyncio: a task destroyed in the setup awaits its stop with no loop to run in",
         "asyncio.py",
-        "            if isinstance(exc, GeneratorExit) and _outside(loop):\n                # Its task destroyed",
+        "            if _outside(loop):\n                # Its task destroyed",
         "            if False:\n                # Its task destroyed",
         "destroyed_in_the_setup",
     ),
     (
         "asyncio: the spawn's task destroyed awaits its stop with no loop to run in",
         "asyncio.py",
-        "                spawn.stop_unawaited()  # (and GeneratorExit goes on: nothing awaited)\n                raise\n            await spawn.stop_under(exc)",
-        "                raise\n            await spawn.stop_under(exc)",
+        "                spawn.stop_unawaited()  # (and the close goes on: nothing awaited)\n"
+        "                raise _the_close(exc) from None\n            await spawn.stop_under(exc)",
+        "                raise _the_close(exc) from None\n            await spawn.stop_under(exc)",
         "destroyed_in_the_setup",
     ),
     (
@@ -3007,15 +3008,15 @@ MUTANTS = [
     (
         "asyncio run: a destroyed task's wait awaits its input's end",
         "asyncio.py",
-        "                if isinstance(exc, GeneratorExit) and _outside(loop):\n                    raise  # (nothing of its loop",
-        "                if False:\n                    raise  # (nothing can be awaited",
+        "                if _outside(loop):\n                    # (Nothing of its loop",
+        "                if False:\n                    # (Nothing of its loop",
         "destroyed_in_the_setup",
     ),
     (
         "asyncio run: a destroyed task awaits its readers' end",
         "asyncio.py",
-        "        if isinstance(exc, GeneratorExit) and _outside(loop):\n            raise  # (the tree stopped",
-        "        if False:\n            raise  # (the tree killed",
+        "        if _outside(loop):\n            # (The tree stopped",
+        "        if False:\n            # (The tree stopped",
         "destroyed_in_the_setup",
     ),
     (
@@ -3157,6 +3158,13 @@ MUTANTS = [
         "            self.raised_held = unlisted if failed is None else None\n",
         "            self.raised_held = unlisted\n",
         "net_at_exit",
+    ),
+    (
+        "asyncio: a setup closed while its pipes connect lets asyncio's error out",
+        "asyncio.py",
+        "        if isinstance(cause, GeneratorExit):\n",
+        "        if False:\n",
+        "destroyed_in_the_setup and connecting",
     ),
 ]
 
