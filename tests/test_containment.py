@@ -3482,7 +3482,8 @@ async def test_a_member_leaving_the_group_as_the_signal_goes_misses_it_under_a_s
         member = int(line)
         from trio_proctree._procfs import read_stat  # noqa: PLC0415 - as above
 
-        group: Any = tree._core.containment._group
+        containment_held: Any = tree._core.containment
+        group = containment_held._group
         real_signal_pinned = group.signal_pinned
 
         def leaves_then_signalled(sig: int, *, wake: bool = False) -> None:
