@@ -3476,10 +3476,7 @@ async def test_a_member_leaving_the_group_as_the_signal_goes_misses_it_under_a_s
     ) as tree:
         assert tree.stdout is not None
         with trio.fail_after(10):
-            line = b""
-            while not line.endswith(b"\n"):
-                line += await tree.stdout.receive_some()
-        member = int(line)
+            [member] = await read_pids(tree.stdout, 1)
         from trio_proctree._procfs import read_stat  # noqa: PLC0415 - as above
 
         containment_held: Any = tree._core.containment
@@ -3546,9 +3543,7 @@ async def test_a_member_that_left_the_group_with_its_signal_is_not_given_it_twic
     ) as tree:
         assert tree.stdout is not None
         with trio.fail_after(10):
-            line = b""
-            while not line.endswith(b"\n"):
-                line += await tree.stdout.receive_some()
+            await read_pids(tree.stdout, 1)  # (its handler in place)
     assert noted.read_text() == "term\n"  # its handler ran once
     outcome = tree.outcome
     assert outcome is not None

@@ -433,8 +433,9 @@ class MemberTracking:
         wait on: whether it worked (its escapees then have the escalation so far), or,
         failing, is held once more (`_hold`). (Tried at every member's exit, it took a
         listing each: 250 exits, 250 listings.)"""
-        if self._members and time.monotonic() < self._retry_at:
-            self.ask_again_within = max(self._retry_at - time.monotonic(), RETRY_SOON)
+        now = time.monotonic()
+        if self._members and now < self._retry_at:
+            self.ask_again_within = max(self._retry_at - now, RETRY_SOON)
             return False
         try:
             _, new_escapees = self._track_new_members(give=self._sent)

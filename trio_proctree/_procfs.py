@@ -287,30 +287,18 @@ def command_line(pid: int) -> str:
         return "?"
 
 
-def _signal_masks(pid: int) -> dict[bytes, int] | None:
-    """``pid``'s signal masks from /proc/PID/status (``SigCgt``, ``SigPnd``, ...: one
-    line each), or None when they cannot be read: it is gone, /proc hides it
-    (``hidepid``), or no file descriptor is left to look."""
+def catches(pid: int, sig: int) -> bool:
+    """Whether ``pid`` has a handler of its own for ``sig`` now (``SigCgt`` in
+    /proc/PID/status: one mask for all its threads). False when that cannot be told: it
+    is gone, /proc hides it (``hidepid``), or no file descriptor is left to look."""
     try:
         status = read_file(f"/proc/{pid}/status")
     except OSError:
-        return None
-    masks: dict[bytes, int] = {}
+        return False
     for line in status.splitlines():
-        name, _, value = line.partition(b":")
-        if name in _SIGNAL_MASKS:  # (not SigQ: "0/96555", a count, not a mask)
-            masks[name] = int(value, 16)
-    return masks
-
-
-_SIGNAL_MASKS = frozenset({b"SigPnd", b"ShdPnd", b"SigBlk", b"SigIgn", b"SigCgt"})
-
-
-def catches(pid: int, sig: int) -> bool:
-    """Whether ``pid`` has a handler of its own for ``sig`` now (``SigCgt``: one mask for
-    all its threads). False when that cannot be told (`_signal_masks`)."""
-    masks = _signal_masks(pid)
-    return masks is not None and bool(masks.get(b"SigCgt", 0) >> (sig - 1) & 1)
+        if line.startswith(b"SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    return False  # pragma: no cover - every Linux since 2.6 shows it
 
 
 def is_alive(pid: int) -> bool:

@@ -182,8 +182,7 @@ class ProcessTree(TreeView):
         self._read_by_run: list[TreeOutput] = []
         self._cleanup_started = False
         self._cleanup_done = trio.Event()
-        #: The streams cleanup closed, by name (`_give_back_closed`).
-        self._closed_by_cleanup: dict[str, trio.abc.AsyncResource] = {}
+        self._closed_by_cleanup = {}
 
     async def wait(self) -> int:
         """Wait for the leader to exit and return its exit status.
@@ -278,15 +277,6 @@ class ProcessTree(TreeView):
         if interrupt is not None:
             raise interrupt
         return io.scheduled
-
-    def _give_back_closed(self) -> None:
-        """Put back the streams cleanup closed, as a `trio.Process` keeps its own: an
-        output stream still gives what the tree said as it stopped, then its end (None
-        after the block, ``tree.stdout.receive_some()`` was an AttributeError where that
-        rest waited). Not where the program has put something else meanwhile."""
-        for name, stream in self._closed_by_cleanup.items():
-            if getattr(self, name) is None:
-                setattr(self, name, stream)
 
     def _left_to_the_caller(self, stream: object) -> bool:
         """Whether ``stream`` is one `run_process_tree` handed back (`_left_open`)."""

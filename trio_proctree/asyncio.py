@@ -409,8 +409,7 @@ class ProcessTree(TreeView):
         #: The readers made for stdout and stderr, each with its pipe's transport.
         self._read_transports: dict[str, tuple[_TreeReader, asyncio.BaseTransport]] = {}
         self._stdin_transport: asyncio.WriteTransport | None = None
-        #: The streams cleanup closed, by name (`_give_back_closed`).
-        self._closed_by_cleanup: dict[str, asyncio.StreamReader | asyncio.StreamWriter] = {}
+        self._closed_by_cleanup = {}
         #: The writer ``stdin`` was made, while it is the program's to take off the tree.
         self._given_stdin: asyncio.StreamWriter | None = None
         self._exited: asyncio.Future[None] | None = None
@@ -723,14 +722,6 @@ class ProcessTree(TreeView):
             self._stdin_transport = writer.transport
             _close(writer.transport)
         return None
-
-    def _give_back_closed(self) -> None:
-        """Put back the streams cleanup closed: a reader still holds what the tree said as
-        it stopped (None after the block, ``tree.stdout.read()`` was an AttributeError
-        where that rest waited). Not where the program has put something else meanwhile."""
-        for name, stream in self._closed_by_cleanup.items():
-            if getattr(self, name) is None:
-                setattr(self, name, stream)
 
     def _abort_stdin(self) -> None:
         """Drop what is still buffered for stdin: by now the tree is gone."""
