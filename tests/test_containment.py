@@ -9,6 +9,7 @@ import concurrent.futures
 import contextlib
 import ctypes
 import errno
+import fcntl
 import json
 import logging
 import os
@@ -3085,6 +3086,23 @@ def moved_into(tree: str, pid: int, deadline: float) -> None:
             assert time.monotonic() < deadline
 
 
+def held_as_by_a_watchdog(home: str) -> int:
+    """The stale ``home``, made and locked as its owner's watchdog locks a home: no sweep
+    takes it until the descriptor returned is closed. (Made anew if a sweep removed it,
+    still empty, before the lock.)"""
+    deadline = time.monotonic() + 5
+    while True:
+        os.makedirs(home, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            with contextlib.suppress(FileNotFoundError):
+                if os.path.samestat(os.fstat(fd), os.stat(home)):
+                    return fd
+            os.close(fd)
+        assert time.monotonic() < deadline
+
+
 @pytest.mark.parametrize(
     ("owner", "image"),
     [("dead", ""), ("dead", "-0a1b2c3d"), ("former image", "-0a1b2c3d")],
@@ -3103,9 +3121,11 @@ def test_stale_cgroup_of_a_dead_owner_is_swept_and_its_processes_killed(
     name = f"trio_proctree-{_cgroup_home._pid_namespace()}-{pid}-{start}{image}"
     stale = os.path.join(parent, name)
     tree = os.path.join(stale, "tree-0")
-    # The process starts in a cgroup no sweep looks at, and is moved into the stale home
-    # once it runs: any process's new home sweeps (another test worker's, say), and one
-    # that came first removed the home before the process got in (it failed so, once).
+    # Any process's new home sweeps (another test worker's, a CLI test's tool, say): the
+    # home is locked as its watchdog would lock it until the test's own sweep, lest theirs
+    # kill the process (it did, while it still allocated) and warn on their stderr. The
+    # process starts in a cgroup no sweep looks at, and is moved in once it runs.
+    claim = held_as_by_a_watchdog(stale)
     staging = os.path.join(parent, f"staging-{tracked.token}")
     os.mkdir(staging)
     # Slow to die: its 512 MiB take tens of ms to free once SIGKILL lands, so that a
@@ -3128,11 +3148,11 @@ def test_stale_cgroup_of_a_dead_owner_is_swept_and_its_processes_killed(
             assert time.monotonic() < deadline
             time.sleep(0.001)
         assert leftover.stdout is not None
-        # Its memory in hand before it is moved: a sweep of another test worker's may
-        # kill it in the stale home at any moment (it did, while it still allocated).
-        assert leftover.stdout.readline() == b"ready\n"
+        assert leftover.stdout.readline() == b"ready\n"  # its memory in hand
         moved_into(tree, leftover.pid, deadline)
         os.rmdir(staging)
+        os.close(claim)
+        claim = -1
         _cgroup_home._sweep_stale_homes(parent)
         # Gone after one sweep, as a process that starts once after a crash sweeps once.
         # Red before: the sweep removed the killed cgroup before its member had died,
@@ -3140,6 +3160,8 @@ def test_stale_cgroup_of_a_dead_owner_is_swept_and_its_processes_killed(
         assert not os.path.exists(stale)
         assert leftover.wait(timeout=5) == -signal.SIGKILL
     finally:
+        if claim >= 0:  # pragma: no cover - only if the test failed first
+            os.close(claim)
         if leftover.poll() is None:  # pragma: no cover - only if the sweep failed
             leftover.kill()
             leftover.wait()

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
+import logging
 import os
 import select
 import shutil
@@ -732,6 +734,67 @@ def _run_a_parent_killed_with_sigkill(tracked: Tracked, cgroup: str) -> None:
     assert os.path.dirname(home) == cgroup  # where nobody else sweeps
     assert not os.path.exists(tree)
     assert not os.path.exists(home)
+    assert until_none_survive(tracked, within=1.0) == []
+
+
+def _locked_by_another(path: str) -> bool:
+    """Whether a process other than this one holds a ``flock`` on the directory ``path``."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # (and with it, a lock it took)
+    return False
+
+
+def test_a_sweep_leaves_a_dead_owners_home_to_its_watchdog_still_at_work(
+    tracked: Tracked, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Between an owner's death and its watchdog's kill (tens of ms on a loaded machine;
+    # here stretched, its watchdog stopped), another process's first tree swept the home
+    # and killed its tree, warning on that process's stderr of "what outlived its owner"
+    # (`trio-proctree run` did, in CI, where a test had just SIGKILLed an owner). Red before:
+    # the sweep took the home for stale. Its watchdog holds it, and finishes the job.
+    available("cgroup")
+    with private_cgroup() as cgroup:
+        parent = python_in(cgroup, HOLDS_A_CGROUP_TREE, tracked)
+        with parent:
+            assert parent.stdout is not None
+            tree, watchdog_pid = parent.stdout.readline().decode().split()
+            home = os.path.dirname(tree)
+            watchdog = os.pidfd_open(int(watchdog_pid))
+            member_fd = -1
+            try:
+                deadline = time.monotonic() + 5
+                while not (members := _cgroupfs.processes_in(tree)):  # (through /bin/sh)
+                    assert time.monotonic() < deadline, "the leader did not join its cgroup"
+                    time.sleep(0.001)
+                member_fd = os.pidfd_open(members[0])
+                while not _locked_by_another(home):  # (once it has read the registration)
+                    assert time.monotonic() < deadline, "the watchdog did not lock the home"
+                    time.sleep(0.001)
+                signal.pidfd_send_signal(watchdog, signal.SIGSTOP)  # (our parent's child)
+                parent.kill()  # our own child, by pid
+                assert parent.wait(timeout=30) == -signal.SIGKILL
+                with caplog.at_level(logging.DEBUG, logger="trio_proctree"):
+                    _cgroup_home._sweep_stale_homes(cgroup)
+                assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+                assert select.select([member_fd], [], [], 0)[0] == []  # left running
+                assert os.path.isdir(tree)
+                signal.pidfd_send_signal(watchdog, signal.SIGCONT)
+                assert select.select([watchdog], [], [], 10)[0] == [watchdog]  # done
+                assert select.select([member_fd], [], [], 0)[0] == [member_fd]  # by it
+            finally:
+                with contextlib.suppress(ProcessLookupError):  # (gone, its job done)
+                    signal.pidfd_send_signal(watchdog, signal.SIGCONT)
+                os.close(watchdog)
+                if member_fd >= 0:
+                    os.close(member_fd)
+                if parent.poll() is None:  # (only after a failure)
+                    parent.kill()
+        assert not os.path.exists(home)
     assert until_none_survive(tracked, within=1.0) == []
 
 

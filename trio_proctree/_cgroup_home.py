@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import itertools
 import logging
 import os
 import select
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 import attrs
 
@@ -392,26 +393,62 @@ def _sweep_stale_homes(parent: str) -> None:
                 continue  # its owner still runs
             # This process made it before it exec'd itself: that image's trees died with
             # its watchdog, which removes the home too, unless it was stopped first.
-        for tree in cgroupfs.subdirs(home):
-            try:
-                if cgroupfs.populated(os.path.join(tree, "cgroup.events")):
-                    if home_namespace != namespace:
-                        continue  # (left, with the home: not its owner's)
-                    logger.warning("killing what outlived its owner in %s", tree)
-                    cgroupfs.kill(tree)
-                    cgroupfs.kill_main_thread_gone(tree)
-                    # A cgroup goes only once empty, and its members die in a moment: not
-                    # waited for, the home stayed until some later process swept again.
-                    _until_emptied(tree, within=STALE_KILL_WAIT)
-                cgroupfs.remove_inner(tree)  # (kept cgroups keep what members made, until reused)
-                os.rmdir(tree)
-            except OSError as exc:
-                logger.debug("cannot remove stale cgroup %s yet: %s", tree, exc)
+        with _claimed(home) as claimed:
+            if claimed:
+                _sweep_home(home, foreign=home_namespace != namespace)
+
+
+@contextlib.contextmanager
+def _claimed(home: str) -> Generator[bool]:
+    """Whether the stale ``home`` is this sweep's to clear: locked (``flock``) for the
+    block, as nobody else holds it. Its owner's watchdog share-locks it from its
+    registration on (`_watchdog.claim_home`): a home still locked is left to that
+    watchdog, alive and at work on it (its owner's death and its kill take tens of ms on
+    a loaded machine, in which a sweep killed the same trees and warned of an owner's
+    leftovers), or to another process's sweep. Where no lock can be had at all, the
+    sweep goes on without (as it did before homes were locked)."""
+    try:
+        fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        yield False  # (gone meanwhile: removed by its watchdog or another sweep)
+        return
+    claimed = True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        claimed = False
+    except OSError as exc:
+        logger.debug("cannot lock stale cgroup home %s: %s", home, exc)
+    try:
+        yield claimed
+    finally:
+        os.close(fd)
+
+
+def _sweep_home(home: str, *, foreign: bool) -> None:
+    """Kill what runs in the trees of a stale ``home`` and remove them and it, as far as
+    it goes; of a home made in another pid namespace (``foreign``), remove only the
+    emptied trees (see `_sweep_stale_homes`)."""
+    for tree in cgroupfs.subdirs(home):
         try:
-            os.rmdir(home)
-        except OSError:
-            continue
-        logger.debug("removed stale cgroup home %s", home)
+            if cgroupfs.populated(os.path.join(tree, "cgroup.events")):
+                if foreign:
+                    continue  # (left, with the home: not its owner's)
+                logger.warning("killing what outlived its owner in %s", tree)
+                cgroupfs.kill(tree)
+                cgroupfs.kill_main_thread_gone(tree)
+                # A cgroup goes only once empty, and its members die in a moment: not
+                # waited for, the home stayed until some later process swept again.
+                _until_emptied(tree, within=STALE_KILL_WAIT)
+            cgroupfs.remove_inner(tree)  # (kept cgroups keep what members made, until reused)
+            os.rmdir(tree)
+        except OSError as exc:
+            logger.debug("cannot remove stale cgroup %s yet: %s", tree, exc)
+    try:
+        os.rmdir(home)
+    except OSError:
+        return
+    logger.debug("removed stale cgroup home %s", home)
 
 
 class _AllNamespaces(set[int]):

@@ -22,6 +22,8 @@ that socket reaches EOF — we exited, however — it SIGKILLs what is still reg
   for up to 0.5 s in all, until they show one;
 - ``home PATH``: our directory of tree cgroups, removed last, with the emptied cgroups
   kept in it for reuse (a home with a tree still running in it stays, for the sweep).
+  Held open and share-locked (``flock``) from its registration until the watchdog
+  exits: a sweep in another process leaves a locked home alone (`claim_home`).
 
 An entry can also be killed at once (`kill_now`), and forgotten: a tree whose spawn failed
 after its leader ran, when this process may be out of the file descriptors it takes.
@@ -53,7 +55,7 @@ from ._after_fork import renewed_in_forked_child
 logger = logging.getLogger("trio_proctree")
 
 _WATCHDOG = r"""
-import os, queue, resource, select, signal, sys, threading, time
+import fcntl, os, queue, resource, select, signal, sys, threading, time
 
 def stat(pid):
     try:
@@ -213,6 +215,24 @@ def pin_leader(entry):
         os.close(fd)
         return None
     pinned.add(fd)
+    return fd
+
+def claim_home(entry):
+    # A home entry's directory, open and share-locked for as long as we run (or until
+    # it is unregistered); None if that cannot be had. A sweep of stale homes (another
+    # process's, at its first tree) takes the home of an owner that has died only if it
+    # can lock it for itself: it leaves it to us while we kill and remove what is in it.
+    # (Our parent's death and our work took tens of ms on a loaded machine, in which that
+    # sweep killed the same trees, warning on its stderr of an owner's leftovers.)
+    try:
+        fd = os.open(entry.partition(b" ")[2], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    except OSError:
+        os.close(fd)
+        return None
     return fd
 
 def unpin(fd):
@@ -380,7 +400,7 @@ for line in sys.stdin.buffer:
     op, entry = line[:1], line[1:].rstrip(b"\n")
     if op == b"+":
         if entry not in live:
-            live[entry] = pin_leader(entry)
+            live[entry] = claim_home(entry) if entry.startswith(b"home ") else pin_leader(entry)
         continue
     if (fd := live.pop(entry, None)) is not None:
         unpin(fd)

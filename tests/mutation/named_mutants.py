@@ -103,8 +103,8 @@ MUTANTS = [
     (
         "cgroup: what was put in an ended pid namespace's home is killed by the sweep",
         "_cgroup_home.py",
-        "                    if home_namespace != namespace:\n"
-        "                        continue  # (left, with the home: not its owner's)\n",
+        "                if foreign:\n"
+        "                    continue  # (left, with the home: not its owner's)\n",
         "",
         "test_a_home_of_an_ended_pid_namespace_is_swept",
     ),
@@ -266,8 +266,8 @@ MUTANTS = [
     (
         "sweep: a member whose main thread exited left to cgroup.kill alone",
         "_cgroup_home.py",
-        "                    cgroupfs.kill(tree)\n                    cgroupfs.kill_main_thread_gone(tree)\n                    # A cgroup goes",
-        "                    cgroupfs.kill(tree)\n                    # A cgroup goes",
+        "                cgroupfs.kill(tree)\n                cgroupfs.kill_main_thread_gone(tree)\n                # A cgroup goes",
+        "                cgroupfs.kill(tree)\n                # A cgroup goes",
         "stale_member_whose",
     ),
     (
@@ -1646,8 +1646,8 @@ MUTANTS = [
     (
         "cgroup: the sweep removes a killed stale cgroup before its members died",
         "_cgroup_home.py",
-        "                    _until_emptied(tree, within=STALE_KILL_WAIT)",
-        "                    pass",
+        "                _until_emptied(tree, within=STALE_KILL_WAIT)",
+        "                pass",
         "stale_cgroup",
     ),
     (
@@ -3165,6 +3165,20 @@ MUTANTS = [
         "        if isinstance(cause, GeneratorExit):\n",
         "        if False:\n",
         "destroyed_in_the_setup and connecting",
+    ),
+    (
+        "sweep: a dead owner's home taken while its watchdog still holds it",
+        "_cgroup_home.py",
+        "    except BlockingIOError:\n        claimed = False\n",
+        "    except BlockingIOError:\n        pass\n",
+        "sweep_leaves",
+    ),
+    (
+        "watchdog: its home not locked, a sweep free to take it",
+        "_watchdog.py",
+        '            live[entry] = claim_home(entry) if entry.startswith(b"home ") else pin_leader(entry)\n',
+        "            live[entry] = pin_leader(entry)\n",
+        "sweep_leaves",
     ),
 ]
 
