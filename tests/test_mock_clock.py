@@ -133,10 +133,12 @@ async def test_a_cancellation_does_not_cut_cleanup_short_under_an_autojump_clock
 ) -> None:
     # The caller's deadline is the mock clock's, and passes at once; cleanup's waits, in
     # real seconds there, are still shielded from it. (Set once the tree runs: the clock
-    # jumps to any deadline whenever every task waits, the spawn's thread included.)
+    # jumps to any deadline whenever every task waits, the spawn's thread included.) The
+    # grace, cut short, would end at once: a long one costs nothing, and a loaded CI
+    # machine once took 5 s to let the tree's 50 ms run.
     with trio.CancelScope() as scope:
         async with open_process_tree(
-            STOPS_IN_50_MS, grace=5.0, stdout=subprocess.PIPE, **contained
+            STOPS_IN_50_MS, grace=30.0, stdout=subprocess.PIPE, **contained
         ) as tree:
             assert tree.stdout is not None
             assert await tree.stdout.receive_some() == b"ready\n"
