@@ -2709,8 +2709,8 @@ async def test_members_still_exiting_after_the_leader_are_waited_for_not_listed(
     # would only hold a core they need to finish. The wait for the cgroup to empty ends
     # when the kernel says it has. (The listing is put off for longer than the member's
     # exit takes, as it is up to EMPTYING_WAIT after the leader's exit, SURVEY_DELAY after
-    # a tree's first signal at most: 30 s, which a member that exits in 50 ms never waits
-    # out, though a loaded CI machine once let 2 s pass.)
+    # a tree's first signal at most: 30 s here, which a member that exits in 50 ms never
+    # waits out.)
     available("cgroup")
     monkeypatch.setattr(CgroupContainment, "SURVEY_DELAY", 30.0)
     monkeypatch.setattr(CgroupContainment, "EMPTYING_WAIT", 30.0)
@@ -2739,6 +2739,45 @@ async def test_members_still_exiting_after_the_leader_are_waited_for_not_listed(
     assert listings == []
     assert tree.outcome is not None
     assert tree.outcome.returncode == -signal.SIGTERM  # the leader ended first, at once
+    assert tracked.survivors() == []
+
+
+async def test_the_stop_signals_listing_waits_out_its_delay_whatever_wakes_cleanup_first(
+    tracked: Tracked, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The listing waits for the leader's exit, SURVEY_DELAY at most. Red before: any wake
+    # of cleanup while the leader ran was taken for that delay's end, and the cgroup was
+    # listed then: here the wake to read the tree's output pipe, 10 ms after the stop
+    # signal, as the leader's handler takes 0.3 s (seen in CI as the test above failing,
+    # where a loaded machine made `sh` slow to exit: 3 runs in 150 under `-n 4`).
+    available("cgroup")
+    monkeypatch.setattr(CgroupContainment, "SURVEY_DELAY", 30.0)
+    listings: list[str] = []
+    listed = _cgroupfs.processes_in
+
+    def listing(cgroup: str) -> list[int]:
+        listings.append(cgroup)
+        return listed(cgroup)
+
+    monkeypatch.setattr(_cgroupfs, "processes_in", listing)
+    leader = (
+        "import os, signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: (time.sleep(0.3), sys.exit(0)))\n"
+        "os.write(1, b'ready\\n')\n"
+        "time.sleep(60)\n"
+    )
+    async with open_process_tree(
+        [*procs.python(), "-c", leader],
+        grace=30.0,
+        stdout=subprocess.PIPE,  # (read by cleanup from 10 ms into the step on)
+        env=tracked.env,
+        containment="cgroup",
+    ) as tree:
+        assert tree.stdout is not None
+        assert await tree.stdout.receive_some() == b"ready\n"
+    assert listings == []
+    assert tree.outcome is not None
+    assert tree.outcome.returncode == 0  # its handler ran to its end
     assert tracked.survivors() == []
 
 

@@ -408,12 +408,16 @@ class CgroupContainment(MemberTracking):
         self.leader.poll()  # (asks the kernel; `exited` reads the answer)
         if not self.leader.exited:
             if self._survey_due:
-                if self.ask_again_within is not None:
-                    # The leader outlived SURVEY_DELAY (or a failed listing is tried again).
+                # Due once the leader has outlived SURVEY_DELAY, or a failed listing's pause
+                # is over: by the clock, as the driver asks again for other reasons too (to
+                # read the output pipes 10 ms into a step). Taken for the delay's end, that
+                # wake listed the cgroup while a loaded machine kept `sh` from its exit.
+                due = self._retry_at if self._unlisted is not None else self._survey_by
+                if (remaining := due - time.monotonic()) <= 0:
                     self._try_survey_now()
                     self._raise_denied()
                 else:
-                    self.ask_again_within = self.SURVEY_DELAY
+                    self.ask_again_within = remaining
             return [self.leader.pidfd]
         if self._members:
             self._members.forget_exited()

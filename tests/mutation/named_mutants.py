@@ -781,9 +781,9 @@ MUTANTS = [
     (
         "cgroup: no listing while the leader still runs",
         "_cgroup.py",
-        "                    # The leader outlived SURVEY_DELAY (or a failed listing is tried again).\n"
+        "                if (remaining := due - time.monotonic()) <= 0:\n"
         "                    self._try_survey_now()\n",
-        "                    # The leader outlived SURVEY_DELAY (or a failed listing is tried again).\n"
+        "                if (remaining := due - time.monotonic()) <= 0:\n"
         "                    pass\n",
         "leader_ignores_it and (cgroup or auto)",
     ),
@@ -3179,6 +3179,13 @@ MUTANTS = [
         '            live[entry] = claim_home(entry) if entry.startswith(b"home ") else pin_leader(entry)\n',
         "            live[entry] = pin_leader(entry)\n",
         "sweep_leaves",
+    ),
+    (
+        "cgroup: any wake while the leader runs taken for the survey delay's end",
+        "_cgroup.py",
+        "                if (remaining := due - time.monotonic()) <= 0:\n",
+        "                if (remaining := due - time.monotonic()) <= 0 or self.ask_again_within:\n",
+        "waits_out_its_delay",
     ),
 ]
 
