@@ -3126,10 +3126,10 @@ def moved_into(tree: str, pid: int, deadline: float) -> None:
             assert time.monotonic() < deadline
 
 
-def held_as_by_a_watchdog(home: str) -> int:
-    """The stale ``home``, made and locked as its owner's watchdog locks a home: no sweep
-    takes it until the descriptor returned is closed. (Made anew if a sweep removed it,
-    still empty, before the lock.)"""
+def held_as_by_a_sweep(home: str) -> int:
+    """The stale ``home``, made and locked as a sweep locks a home it clears: no other
+    sweep takes it until the descriptor returned is closed. (Made anew if a sweep removed
+    it, still empty, before the lock.)"""
     deadline = time.monotonic() + 5
     while True:
         os.makedirs(home, exist_ok=True)
@@ -3162,10 +3162,10 @@ def test_stale_cgroup_of_a_dead_owner_is_swept_and_its_processes_killed(
     stale = os.path.join(parent, name)
     tree = os.path.join(stale, "tree-0")
     # Any process's new home sweeps (another test worker's, a CLI test's tool, say): the
-    # home is locked as its watchdog would lock it until the test's own sweep, lest theirs
-    # kill the process (it did, while it still allocated) and warn on their stderr. The
-    # process starts in a cgroup no sweep looks at, and is moved in once it runs.
-    claim = held_as_by_a_watchdog(stale)
+    # home is locked as a sweep locks it until the test's own sweep, lest theirs kill the
+    # process (it did, while it still allocated) and warn on their stderr. The process
+    # starts in a cgroup no sweep looks at, and is moved in once it runs.
+    claim = held_as_by_a_sweep(stale)
     staging = os.path.join(parent, f"staging-{tracked.token}")
     os.mkdir(staging)
     # Slow to die: its 512 MiB take tens of ms to free once SIGKILL lands, so that a

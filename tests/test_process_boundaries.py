@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import logging
 import os
@@ -737,26 +736,13 @@ def _run_a_parent_killed_with_sigkill(tracked: Tracked, cgroup: str) -> None:
     assert until_none_survive(tracked, within=1.0) == []
 
 
-def _locked_by_another(path: str) -> bool:
-    """Whether a process other than this one holds a ``flock`` on the directory ``path``."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # (and with it, a lock it took)
-    return False
-
-
-def test_a_sweep_leaves_a_dead_owners_home_to_its_watchdog_still_at_work(
-    tracked: Tracked, caplog: pytest.LogCaptureFixture
+def test_a_sweep_sweeps_a_dead_owners_home_at_once_where_its_watchdog_is_stopped(
+    tracked: Tracked, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Between an owner's death and its watchdog's kill (tens of ms on a loaded machine;
-    # here stretched, its watchdog stopped), another process's first tree swept the home
-    # and killed its tree, warning on that process's stderr of "what outlived its owner"
-    # (`trio-proctree run` did, in CI, where a test had just SIGKILLed an owner). Red before:
-    # the sweep took the home for stale. Its watchdog holds it, and finishes the job.
+    # The watchdog holds its home locked (a sweep waits for it to finish, below); one that
+    # is stopped kills nothing until it is continued, so its dead owner's home is swept at
+    # once, as before homes had locks (red with the first form of the lock: the sweep left
+    # it, and its tree ran on, for as long as the watchdog stayed stopped: helper-84).
     available("cgroup")
     with private_cgroup() as cgroup:
         parent = python_in(cgroup, HOLDS_A_CGROUP_TREE, tracked)
@@ -766,36 +752,136 @@ def test_a_sweep_leaves_a_dead_owners_home_to_its_watchdog_still_at_work(
             home = os.path.dirname(tree)
             watchdog = os.pidfd_open(int(watchdog_pid))
             member_fd = -1
+            sweep: threading.Thread | None = None
             try:
                 deadline = time.monotonic() + 5
                 while not (members := _cgroupfs.processes_in(tree)):  # (through /bin/sh)
                     assert time.monotonic() < deadline, "the leader did not join its cgroup"
                     time.sleep(0.001)
                 member_fd = os.pidfd_open(members[0])
-                while not _locked_by_another(home):  # (once it has read the registration)
+                # The premise: the watchdog holds the home (once it has read its registration).
+                while (int(watchdog_pid), False) not in _cgroup_home._flock_holders(os.stat(home)):
                     assert time.monotonic() < deadline, "the watchdog did not lock the home"
                     time.sleep(0.001)
                 signal.pidfd_send_signal(watchdog, signal.SIGSTOP)  # (our parent's child)
                 parent.kill()  # our own child, by pid
                 assert parent.wait(timeout=30) == -signal.SIGKILL
-                with caplog.at_level(logging.DEBUG, logger="trio_proctree"):
-                    _cgroup_home._sweep_stale_homes(cgroup)
-                assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
-                assert select.select([member_fd], [], [], 0)[0] == []  # left running
-                assert os.path.isdir(tree)
-                signal.pidfd_send_signal(watchdog, signal.SIGCONT)
-                assert select.select([watchdog], [], [], 10)[0] == [watchdog]  # done
-                assert select.select([member_fd], [], [], 0)[0] == [member_fd]  # by it
+                # Not waited for: a sweep that waited out a bound this long would hang here.
+                monkeypatch.setattr(_cgroup_home, "WATCHDOG_WAIT", 60.0)
+                sweep = threading.Thread(target=_cgroup_home._sweep_stale_homes, args=(cgroup,))
+                with caplog.at_level(logging.WARNING, logger="trio_proctree"):
+                    sweep.start()
+                    sweep.join(timeout=10)  # (a hang's bound: it returns in ms)
+                    assert not sweep.is_alive(), "the sweep waited for a stopped watchdog"
+                assert [r for r in caplog.records if "outlived its owner" in r.getMessage()]
+                assert select.select([member_fd], [], [], 5)[0] == [member_fd]  # killed
+                assert not os.path.exists(home)
             finally:
-                with contextlib.suppress(ProcessLookupError):  # (gone, its job done)
+                with contextlib.suppress(ProcessLookupError):
                     signal.pidfd_send_signal(watchdog, signal.SIGCONT)
-                os.close(watchdog)
                 if member_fd >= 0:
                     os.close(member_fd)
                 if parent.poll() is None:  # (only after a failure)
                     parent.kill()
-        assert not os.path.exists(home)
+                if sweep is not None and sweep.is_alive():  # pragma: no cover - if it hung
+                    sweep.join(timeout=60)
+            # Continued, it finds its work done, and exits.
+            assert select.select([watchdog], [], [], 10)[0] == [watchdog]
+            os.close(watchdog)
     assert until_none_survive(tracked, within=1.0) == []
+
+
+#: Stands in for a dead owner's watchdog (or another sweep, with "EX"): holds the home
+#: (its first argument) locked, says so, and lets go (exits) at a line on its stdin.
+HOLDS_A_HOME = (
+    "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); "
+    "fcntl.flock(fd, fcntl.LOCK_EX if sys.argv[2:] == ['EX'] else fcntl.LOCK_SH); "
+    "print('locked', flush=True); sys.stdin.readline()"
+)
+
+
+@pytest.mark.parametrize("holder", ["watchdog-finishes", "watchdog-never-finishes", "a-sweep"])
+def test_a_sweep_waits_for_a_dead_owners_watchdog_to_finish_with_its_home(
+    tracked: Tracked,
+    aside_from_other_homes: str,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    holder: str,
+) -> None:
+    # Between an owner's death and the end of its watchdog's kill (tens of ms on a loaded
+    # machine) the home is stale by every other sign. Red before: another process's first
+    # tree swept it, killed its trees itself, and warned on its stderr of "what outlived
+    # its owner" (CI saw `trio-proctree run` print it into a command's stderr as another
+    # test SIGKILLed an owner). A watchdog that never finishes (it never saw its owner's
+    # death) is waited for WATCHDOG_WAIT, and the home swept after all; a home another
+    # sweep holds is left to it, at once.
+    available("cgroup")
+    wait = 0.2 if holder == "watchdog-never-finishes" else 30.0
+    monkeypatch.setattr(_cgroup_home, "WATCHDOG_WAIT", wait)
+    stale = os.path.join(
+        aside_from_other_homes, f"trio_proctree-{_cgroup_home._pid_namespace()}-1-999999999"
+    )
+    tree = os.path.join(stale, "tree-0")
+    os.makedirs(tree)
+    met_held = threading.Event()
+    real_holders = _cgroup_home._flock_holders
+
+    def holders(of: os.stat_result) -> list[tuple[int, bool]]:
+        found = real_holders(of)
+        met_held.set()
+        return found
+
+    monkeypatch.setattr(_cgroup_home, "_flock_holders", holders)
+    member = subprocess.Popen(["sleep", "60"], env=tracked.env)
+    stand_in = subprocess.Popen(
+        [*procs.python(), "-c", HOLDS_A_HOME, stale, "EX" if holder == "a-sweep" else "SH"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+    )
+    sweep = threading.Thread(target=_cgroup_home._sweep_stale_homes, args=(aside_from_other_homes,))
+    try:
+        assert stand_in.stdin is not None and stand_in.stdout is not None
+        Path(tree, "cgroup.procs").write_text(str(member.pid))
+        assert stand_in.stdout.readline() == b"locked\n"
+        with caplog.at_level(logging.WARNING, logger="trio_proctree"):
+            sweep.start()
+            assert met_held.wait(timeout=10)  # the sweep met the home held
+            if holder == "watchdog-finishes":  # as a watchdog does: kill, remove, exit
+                member.kill()
+                assert member.wait(timeout=5) == -signal.SIGKILL
+                os.rmdir(tree)
+                os.rmdir(stale)
+                stand_in.stdin.write(b"\n")
+                stand_in.stdin.flush()
+            sweep.join(timeout=10)  # (a hang's bound: it returns in ms, or waits `wait`)
+            assert not sweep.is_alive()
+        warned = [r for r in caplog.records if "outlived its owner" in r.getMessage()]
+        if holder == "watchdog-never-finishes":
+            assert warned != []
+            assert member.wait(timeout=5) == -signal.SIGKILL  # by the sweep
+            assert not os.path.exists(stale)
+        elif holder == "a-sweep":
+            assert warned == []
+            assert member.poll() is None  # left to that sweep
+            assert os.path.isdir(tree)
+        else:
+            assert warned == []
+            assert not os.path.exists(stale)
+    finally:
+        for ours in (member, stand_in):  # (our own children, by pid)
+            if ours.poll() is None:
+                ours.kill()
+            ours.wait()
+        for leftover in (tree, stale):
+            with contextlib.suppress(FileNotFoundError):
+                os.rmdir(leftover)
+        if sweep.is_alive():  # pragma: no cover - only if it hung
+            sweep.join(timeout=60)
+        for stream in (stand_in.stdin, stand_in.stdout):
+            if stream is not None:
+                stream.close()
+    assert tracked.survivors() == []
 
 
 #: Joins the cgroup whose cgroup.procs is its argument once it has written 100 MB (so it

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import itertools
 import logging
 import os
@@ -400,29 +399,106 @@ def _sweep_stale_homes(parent: str) -> None:
 
 @contextlib.contextmanager
 def _claimed(home: str) -> Generator[bool]:
-    """Whether the stale ``home`` is this sweep's to clear: locked (``flock``) for the
-    block, as nobody else holds it. Its owner's watchdog share-locks it from its
-    registration on (`_watchdog.claim_home`): a home still locked is left to that
-    watchdog, alive and at work on it (its owner's death and its kill take tens of ms on
-    a loaded machine, in which a sweep killed the same trees and warned of an owner's
-    leftovers), or to another process's sweep. Where no lock can be had at all, the
-    sweep goes on without (as it did before homes were locked)."""
+    """Whether the stale ``home`` is this sweep's to clear (locked, ``flock``, for the
+    block, where a lock can be had).
+
+    Its owner's watchdog share-locks it from its registration until the watchdog exits
+    (`_watchdog.claim_home`). Between its owner's death and the end of its kill (tens of
+    ms on a loaded machine) the home is stale by every other sign: a sweep then killed
+    the same trees itself, and warned of an owner's leftovers on its own stderr. So a
+    home a watchdog holds is cleared only once that watchdog has exited (it has removed
+    the home, as a rule), waited for up to `WATCHDOG_WAIT`; or at once where every
+    holder is stopped (SIGSTOP: it kills nothing until continued); or after that wait
+    all the same (a watchdog that never saw its owner's death, as when a child forked at
+    C level holds the socket). A home another sweep holds (exclusively) is left to it.
+    """
     try:
         fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
+    except FileNotFoundError:
         yield False  # (gone meanwhile: removed by its watchdog or another sweep)
         return
-    claimed = True
+    except OSError as exc:  # (out of file descriptors, say: swept as before homes had locks)
+        logger.debug("cannot open stale cgroup home %s to lock it: %s", home, exc)
+        yield True
+        return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        claimed = False
-    except OSError as exc:
-        logger.debug("cannot lock stale cgroup home %s: %s", home, exc)
-    try:
-        yield claimed
+        locked = _lock_after_its_watchdog(fd, home)
+        if locked is None:
+            yield False
+            return
+        try:
+            yield os.path.isdir(home)  # (its watchdog removed it meanwhile, as a rule)
+        finally:
+            if locked:
+                import fcntl  # noqa: PLC0415 - POSIX only, and the package imports on Windows
+
+                # Unlocked before the close: a child another thread forked meanwhile holds
+                # the lock with its copy of the descriptor, for its whole life.
+                fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+#: Seconds a sweep waits, at most, for the watchdog of a dead owner to finish with its home.
+WATCHDOG_WAIT = 0.5
+
+
+def _lock_after_its_watchdog(fd: int, home: str) -> bool | None:
+    """Lock ``home`` (open as ``fd``) for the sweep, after its watchdog if one holds it
+    (see `_claimed`): whether it got the lock, or None if the home is not this sweep's
+    (another sweep holds it)."""
+    import fcntl  # noqa: PLC0415 - POSIX only, and the package imports on Windows
+
+    deadline = time.monotonic() + WATCHDOG_WAIT
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pass
+        except OSError as exc:
+            logger.debug("cannot lock stale cgroup home %s: %s", home, exc)
+            return False
+        else:
+            return True
+        holders = _flock_holders(os.fstat(fd))
+        if any(exclusive for _, exclusive in holders):
+            return None  # another sweep's
+        at_work: list[int] = []
+        for pid, _ in holders:
+            stat = read_stat(pid)
+            if stat is not None and stat.main_thread_alive and stat.state not in "Tt":
+                with contextlib.suppress(OSError):  # (gone meanwhile)
+                    at_work.append(os.pidfd_open(pid))
+        try:
+            remaining = deadline - time.monotonic()
+            if not at_work or remaining <= 0:
+                logger.debug("cgroup home %s: its watchdog is not done with it", home)
+                return False  # swept unlocked: its holders kill nothing now
+            waiting = select.poll()
+            for pidfd in at_work:
+                waiting.register(pidfd, select.POLLIN)  # (readable once it has exited)
+            waiting.poll(remaining * 1000)
+        finally:
+            for pidfd in at_work:
+                os.close(pidfd)
+
+
+def _flock_holders(of: os.stat_result) -> list[tuple[int, bool]]:
+    """The processes that hold a ``flock`` on the file ``of`` stats, from ``/proc/locks``,
+    each with whether its lock is exclusive; none if that cannot be read."""
+    node = f"{os.major(of.st_dev):02x}:{os.minor(of.st_dev):02x}:{of.st_ino}"
+    try:
+        lines = cgroupfs.read_text("/proc/locks").splitlines()
+    except OSError:
+        return []
+    holders: list[tuple[int, bool]] = []
+    for line in lines:
+        # "1: FLOCK  ADVISORY  READ 1234 00:1a:5678 0 EOF" (a waiter's: "1: -> FLOCK ...")
+        fields = line.split()
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == node:
+            with contextlib.suppress(ValueError):
+                holders.append((int(fields[4]), fields[3] == "WRITE"))
+    return holders
 
 
 def _sweep_home(home: str, *, foreign: bool) -> None:

@@ -23,7 +23,8 @@ that socket reaches EOF — we exited, however — it SIGKILLs what is still reg
 - ``home PATH``: our directory of tree cgroups, removed last, with the emptied cgroups
   kept in it for reuse (a home with a tree still running in it stays, for the sweep).
   Held open and share-locked (``flock``) from its registration until the watchdog
-  exits: a sweep in another process leaves a locked home alone (`claim_home`).
+  exits: a sweep in another process that finds it so held waits for the watchdog to
+  exit first (0.5 s at most; not for one that is stopped) (`claim_home`).
 
 An entry can also be killed at once (`kill_now`), and forgotten: a tree whose spawn failed
 after its leader ran, when this process may be out of the file descriptors it takes.
@@ -220,9 +221,9 @@ def pin_leader(entry):
 def claim_home(entry):
     # A home entry's directory, open and share-locked for as long as we run (or until
     # it is unregistered); None if that cannot be had. A sweep of stale homes (another
-    # process's, at its first tree) takes the home of an owner that has died only if it
-    # can lock it for itself: it leaves it to us while we kill and remove what is in it.
-    # (Our parent's death and our work took tens of ms on a loaded machine, in which that
+    # process's, at its first tree) that finds the home of an owner that has died so held
+    # waits for us to exit, 0.5 s at most, while we kill and remove what is in it. (Our
+    # parent's death and our work took tens of ms on a loaded machine, in which that
     # sweep killed the same trees, warning on its stderr of an owner's leftovers.)
     try:
         fd = os.open(entry.partition(b" ")[2], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
