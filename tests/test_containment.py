@@ -594,15 +594,19 @@ async def stop_signal_handled_after(
 
 
 async def test_an_escapee_gets_the_stop_signal_while_the_leader_ignores_it(
-    tracked: Tracked, strong: str
+    tracked: Tracked, strong: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Cleanup may look for escapees only once the leader exits; a leader that ignores the
     # stop signal must not hold the escapees' signal back until the SIGKILL at the end of
-    # the grace. The escapee says when its handler runs, on the tree's stdout.
+    # the grace. The escapee says when its handler runs, on the tree's stdout. (The cgroup
+    # waits longer for the leader here than cleanup's wake to read the output, 10 ms into
+    # the step: the listing must come when that wait ends, not at the next wake after it,
+    # the grace's end. With its 5 ms, that wake listed in time whatever the bound.)
+    monkeypatch.setattr(CgroupContainment, "SURVEY_DELAY", 0.05)
     grace = 1.0
     handled_after, tree = await stop_signal_handled_after(tracked, strong, grace)
     assert handled_after is not None
-    assert handled_after < grace / 2  # not at the grace's end (a listing bound: 5 ms)
+    assert handled_after < grace / 2  # not at the grace's end (a listing bound: 50 ms)
     assert tree.outcome is not None
     assert tree.outcome.grace_expired  # the leader did ignore it
     assert tree.outcome.escapees_killed >= 1

@@ -9,7 +9,7 @@ import pytest
 
 from . import procs
 from .conftest import lock_path, steers_pids
-from .mutation.named_mutants import MUTANTS, ROOT
+from .mutation.named_mutants import MUTANTS, ROOT, run
 from .test_group_and_pid_safety import needs_root, next_pid_after
 
 pytest_plugins = ["pytester"]
@@ -131,6 +131,15 @@ def test_every_named_mutant_still_applies_to_exactly_one_place() -> None:
         for name, path, original, _mutated, _tests in MUTANTS
     }
     assert {name: count for name, count in places.items() if count != 1} == {}
+
+
+def test_a_named_mutant_that_changes_nothing_survives() -> None:
+    # The runner's verdict must come from the mutant's tests. Red before: its copy of the
+    # project lacked README.md, test_readme.py failed to collect, and with -x that error
+    # ended every run red before a test ran: every mutant, this one too, was "killed".
+    unchanged = "import fcntl, os, queue,"
+    survived = not run("nothing", "_watchdog.py", unchanged, unchanged, "package_has_a_version")
+    assert survived
 
 
 def test_every_named_mutant_has_its_row_in_the_testing_docs() -> None:

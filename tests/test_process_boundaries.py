@@ -209,13 +209,15 @@ IN_A_TIME_NAMESPACE = textwrap.dedent(
     """
 )
 
-#: (seconds, nanoseconds, where, owners): the owner runs with that boot-time offset, or
-#: runs outside the namespace it made; owners: how many in turn (a half-tick offset rounds
-#: an owner's start time a tick apart from ours only half the time).
+#: (seconds, nanoseconds, where, a_tick_apart): the owner runs with that boot-time offset,
+#: or runs outside the namespace it made; a_tick_apart: owners are started in turn until
+#: one named its home with a start time a tick apart from ours (a half-tick offset rounds
+#: it so only half the time: four owners in a row, all in step, let the mutant that takes
+#: such an owner for another process live, in a full run of the mutants).
 TIME_NAMESPACES = {
-    "1000-s-ahead": ("1000", "0", "inside", 1),
-    "half-a-tick-ahead": ("0", "5000000", "inside", 4),
-    "made-but-not-entered": ("1000", "0", "outside", 1),
+    "1000-s-ahead": ("1000", "0", "inside", False),
+    "half-a-tick-ahead": ("0", "5000000", "inside", True),
+    "made-but-not-entered": ("1000", "0", "outside", False),
 }
 
 
@@ -231,8 +233,8 @@ def test_a_home_whose_owner_runs_in_another_time_namespace_is_never_swept(
     # ticks named its home a tick apart from our view; one that made a namespace for its
     # children took that namespace's offset for its own.
     available("cgroup")
-    seconds, nanoseconds, where, owners = TIME_NAMESPACES[case]
-    for _ in range(owners):
+    seconds, nanoseconds, where, a_tick_apart = TIME_NAMESPACES[case]
+    for _ in range(40 if a_tick_apart else 1):  # (none a tick apart in 40: p = 1e-12)
         holder = subprocess.Popen(
             [*procs.python(), "-c", IN_A_TIME_NAMESPACE, seconds, nanoseconds, where, OWNER],
             stdin=subprocess.PIPE,
@@ -250,6 +252,10 @@ def test_a_home_whose_owner_runs_in_another_time_namespace_is_never_swept(
                     assert time.monotonic() < deadline, tree
                     time.sleep(0.001)
                 assert len(members) == 1  # its sleep
+                owner = read_stat(members[0])
+                assert owner is not None
+                named = int(os.path.basename(os.path.dirname(tree)).split("-")[3])
+                apart = named != procs.starttime(owner.ppid)
                 pidfd = os.pidfd_open(members[0])
                 try:
                     _cgroup_home._sweep_stale_homes(os.path.dirname(os.path.dirname(tree)))
@@ -263,6 +269,10 @@ def test_a_home_whose_owner_runs_in_another_time_namespace_is_never_swept(
                 assert holder.wait(timeout=30) == 0
             finally:
                 holder.kill()
+        if apart:
+            break
+    if a_tick_apart:
+        assert apart  # (the case the test is for did come up)
     assert tracked.survivors() == []
 
 

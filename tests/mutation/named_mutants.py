@@ -1832,7 +1832,7 @@ MUTANTS = [
         "_cli.py",
         "    return _seconds(text) or None",
         "    return _seconds(text)",
-        "timeout_of_zero_means_no_timeout",
+        "timeout_of_zero_or_inf_means_no_timeout",
     ),
     (
         "close: a cancellation absorbed while the block's exception leaves it, never again",
@@ -3080,7 +3080,7 @@ MUTANTS = [
         "_member_tracking.py",
         "            self._hold(listing_failed)\n            self._raise_denied()\n",
         "            raise listing_failed\n",
-        "escapee_found_once_descriptors_are_back and leader_stops",
+        "escapee_found_once_descriptors_are_back and stops",
     ),
     (
         "subreaper: a held listing tried again only once no tracked member runs",
@@ -3167,18 +3167,39 @@ MUTANTS = [
         "destroyed_in_the_setup and connecting",
     ),
     (
-        "sweep: a dead owner's home taken while its watchdog still holds it",
+        "sweep: a dead owner's home taken while its watchdog is at work",
         "_cgroup_home.py",
-        "    except BlockingIOError:\n        claimed = False\n",
-        "    except BlockingIOError:\n        pass\n",
-        "sweep_leaves",
+        "            if not at_work or remaining <= 0:\n",
+        "            if True:\n",
+        "sweep_waits_for or sweep_sweeps",
+    ),
+    (
+        "sweep: a stopped watchdog waited for as one at work",
+        "_cgroup_home.py",
+        'stat.main_thread_alive and stat.state not in "Tt":\n',
+        "stat.main_thread_alive:\n",
+        "sweep_waits_for or sweep_sweeps",
+    ),
+    (
+        "sweep: a home another sweep holds waited for and swept again",
+        "_cgroup_home.py",
+        "            return None  # another sweep's\n",
+        "            pass\n",
+        "sweep_waits_for or sweep_sweeps",
+    ),
+    (
+        "sweep: a watchdog that never finishes waited for without end",
+        "_cgroup_home.py",
+        "            if not at_work or remaining <= 0:\n",
+        "            if not at_work:\n",
+        "sweep_waits_for or sweep_sweeps",
     ),
     (
         "watchdog: its home not locked, a sweep free to take it",
         "_watchdog.py",
         '            live[entry] = claim_home(entry) if entry.startswith(b"home ") else pin_leader(entry)\n',
         "            live[entry] = pin_leader(entry)\n",
-        "sweep_leaves",
+        "sweep_sweeps",
     ),
     (
         "cgroup: any wake while the leader runs taken for the survey delay's end",
@@ -3193,9 +3214,13 @@ MUTANTS = [
 def run(name: str, path: str, old: str, new: str, tests: str) -> bool:
     """Apply one mutant to a copy of the package; True if the tests went red."""
     with tempfile.TemporaryDirectory() as scratch:
-        for part in ("trio_proctree", "tests"):
+        for part in ("trio_proctree", "tests", "docs"):
             shutil.copytree(ROOT / part, Path(scratch) / part)
-        shutil.copy(ROOT / "pyproject.toml", scratch)
+        # What the tests read of the project: without README.md, test_readme.py failed to
+        # collect, and with -x that error ended every run red before any test ran, so
+        # every mutant counted as killed (from c6c323a on, until stop 44).
+        for top in ("pyproject.toml", "README.md", "noxfile.py"):
+            shutil.copy(ROOT / top, scratch)
         target = Path(scratch) / "trio_proctree" / path
         source = target.read_text()
         if old not in source:
@@ -3223,6 +3248,10 @@ def run(name: str, path: str, old: str, new: str, tests: str) -> bool:
         )  # fmt: skip
         if result.returncode == 5:
             raise SystemExit(f"{name}: no test matched -k {tests!r}")
+        if result.returncode not in (0, 1) or "ERROR collecting" in result.stdout:
+            # Red for another reason than a test that failed: the run says nothing of the
+            # mutant (a collection error, an internal error, an interrupted run).
+            raise SystemExit(f"{name}: the tests did not run:\n{result.stdout[-2000:]}")
         return result.returncode != 0
 
 
