@@ -2349,14 +2349,32 @@ async def test_parent_killed_with_sigkill_takes_an_escapee_caught_mid_exec_along
         # outlives the test, and nothing else can be.
         pinned = os.pidfd_open(blank)
         try:
+            last_shell = b"/bin/sh\0-c\0unset PWD;"
             with trio.fail_after(5):
-                # No event says its execs are done: wait for the shell, with no environment.
-                while not (procs.command_name(blank) == "sh" and procs.read_environ(blank) == b""):
+                # No event says its execs are done: wait for the last shell, with no
+                # environment. (Its name and empty environment alone were also those of
+                # the tree's shell's child caught in the middle of exec'ing setsid, with
+                # the marker: the watchdog rightly killed it, nothing opened the FIFO,
+                # and the write below waited for ever: seen once in CI, on 3.10.)
+                while not (
+                    procs.command_name(blank) == "sh"
+                    and procs.read_environ(blank) == b""
+                    and (procs.arguments(blank, within=0) or b"").startswith(last_shell)
+                ):
                     await trio.sleep(0.001)
             parent.send_signal(signal.SIGKILL)
             parent.wait()
-            with open(fifo, "w") as f:  # (the escapee opened its end: no wait here)
-                f.write("go\n")
+            with trio.fail_after(5):  # (a bound, not a hang, if the escapee never reads)
+                while True:
+                    try:
+                        go = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+                        break
+                    except OSError as exc:  # ENXIO: its shell has not opened its end yet
+                        if exc.errno != errno.ENXIO:
+                            raise
+                        await trio.sleep(0.001)
+            os.write(go, b"go\n")
+            os.close(go)
             await until_gone(pids, within=1.0)
             assert [pid for pid in pids if procs.alive(pid)] == []
         finally:
