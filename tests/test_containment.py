@@ -2724,6 +2724,19 @@ SLOW_TO_EXIT = (
 )
 
 
+def counted_listings(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The cgroups listed from here on (each listing of a cgroup's members is appended)."""
+    listings: list[str] = []
+    listed = _cgroupfs.processes_in
+
+    def listing(cgroup: str) -> list[int]:
+        listings.append(cgroup)
+        return listed(cgroup)
+
+    monkeypatch.setattr(_cgroupfs, "processes_in", listing)
+    return listings
+
+
 async def test_members_still_exiting_after_the_leader_are_waited_for_not_listed(
     tracked: Tracked, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -2739,14 +2752,7 @@ async def test_members_still_exiting_after_the_leader_are_waited_for_not_listed(
     # However young the cgroup: the kernel's word may then come up to 10 ms late, which
     # the 30 s above leave room for.
     monkeypatch.setattr(CgroupContainment, "NOTIFIES_AT_ONCE_AFTER", 0.0)
-    listings: list[str] = []
-    listed = _cgroupfs.processes_in
-
-    def listing(cgroup: str) -> list[int]:
-        listings.append(cgroup)
-        return listed(cgroup)
-
-    monkeypatch.setattr(_cgroupfs, "processes_in", listing)
+    listings = counted_listings(monkeypatch)
     member = shlex.join([*procs.python(), "-c", SLOW_TO_EXIT])
     async with open_process_tree(
         ["sh", "-c", f"{member} & wait"],
@@ -2774,14 +2780,7 @@ async def test_the_stop_signals_listing_waits_out_its_delay_whatever_wakes_clean
     # where a loaded machine made `sh` slow to exit: 3 runs in 150 under `-n 4`).
     available("cgroup")
     monkeypatch.setattr(CgroupContainment, "SURVEY_DELAY", 30.0)
-    listings: list[str] = []
-    listed = _cgroupfs.processes_in
-
-    def listing(cgroup: str) -> list[int]:
-        listings.append(cgroup)
-        return listed(cgroup)
-
-    monkeypatch.setattr(_cgroupfs, "processes_in", listing)
+    listings = counted_listings(monkeypatch)
     leader = (
         "import os, signal, sys, time\n"
         "signal.signal(signal.SIGTERM, lambda *_: (time.sleep(0.3), sys.exit(0)))\n"

@@ -28,7 +28,7 @@ from . import _cgroupfs as cgroupfs
 from . import _spawn_into_cgroup as direct_spawn
 from . import _watchdog as watchdog
 from ._after_fork import renewed_in_forked_child
-from ._procfs import ProcStat, boottime_offset, proc_hides_processes, read_stat
+from ._procfs import ProcStat, boottime_offset, proc_hides_processes, read_file, read_stat
 
 logger = logging.getLogger("trio_proctree")
 
@@ -421,21 +421,17 @@ def _claimed(home: str) -> Generator[bool]:
         logger.debug("cannot open stale cgroup home %s to lock it: %s", home, exc)
         yield True
         return
-    try:
-        locked = _lock_after_its_watchdog(fd, home)
-        if locked is None:
-            yield False
-            return
-        try:
-            yield os.path.isdir(home)  # (its watchdog removed it meanwhile, as a rule)
-        finally:
-            if locked:
-                import fcntl  # noqa: PLC0415 - POSIX only, and the package imports on Windows
+    import fcntl  # noqa: PLC0415 - POSIX only, and the package imports on Windows
 
-                # Unlocked before the close: a child another thread forked meanwhile holds
-                # the lock with its copy of the descriptor, for its whole life.
-                fcntl.flock(fd, fcntl.LOCK_UN)
+    try:
+        ours = _lock_after_its_watchdog(fd, home)
+        # (Its watchdog removed it meanwhile, as a rule.)
+        yield ours is not None and os.path.isdir(home)
     finally:
+        # Unlocked before the close (a no-op where no lock was had): a child another
+        # thread forked meanwhile holds the lock with its copy of the descriptor, for its
+        # whole life.
+        fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
 
 
@@ -488,7 +484,7 @@ def _flock_holders(of: os.stat_result) -> list[tuple[int, bool]]:
     each with whether its lock is exclusive; none if that cannot be read."""
     node = f"{os.major(of.st_dev):02x}:{os.minor(of.st_dev):02x}:{of.st_ino}"
     try:
-        lines = cgroupfs.read_text("/proc/locks").splitlines()
+        lines = read_file("/proc/locks").decode().splitlines()
     except OSError:
         return []
     holders: list[tuple[int, bool]] = []
