@@ -1205,14 +1205,15 @@ DESTROYED_IN_THE_SETUP = textwrap.dedent(
     fds = len(os.listdir("/proc/self/fd"))
     executor = Watched(max_workers=1)
     gate = threading.Event()
-    if stage == "queued":
+    queued = stage in ("queued", "closed_while_queued")
+    if queued:
         executor.submit(gate.wait)  # (the only worker busy: the spawn waits in the queue)
     loop = asyncio.new_event_loop()
     loop.set_default_executor(executor)
     task = loop.create_task(feed() if stage == "run_process_tree" else enter())
     if stage == "connecting":
         never_connected(loop)
-    if stage == "queued":
+    if queued:
         loop.run_until_complete(asyncio.sleep(0.05))
     elif stage == "connecting":
         while not connecting.is_set():
@@ -1223,6 +1224,10 @@ DESTROYED_IN_THE_SETUP = textwrap.dedent(
     else:
         while running() < 2:
             loop.run_until_complete(asyncio.sleep(0.01))
+    if stage == "closed_while_queued":
+        task.get_coro().close()  # (its loop open but not running, as a framework may)
+        gate.set()
+        executor.shutdown(wait=True)  # (the worker took the spawn up, its loop still open)
     loop.close()  # with the task pending, in the setup (or in run_process_tree's wait)
     if stage == "forking":
         task.get_coro().close()  # (as a framework may: the worker still in its fork)
@@ -1247,6 +1252,7 @@ DESTROYED_IN_THE_SETUP = textwrap.dedent(
 
 STAGES = [
     "queued",
+    "closed_while_queued",
     "forking",
     "closed_while_forking",
     "forked",
@@ -1263,7 +1269,8 @@ def test_a_task_destroyed_in_the_setup_with_no_loop_running_leaves_no_tree(
 ) -> None:
     # As for a task destroyed in its block (above), but before it: with its spawn queued
     # as the loop closed (the worker drops it: the task, held by the spawn, would be
-    # collected only later, the tree running till then), closed while the worker forks
+    # collected only later, the tree running till then) or its coroutine closed while
+    # the loop was open (dropped: no fork), closed while the worker forks
     # (its coroutine closed, or only its loop: the worker kills the tree as the fork
     # returns), or once forked, collected where no loop runs or in the next loop, or in
     # run_process_tree's wait with input fed. Red before: "no running event loop" raised
@@ -1275,12 +1282,14 @@ def test_a_task_destroyed_in_the_setup_with_no_loop_running_leaves_no_tree(
     said = result.stderr.decode()
     assert result.returncode == 0, said
     before, after, fds = result.stdout.split()
-    if stage in ("queued", "forking", "closed_while_forking"):
+    if stage in ("queued", "closed_while_queued", "forking", "closed_while_forking"):
         assert before == b"0", said
     assert (after, fds) == (b"0", b"0"), said
     assert "Exception ignored" not in said, said
-    if stage != "queued":  # (that spawn never started)
+    if stage not in ("queued", "closed_while_queued"):
         assert "killed without grace" in said, said
+    else:  # never started: not forked and then killed (nothing to kill, nothing said)
+        assert "killed without grace" not in said, said
     assert tracked.survivors() == []
 
 

@@ -2939,14 +2939,14 @@ MUTANTS = [
         "_leader.py",
         "            if began_before:\n                self._reaped()\n",
         "            if False:\n                self._reaped()\n",
-        "right_after_the_leaders_reap",
+        "right_after_the_leaders_reap or cut_short_is_not_taken",
     ),
     (
         "leader: a look after a reap of ours cut short takes it for someone else's",
         "_leader.py",
         "        if self._reap_began and self._returncode is not None:\n",
         "        if False:\n",
-        "right_after_the_leaders_reap",
+        "right_after_the_leaders_reap or cut_short_is_not_taken",
     ),
     (
         "trio: a Ctrl-C held back before the cleanup taken at its first wait",
