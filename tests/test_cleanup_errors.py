@@ -492,5 +492,68 @@ async def test_the_net_at_exit_still_says_a_hard_stop_that_failed_with_a_failed_
             while tracked.survivors():
                 await trio.sleep(0.01)
     warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert [line for line in warned if "could not kill at interpreter exit" in line], warned
+    # Named by the hard stop's own failure (red before stop 45: by the listing's, "Too
+    # many open files", though descriptors were back and the SIGKILL had failed).
+    said = [line for line in warned if "could not kill at interpreter exit" in line]
+    assert said != [] and all("the hard stop failed (injected)" in line for line in said), warned
+    assert tracked.survivors() == []
+
+
+def every_error_said(raised: BaseException, records: list[logging.LogRecord]) -> list[int]:
+    """The ids of every exception a caller is shown: the one raised and its whole chain,
+    and each logged with its traceback (and their chains)."""
+    pending: list[BaseException] = [raised]
+    pending += [r.exc_info[1] for r in records if r.exc_info and r.exc_info[1] is not None]
+    said: list[int] = []
+    while pending:
+        exc = pending.pop()
+        said.append(id(exc))
+        pending += [link for link in (exc.__cause__, exc.__context__) if link is not None]
+    return said
+
+
+async def test_a_hard_stop_that_fails_after_a_held_listing_is_the_cause_each_error_said_once(
+    tracked: Tracked, caplog: pytest.LogCaptureFixture
+) -> None:
+    # (The subreaper's: its hard stop lists the tree, where cgroup.kill needs no listing.)
+    # The stop signal's listing fails all through the grace (held), and the hard stop's
+    # listing fails too: the tree is not seen gone. The hard stop's failure is the cause
+    # (the SIGKILL is what could not be made sure of), the held listing failure shown as
+    # what came before it, and neither is said twice. Red before stop 45: the held failure
+    # was the cause, with the hard stop's as its context (backwards in the traceback), and
+    # was logged again as "another cleanup error".
+    with pytest.raises(CleanupError) as caught:
+        async with open_process_tree(
+            ["sh", "-c", "trap '' TERM; sleep 60 & echo ready; wait"],  # (the sleep too)
+            escalation=Escalation(steps=[(signal.SIGTERM, 0.2)], kill_wait=0.3),
+            stdout=subprocess.PIPE,
+            env=tracked.env,
+            containment="subreaper",
+        ) as tree:
+            assert tree.stdout is not None
+            with trio.fail_after(10):
+                assert await tree.stdout.receive_some() == b"ready\n"
+            raised = fail_member_listings(tree)
+            held: Any = tree._core.containment
+            real_hard_kill = held._hard_kill
+            failed_before: list[OSError] = []
+
+            def hard_kill_counted() -> None:
+                failed_before.extend(raised)  # (the listings failed before it)
+                real_hard_kill()
+
+            held._hard_kill = hard_kill_counted
+    raised.clear()  # (descriptors back: the net at exit, or the cleanup below, can look)
+    del held._hard_kill
+    procs.kill_survivors(tracked.token)  # (the SIGKILL went out; by token, to be sure)
+    assert str(caught.value).endswith("(the tree could not be looked at)"), caught.value
+    cause = caught.value.__cause__
+    assert isinstance(cause, OSError) and cause.errno == errno.EMFILE, cause
+    assert failed_before != []
+    assert cause not in failed_before  # the hard stop's own failure, not a held one's
+    earlier = cause.__context__
+    assert isinstance(earlier, OSError) and earlier.errno == errno.EMFILE, earlier
+    assert earlier in failed_before  # the stop signal's held listing failure
+    said = every_error_said(caught.value, caplog.records)
+    assert len(said) == len(set(said)), [r.getMessage() for r in caplog.records]
     assert tracked.survivors() == []

@@ -340,7 +340,8 @@ class TreeCore:
         self, errors: list[Exception], *, hard_stop_failed: bool, unseen: bool
     ) -> CleanupError:
         """The error for a tree that outlived cleanup, or was not seen gone after it (it
-        could not be looked at: ``unseen``), and why, as far as it is known."""
+        could not be looked at: ``unseen``), and why, as far as it is known (the first of
+        ``errors``, taken off the list)."""
         verb = "may have outlived" if unseen else "outlived"
         what = "cleanup: the hard stop (SIGKILL) failed, at least in part"
         if not hard_stop_failed:
@@ -348,8 +349,8 @@ class TreeCore:
         why = " (the tree could not be looked at)" if unseen else ""
         outlived = CleanupError(f"{self.label}: processes {verb} {what}{why}")
         # Often because a step failed (no file descriptors left to list the tree, say):
-        # that is the reason, and must show.
-        outlived.__cause__ = errors[0] if errors else None
+        # that is the reason, and must show; shown there, it is not logged as another.
+        outlived.__cause__ = errors.pop(0) if errors else None
         return outlived
 
     async def _close_streams(self, io: LoopIO, started: float, errors: list[Exception]) -> None:

@@ -463,15 +463,21 @@ class MemberTracking:
             # came out of a cleanup whose escapees never had their stop signal: helper-81).
             self._unlisted = unlisted
             raise
-        if unlisted is not None:
-            # Said as it is to the net at exit only when the hard stop itself went out (a
-            # failed one, held as this error's context, was else logged nowhere: helper-82).
-            self.raised_held = unlisted if failed is None else None
-            if failed is not None and unlisted.__context__ is None:
-                unlisted.__context__ = failed  # (shown with it, not lost)
-            elif failed is not None:
-                logger.error("%s: the hard stop failed too", self._where, exc_info=failed)
+        if unlisted is not None and failed is None:
+            # The hard stop went out: the net at exit says so, not that it could not kill.
+            self.raised_held = unlisted
             raise unlisted
+        if failed is not None and unlisted is not None:
+            # The hard stop's own failure is the one raised: it is what may have left the
+            # tree running. The held one came first and is shown as such (raised the other
+            # way round, the traceback said the listing failed while the hard stop's
+            # failure was handled, and the net at exit named the listing's errno).
+            if failed.__context__ is None:
+                failed.__context__ = unlisted
+            else:  # (its own chain says something else: not lost, logged)
+                logger.error(
+                    "%s: the stop signal's listing had failed", self._where, exc_info=unlisted
+                )
         if failed is not None:
             raise failed
 

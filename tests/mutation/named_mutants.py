@@ -3155,9 +3155,23 @@ MUTANTS = [
     (
         "net: a hard stop that failed with a held listing is not said at exit",
         "_member_tracking.py",
-        "            self.raised_held = unlisted if failed is None else None\n",
-        "            self.raised_held = unlisted\n",
-        "net_at_exit",
+        "        if unlisted is not None and failed is None:\n",
+        "        if unlisted is not None:\n",
+        "net_at_exit or each_error_said_once",
+    ),
+    (
+        "listing: a hard stop's failure after a held listing's shown without it",
+        "_member_tracking.py",
+        "                failed.__context__ = unlisted\n",
+        "                pass\n",
+        "each_error_said_once",
+    ),
+    (
+        "cleanup: the cause of a tree that outlived cleanup logged again as another error",
+        "_core.py",
+        "        outlived.__cause__ = errors.pop(0) if errors else None\n",
+        "        outlived.__cause__ = errors[0] if errors else None\n",
+        "each_error_said_once",
     ),
     (
         "asyncio: a setup closed while its pipes connect lets asyncio's error out",
