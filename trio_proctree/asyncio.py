@@ -1092,8 +1092,14 @@ async def _closing_on_error(pipe: _PipeEnd, connecting: Coroutine[Any, Any, T]) 
     open until the garbage collector met it), unless the loop closed it already."""
     try:
         return await connecting
-    except BaseException:
+    except BaseException as exc:
         pipe.close()
+        if (close := _the_close(exc)) is not exc:
+            # Closed where its loop no longer runs, asyncio's connect fails as it closes its
+            # transport. The collector may close this coroutine before the spawn's task
+            # that awaits it (their cycle has no order), and the error then came out of
+            # the close as "Exception ignored"; the task's own close stops the tree.
+            raise close from None
         raise
 
 

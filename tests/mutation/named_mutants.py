@@ -3222,6 +3222,13 @@ MUTANTS = [
         "                if (remaining := due - time.monotonic()) <= 0 or self.ask_again_within:\n",
         "waits_out_its_delay",
     ),
+    (
+        "asyncio: a pipes' connect closed before its task lets asyncio's error out",
+        "asyncio.py",
+        "        if (close := _the_close(exc)) is not exc:\n",
+        "        if False:\n",
+        "destroyed_in_the_setup",
+    ),
 ]
 
 
