@@ -1359,7 +1359,10 @@ ESCAPEE_OUT_OF_FILE_DESCRIPTORS_A_WHILE = OUT_OF_FDS_PRELUDE + textwrap.dedent(
             async with open_process_tree(
                 command, escalation=policy, stdout=-1, containment=sys.argv[1]
             ) as tree:
-                pids.append(int(await first_line(tree.stdout)))
+                said = b""  # (the escapee's pid, and the leader's "ready": either first)
+                while said.count(b"\\n") < 2:
+                    said += await tree.stdout.receive_some()
+                pids.extend(int(word) for word in said.split() if word.isdigit())
                 run_out_of_fds()
                 out_of_fds.set()
 
@@ -1375,7 +1378,9 @@ ESCAPEE_OUT_OF_FILE_DESCRIPTORS_A_WHILE = OUT_OF_FDS_PRELUDE + textwrap.dedent(
 
 @pytest.mark.parametrize(
     "leader",
-    ["exec sleep 60", "trap '' TERM; exec sleep 60"],
+    # ("ready" once the trap is set: read before the block ends, or the case it names
+    # could turn into the other.)
+    ["echo ready; exec sleep 60", "trap '' TERM; echo ready; exec sleep 60"],
     ids=["leader-stops", "leader-ignores-sigterm"],
 )
 @pytest.mark.parametrize("containment", ["cgroup", "subreaper"])
