@@ -1904,6 +1904,52 @@ def test_a_watchdog_that_stopped_reading_is_replaced_not_waited_for(tracked: Tra
     assert tracked.survivors() == []
 
 
+# Freezes its watchdog in the cgroup argv[1] (the freezer: nothing tells its parent, as a
+# stop does), then registers far more than the watchdog's socket holds: says whether that
+# went to a new watchdog, and the frozen one's pid.
+WATCHDOG_FROZEN = textwrap.dedent(
+    """
+    import os, select, sys
+    from trio_proctree import _watchdog
+
+    _watchdog.SEND_WITHIN = 0.2
+    _watchdog.ensure_started()
+    frozen = _watchdog.running()[0]
+    cgroup = sys.argv[1]
+    with open(os.path.join(cgroup, "cgroup.procs"), "w") as procs:
+        procs.write(str(frozen.pid))
+    events = os.open(os.path.join(cgroup, "cgroup.events"), os.O_RDONLY)
+    poller = select.poll()
+    poller.register(events, select.POLLPRI)
+    with open(os.path.join(cgroup, "cgroup.freeze"), "w") as freeze:
+        freeze.write("1")
+    while b"frozen 1" not in os.pread(events, 64, 0):
+        poller.poll(1000)
+    assert not frozen.is_stopped()  # (the premise: only the write's bound can tell)
+    entries = [f"marker TRIO_PROCTREE_TEST_{index}=" + "x" * 1000 for index in range(1000)]
+    _watchdog.register(*entries)
+    now = _watchdog.running()[0]
+    print(now is not frozen, now.is_at(now.pid), frozen.pid, flush=True)
+    _watchdog.unregister(*entries)
+    """
+)
+
+
+def test_a_frozen_watchdog_is_replaced_once_a_write_to_it_runs_out_of_time(
+    tracked: Tracked,
+) -> None:
+    # A watchdog that reads nothing and is not stopped (frozen here; busy or hung alike)
+    # is found only by the write's bound. The stopped watchdog's test above is caught
+    # before the write, so that bound had no test that did not depend on timing (the
+    # mutant without it survived one full run in two).
+    available("cgroup")
+    with private_cgroup() as cgroup:
+        said = procs.run_python(WATCHDOG_FROZEN, cgroup, env=tracked.env).split()
+        assert said[:2] == ["True", "True"]
+        assert procs.wait_exited(int(said[2]))  # killed, though frozen
+    assert tracked.survivors() == []
+
+
 # Stops its watchdog (SIGSTOP), then makes one small registration, which its socket holds:
 # says whether it went to a new watchdog, and the stopped one's pid.
 WATCHDOG_STOPPED = textwrap.dedent(

@@ -1972,14 +1972,14 @@ MUTANTS = [
         "_watchdog.py",
         "        ours.settimeout(SEND_WITHIN)\n",
         "",
-        "stopped_reading_is_replaced",
+        "stopped_reading_is_replaced or frozen_watchdog",
     ),
     (
         "watchdog: one that stopped reading let go of alive, to wake and kill live trees",
         "_watchdog.py",
         "                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)",
         "                pass",
-        "stopped_reading_is_replaced",
+        "stopped_reading_is_replaced or frozen_watchdog",
     ),
     (
         "watchdog: the exit waiting for a stopped watchdog for as long as it is stopped",
