@@ -184,45 +184,12 @@ def aside_from_other_homes() -> Iterator[str]:
         choose_containment("cgroup")
     except ContainmentUnavailable as exc:  # pragma: no cover - on machines without cgroups
         pytest.skip(str(exc))
-    mount = _cgroupfs.find_cgroup2_mount(_cgroupfs.read_text("/proc/self/mountinfo"))
-    own = _cgroupfs.own_cgroup(_cgroupfs.read_text("/proc/self/cgroup"))
-    assert mount is not None and own is not None
-    parent = os.path.join(mount, own.lstrip("/"))
-    _remove_asides_of_the_gone(parent)
-    me = os.getpid()
-    aside = os.path.join(parent, f"{_ASIDE}{me}-{procs.starttime(me)}-{os.urandom(4).hex()}")
+    aside = procs.cgroup_path_for_a_test(f"aside-{os.urandom(4).hex()}")
     os.mkdir(aside)
     try:
         yield aside
     finally:
-        _remove_emptied(aside)
-
-
-_ASIDE = "tests-aside-"
-
-
-def _remove_asides_of_the_gone(parent: str) -> None:
-    """Remove the asides of test processes that ended before their fixture's teardown ran
-    (a run cut short: a mutant's, a timeout's), which nothing else would ever remove."""
-    for name in os.listdir(parent):
-        if not name.startswith(_ASIDE):
-            continue
-        owner = name[len(_ASIDE) :].split("-")
-        if len(owner) != 3 or not all(part.isdigit() for part in owner[:2]):
-            continue  # (named before asides said whose they are: nobody can tell)
-        pid, started, _ = owner
-        try:
-            alive = procs.starttime(int(pid)) == int(started)
-        except (FileNotFoundError, ProcessLookupError):
-            alive = False
-        if not alive:
-            _remove_emptied(os.path.join(parent, name))
-
-
-def _remove_emptied(aside: str) -> None:
-    for inner, _, _ in os.walk(aside, topdown=False):
-        with contextlib.suppress(OSError):  # (a test that failed may leave a member)
-            os.rmdir(inner)
+        procs.remove_emptied(aside)
 
 
 @pytest.fixture(params=CONTAINMENTS)

@@ -420,11 +420,16 @@ def populated(cgroup: str) -> bool:
         return b"populated 1" in f.read()
 
 
-@contextlib.contextmanager
-def cgroup_in_ours(name: str, settings: Mapping[str, str] | None = None) -> Iterator[str]:
-    """A cgroup made inside this process's own (cgroup v2), with ``settings`` (file: value)
-    written to it, for a child Python to move into. Removed after, with the cgroups made
-    inside it, once its last member (that child's watchdog, say) has gone."""
+#: How every cgroup a test makes inside ours begins: then whose it is (pid, start time),
+#: so that one left by a run cut short (a timeout's, a mutant's: no teardown ran) can be
+#: told from a running test's, and removed by a later run.
+_TEST_CGROUP = "tests-"
+
+
+def cgroup_path_for_a_test(label: str) -> str:
+    """The path for a cgroup a test makes inside this process's own (cgroup v2), named
+    after this process and ``label``. First, the emptied cgroups of test processes that
+    have gone are removed (one still populated is left: its processes are not ours)."""
     from trio_proctree._cgroupfs import find_cgroup2_mount, own_cgroup  # noqa: PLC0415
 
     with open("/proc/self/mountinfo") as f:
@@ -432,7 +437,34 @@ def cgroup_in_ours(name: str, settings: Mapping[str, str] | None = None) -> Iter
     with open("/proc/self/cgroup") as f:
         own = own_cgroup(f.read())
     assert mount is not None and own is not None
-    made = os.path.join(mount, own.lstrip("/"), name)
+    parent = os.path.join(mount, own.lstrip("/"))
+    for name in os.listdir(parent):
+        owner = name[len(_TEST_CGROUP) :].split("-", 2)
+        if not name.startswith(_TEST_CGROUP) or not all(part.isdigit() for part in owner[:2]):
+            continue
+        try:
+            gone = starttime(int(owner[0])) != int(owner[1])
+        except (FileNotFoundError, ProcessLookupError):
+            gone = True
+        if gone:
+            remove_emptied(os.path.join(parent, name))
+    me = os.getpid()
+    return os.path.join(parent, f"{_TEST_CGROUP}{me}-{starttime(me)}-{label}")
+
+
+def remove_emptied(cgroup: str) -> None:
+    """Remove ``cgroup`` and the cgroups inside it, deepest first, those that are empty."""
+    for inner, _, _ in os.walk(cgroup, topdown=False):
+        with contextlib.suppress(OSError):  # (a test that failed may leave a member)
+            os.rmdir(inner)
+
+
+@contextlib.contextmanager
+def cgroup_in_ours(name: str, settings: Mapping[str, str] | None = None) -> Iterator[str]:
+    """A cgroup made inside this process's own (cgroup v2), with ``settings`` (file: value)
+    written to it, for a child Python to move into. Removed after, with the cgroups made
+    inside it, once its last member (that child's watchdog, say) has gone."""
+    made = cgroup_path_for_a_test(name)
     os.mkdir(made)
     try:
         for setting, value in (settings or {}).items():

@@ -2487,10 +2487,7 @@ def as_nobody(tracked: Tracked, *, delegated: bool) -> Iterator[tuple[list[str],
         yield become, env
         return
     available("cgroup")
-    mount = find_cgroup2_mount(Path("/proc/self/mountinfo").read_text())
-    ours = own_cgroup(Path("/proc/self/cgroup").read_text())
-    assert mount is not None and ours is not None
-    cgroup = os.path.join(mount + ours, f"nobody-{tracked.token}")
+    cgroup = procs.cgroup_path_for_a_test(f"nobody-{tracked.token}")
     os.mkdir(cgroup)
     try:
         for path in (cgroup, *(f"{cgroup}/{name}" for name in DELEGATED_FILES)):

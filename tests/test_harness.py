@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
+
+from trio_proctree import ContainmentUnavailable
+from trio_proctree._choose import choose_containment
 
 from . import procs
 from .conftest import lock_path, steers_pids
@@ -205,3 +209,29 @@ def test_the_leader_of_a_tree_left_to_the_net_at_exit_is_not_reaped_after_its_te
     assert result.ret == 0, (result.stdout.str(), said)
     assert "reaped by someone else" not in said, said
     assert "processes outlived cleanup" not in said, said
+
+
+def test_a_cgroup_a_gone_test_process_left_is_removed_by_the_next() -> None:
+    # A run cut short (a timeout's SIGKILL) runs no teardown: its cgroups stayed for good.
+    # The next test cgroup made removes those of gone processes, emptied; never a live one's.
+    try:
+        choose_containment("cgroup")
+    except ContainmentUnavailable as exc:  # pragma: no cover - on machines without cgroups
+        pytest.skip(str(exc))
+    gone = subprocess.Popen(["sleep", "60"])
+    started = procs.starttime(gone.pid)
+    gone.kill()
+    gone.wait()
+    parent = os.path.dirname(procs.cgroup_path_for_a_test("probe"))
+    left = os.path.join(parent, f"tests-{gone.pid}-{started}-left-{procs.new_token()}")
+    live = procs.cgroup_path_for_a_test(f"live-{procs.new_token()}")
+    os.makedirs(os.path.join(left, "inside"))
+    os.mkdir(live)
+    try:
+        made = procs.cgroup_path_for_a_test("another")
+        assert not os.path.exists(left)
+        assert os.path.isdir(live)
+        assert not os.path.exists(made)  # (a path: the test makes it)
+    finally:
+        procs.remove_emptied(left)
+        procs.remove_emptied(live)

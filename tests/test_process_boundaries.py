@@ -23,7 +23,7 @@ from typing import IO, Any
 import pytest
 
 from trio_proctree import _cgroup_home, _cgroupfs, _watchdog, open_process_tree
-from trio_proctree._procfs import read_file, read_stat
+from trio_proctree._procfs import read_stat
 
 from . import procs
 from .conftest import Tracked, makes_pid_namespaces, skip_unless_memory_to_spare
@@ -666,10 +666,7 @@ HOLDS_A_CGROUP_TREE = textwrap.dedent(
 def private_cgroup() -> Iterator[str]:
     """A cgroup of the test's own beside this process's, removed at the end: a process in
     it keeps its home there, where no other process's sweep looks."""
-    mount = _cgroupfs.find_cgroup2_mount(read_file("/proc/self/mountinfo").decode())
-    own = _cgroupfs.own_cgroup(read_file("/proc/self/cgroup").decode())
-    assert mount is not None and own is not None
-    path = os.path.join(mount, own.lstrip("/"), f"test-private-{procs.new_token()}")
+    path = procs.cgroup_path_for_a_test(f"private-{procs.new_token()}")
     os.mkdir(path)
     clean = False
     try:
@@ -1666,12 +1663,7 @@ def test_in_a_cgroup_namespace_that_hides_our_cgroup_auto_does_not_pick_cgroup(
     if shutil.which("unshare") is None:  # pragma: no cover - util-linux is everywhere
         pytest.skip("needs unshare(1)")
     # The namespace's root must be a cgroup below the mount's root: a cgroup of our own.
-    with open("/proc/self/mountinfo") as f:
-        mount = _cgroupfs.find_cgroup2_mount(f.read())
-    with open("/proc/self/cgroup") as f:
-        here = _cgroupfs.own_cgroup(f.read())
-    assert mount is not None and here is not None
-    private = os.path.join(mount, here.lstrip("/"), f"cgroupns-{tracked.token}")
+    private = procs.cgroup_path_for_a_test(f"cgroupns-{tracked.token}")
     os.mkdir(private)
     try:
         child = subprocess.run(
