@@ -473,6 +473,24 @@ def test_asyncio_close_stdin_step_runs_for_the_input_run_process_tree_fed(
     assert tracked.survivors() == []
 
 
+@pytest.mark.parametrize("size", [65_537, 100_000, 131_072])
+def test_asyncio_input_reaches_the_command_in_full_whatever_its_size(
+    run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any], size: int
+) -> None:
+    # Red before (helper-86): from 64 KiB + 1 to 128 KiB of input, the command got the
+    # first 64 KiB, then EOF, and the run said nothing: drain() returned with the rest
+    # still buffered (under the transport's high-water mark), and the feeder's end took
+    # it for a cancelled feed's leftover, and dropped it.
+    data = b"".join(b"%d\n" % n for n in range(size))[:size]
+
+    async def main() -> bytes:
+        result = await run_process_tree(["wc", "-c"], stdin=data, capture_stdout=True, **contained)
+        return result.stdout
+
+    assert run(main) == b"%d\n" % size
+    assert tracked.survivors() == []
+
+
 def test_asyncio_input_still_fed_once_the_leader_exited_reaches_what_it_left_in_full(
     run: Callable[..., Any], tracked: Tracked, tmp_path: Path, contained: dict[str, Any]
 ) -> None:

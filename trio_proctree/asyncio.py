@@ -1457,6 +1457,11 @@ async def _read_all(reader: asyncio.StreamReader, chunks: list[bytes]) -> None:
 
 
 async def _feed(writer: asyncio.StreamWriter, data: bytes) -> None:
+    # No high-water mark: drain() returns once all is written, not once what is left is
+    # under 64 KiB. Else the rest, still buffered, looked like a cancelled feed's leftover
+    # below, and was dropped: 64 KiB + 1 to 128 KiB of input reached the command cut to
+    # 64 KiB, with nothing said (helper-86).
+    writer.transport.set_write_buffer_limits(high=0)
     try:
         writer.write(data)
         await writer.drain()

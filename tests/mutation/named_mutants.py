@@ -3229,6 +3229,13 @@ MUTANTS = [
         "        if False:\n",
         "destroyed_in_the_setup",
     ),
+    (
+        "asyncio run: input drained only to the high-water mark, the rest dropped",
+        "asyncio.py",
+        "    writer.transport.set_write_buffer_limits(high=0)\n",
+        "",
+        "in_full_whatever_its_size",
+    ),
 ]
 
 
