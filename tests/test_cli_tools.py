@@ -386,6 +386,27 @@ def test_a_signal_the_tool_inherited_ignored_stays_ignored(tracked: Tracked) -> 
     assert tracked.survivors() == []
 
 
+def test_sigpipe_and_sigxfsz_reach_the_command_at_their_defaults_whatever_the_tool_inherited(
+    tracked: Tracked,
+) -> None:
+    # The documented limit (helper-86): Python's own startup ignores both before the
+    # tool's code runs, so it cannot tell that its caller had ignored them, and gives the
+    # command their defaults, as any Python program's subprocess does (`timeout` keeps
+    # them ignored). Another signal it inherited ignored, SIGHUP here, stays ignored.
+    run = shlex.join([*tool(), "run", "--", "cat", "/proc/self/status"])
+    status = subprocess.run(
+        ["sh", "-c", f"trap '' HUP PIPE XFSZ; exec {run}"],
+        capture_output=True, env=tracked.env, text=True, timeout=30, check=True,
+    ).stdout  # fmt: skip
+    [ignored] = [
+        int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigIgn:")
+    ]
+    assert ignored & (1 << (signal.SIGHUP - 1))
+    assert not ignored & (1 << (signal.SIGPIPE - 1))
+    assert not ignored & (1 << (signal.SIGXFSZ - 1))
+    assert tracked.survivors() == []
+
+
 def test_only_the_tools_main_thread_takes_the_signals_it_answers(tracked: Tracked) -> None:
     # The kernel hands a signal to any thread that does not block it; one taken by a
     # worker thread descheduled before its handler ran was answered after signals sent
