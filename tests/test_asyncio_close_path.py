@@ -10,6 +10,7 @@ import asyncio
 import gc
 import inspect
 import logging
+import os
 import shutil
 import signal
 import subprocess
@@ -31,6 +32,7 @@ from . import procs
 from .conftest import Tracked
 from .test_cleanup_errors import fail_first_stop_signal
 from .test_containment import available
+from .test_teardown_paths import SAYS_EOF_AND_RUNS_ON
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import ExceptionGroup
@@ -1300,6 +1302,36 @@ def test_a_task_destroyed_in_the_setup_with_no_loop_running_leaves_no_tree(
         assert "killed without grace" in said, said
     else:  # never started: not forked and then killed (nothing to kill, nothing said)
         assert "killed without grace" not in said, said
+    assert tracked.survivors() == []
+
+
+def test_the_trees_streams_stay_on_it_while_cleanup_runs(
+    tracked: Tracked, contained: dict[str, Any], run: Callable[..., Any]
+) -> None:
+    # As under trio (red before, helper-85: ``tree.stdin`` was None during the close-stdin
+    # wait, an AttributeError for a task of the program's that wrote to it).
+    async def main() -> tuple[bool, bool, Any]:
+        async with open_process_tree(
+            ["sh", "-c", SAYS_EOF_AND_RUNS_ON],
+            escalation=Escalation(steps=[(signal.SIGTERM, 1.0)], close_stdin=30.0),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            **contained,
+        ) as tree:
+            given = (tree.stdin, tree.stdout)
+            assert tree.stdout is not None
+            pid = int(await tree.stdout.readline())
+            closing = asyncio.create_task(tree.aclose())  # (the tree says "eof")
+            assert await tree.stdout.readline() == b"eof\n"  # (looked up each time)
+            during = (tree.stdin, tree.stdout)
+            os.kill(pid, signal.SIGTERM)  # (ours, by pid: the wait ends)
+            await closing
+        return during == given, (tree.stdin, tree.stdout) == given, tree.outcome
+
+    during, after, outcome = run(main)
+    assert during
+    assert after  # (closed: as the trio driver's stay)
+    assert outcome is not None and outcome.stdin_closed and outcome.signals == ()
     assert tracked.survivors() == []
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from trio_proctree import (
     CleanupOutcome,
@@ -923,16 +924,19 @@ async def test_close_stdin_step_is_skipped_without_a_stdin_pipe(
     assert outcome.duration < 2.5  # did not sit out the 5 s stdin wait
 
 
+@pytest.mark.parametrize("left", ["None", "another stream"])
 async def test_close_stdin_step_says_stdin_stayed_open_where_the_program_holds_it(
-    tracked: Tracked, contained: dict[str, Any]
+    tracked: Tracked, contained: dict[str, Any], left: str
 ) -> None:
     # Taken off the tree, a stream is the program's, and cleanup leaves it open: the tree
-    # got no EOF. Red before (helper-55): the outcome said stdin was closed.
+    # got no EOF. Red before (helper-55): the outcome said stdin was closed. So with
+    # another stream put in its place (which cleanup closes: it is the tree's now).
     policy = Escalation(steps=[(signal.SIGTERM, 1.0)], close_stdin=0.3)
     async with open_process_tree(
         ["cat"], escalation=policy, stdin=subprocess.PIPE, **contained
     ) as tree:
-        kept, tree.stdin = tree.stdin, None
+        kept = tree.stdin
+        tree.stdin = None if left == "None" else trio.testing.MemorySendStream()
     assert kept is not None
     try:
         outcome = tree.outcome

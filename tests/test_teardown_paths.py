@@ -338,6 +338,44 @@ async def test_a_stream_kept_by_the_program_holds_what_the_tree_said_as_it_stopp
     assert tracked.survivors() == []
 
 
+#: Says its pid, reads its stdin to the end, says "eof", and runs on regardless.
+SAYS_EOF_AND_RUNS_ON = "echo $$; cat > /dev/null; echo eof; exec sleep 60"
+
+
+async def test_the_trees_streams_stay_on_it_while_cleanup_runs(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # Red before (helper-85): cleanup set each stream to None while it closed it, and put
+    # it back at its end, so a task of the program's that looked ``tree.stdin`` up during
+    # the close-stdin wait met an AttributeError where trio's closed-stream error was due
+    # (and ``tree.stdout``, while cleanup drained it, now and then).
+    async with open_process_tree(
+        ["sh", "-c", SAYS_EOF_AND_RUNS_ON],
+        escalation=Escalation(steps=[(signal.SIGTERM, 1.0)], close_stdin=30.0),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        **contained,
+    ) as tree:
+        given = (tree.stdin, tree.stdout)
+        assert tree.stdout is not None
+        said = await tree.stdout.receive_some()
+        while not said.endswith(b"\n"):
+            said += await tree.stdout.receive_some()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(tree.aclose)  # (its close-stdin step: the tree says "eof")
+            while not said.endswith(b"eof\n"):
+                said += await tree.stdout.receive_some()  # (looked up each time)
+            during = (tree.stdin, tree.stdout)
+            os.kill(int(said.split()[0]), signal.SIGTERM)  # (ours, by pid: the wait ends)
+            while chunk := await tree.stdout.receive_some():  # to its end, as cleanup ends
+                said += chunk
+    assert during == given
+    assert (tree.stdin, tree.stdout) == given  # (closed: as a trio.Process keeps its own)
+    assert tree.outcome is not None and tree.outcome.stdin_closed
+    assert tree.outcome.signals == ()  # (the tree ended within the close-stdin wait)
+    assert tracked.survivors() == []
+
+
 #: On SIGTERM, more (~289 KB) than a pipe holds, then a graceful exit.
 SAYS_MUCH_AS_IT_STOPS = "trap 'seq 1 50000; exit 0' TERM; echo ready; while :; do sleep 0.05; done"
 SAID_AS_IT_STOPPED = seq(50000)

@@ -539,17 +539,11 @@ class TreeView:
     _core: TreeCore
     #: The name users know the class by (``trio_proctree.ProcessTree``), for its repr.
     _public_name: str
-    #: The streams cleanup closed, by name (`_give_back_closed`); each driver makes it.
+    #: The streams cleanup closed, by name, each once; each driver makes it. They stay on
+    #: the tree, as a `trio.Process` keeps its own: an output stream still gives what the
+    #: tree said as it stopped, then its end (None after the block, or while cleanup ran,
+    #: reading it was an AttributeError).
     _closed_by_cleanup: dict[str, object]
-
-    def _give_back_closed(self) -> None:
-        """Put back the streams cleanup closed, as a `trio.Process` keeps its own: an
-        output stream still gives what the tree said as it stopped, then its end (None
-        after the block, reading that rest was an AttributeError). Not where the program
-        has put something else meanwhile."""
-        for name, stream in self._closed_by_cleanup.items():
-            if getattr(self, name) is None:
-                setattr(self, name, stream)
 
     def __repr__(self) -> str:
         # As trio.Process's says it; read without reaping, like ``returncode``.

@@ -122,7 +122,8 @@ class _TrioIO:
     def stdin_kept_open(self) -> bool:
         given = self._tree._given_stdin
         # (An FdStream's number reads -1 once it is closed.)
-        return given is not None and self._tree.stdin is None and given.fileno() >= 0
+        # (Taken off the tree, or another stream put in its place: cleanup leaves it.)
+        return given is not None and self._tree.stdin is not given and given.fileno() >= 0
 
     async def close_streams(self, within: float) -> list[Exception]:
         deadline = self.now() + within
@@ -131,7 +132,6 @@ class _TrioIO:
             for name in ("stdin", "stdout", "stderr")
             if getattr(self._tree, name) is not None
         ]
-        self._tree._give_back_closed()
         return [error for error in errors if error is not None]
 
     def forget_fd(self, fd: int) -> None:
@@ -286,7 +286,11 @@ class ProcessTree(TreeView):
         stream = getattr(self, name)
         if stream is None or self._left_to_the_caller(stream):
             return None
-        setattr(self, name, None)  # (until the end: a stream is closed once)
+        if self._closed_by_cleanup.get(name) is stream:
+            return None  # (a stream is closed once: stdin by the close-stdin step, say)
+        # Left on the tree, closed, as a trio.Process keeps its own: taken off while it
+        # closed (None), a task of the program's that looked it up meanwhile met an
+        # AttributeError, not the closed stream's own error (helper-85).
         self._closed_by_cleanup[name] = stream
         try:
             if isinstance(stream, TreeOutput):

@@ -359,14 +359,13 @@ class _AsyncioIO:
 
     def stdin_kept_open(self) -> bool:
         given = self._tree._given_stdin
-        return given is not None and self._tree.stdin is None and not _closed(given.transport)
+        # (Taken off the tree, or another writer put in its place: cleanup leaves it.)
+        return given is not None and self._tree.stdin is not given and not _closed(given.transport)
 
     async def close_streams(self, within: float) -> list[Exception]:
         await self._tree._close_stdin()
         self._tree._abort_stdin()
-        errors = self._tree._close_readers()
-        self._tree._give_back_closed()
-        return errors
+        return self._tree._close_readers()
 
     def forget_fd(self, fd: int) -> None:
         self._tree._stop_watching_leader()
@@ -714,8 +713,10 @@ class ProcessTree(TreeView):
         return self._read_transports.pop(name)
 
     async def _close_stdin(self) -> Exception | None:
-        writer, self.stdin = self.stdin, None
-        if writer is not None:
+        writer = self.stdin
+        # Left on the tree, closed (see the trio driver's `_close_stream`), and so closed
+        # once: by the close-stdin step, or at the end.
+        if writer is not None and self._closed_by_cleanup.get("stdin") is not writer:
             self._closed_by_cleanup["stdin"] = writer
             # Closed now; what is still buffered is written as the tree reads it. Waiting
             # for that here would hang on a tree that no longer reads its stdin.
@@ -739,8 +740,7 @@ class ProcessTree(TreeView):
         for name, (reader, transport) in list(self._read_transports.items()):
             del self._read_transports[name]
             if getattr(self, name) is reader:
-                setattr(self, name, None)  # (until the end: a reader is closed once)
-                self._closed_by_cleanup[name] = reader
+                self._closed_by_cleanup[name] = reader  # (left on the tree, closed)
             try:
                 _drain_into(reader, transport)
             except Exception as exc:  # noqa: BLE001 - kept and raised after cleanup

@@ -330,10 +330,8 @@ MUTANTS = [
         "asyncio: a reader taken off the tree left open by cleanup",
         "asyncio.py",
         "            if getattr(self, name) is reader:\n"
-        "                setattr(self, name, None)  # (until the end: a reader is closed once)\n"
-        "                self._closed_by_cleanup[name] = reader\n",
+        "                self._closed_by_cleanup[name] = reader  # (left on the tree, closed)\n",
         "            if getattr(self, name) is not reader:\n                continue\n"
-        "            setattr(self, name, None)\n"
         "            self._closed_by_cleanup[name] = reader\n",
         "escapee_holds",
     ),
@@ -1886,15 +1884,15 @@ MUTANTS = [
     (
         "close-stdin: a stdin the program closed taken for one it holds open (trio)",
         "_trio.py",
-        "        return given is not None and self._tree.stdin is None and given.fileno() >= 0",
-        "        return given is not None and self._tree.stdin is None",
+        "        return given is not None and self._tree.stdin is not given and given.fileno() >= 0",
+        "        return given is not None and self._tree.stdin is not given",
         "test_escalation.py and closed_the_stdin_it_took",
     ),
     (
         "close-stdin: a stdin the program closed taken for one it holds open (asyncio)",
         "asyncio.py",
-        "        return given is not None and self._tree.stdin is None and not _closed(given.transport)",
-        "        return given is not None and self._tree.stdin is None",
+        "        return given is not None and self._tree.stdin is not given and not _closed(given.transport)",
+        "        return given is not None and self._tree.stdin is not given",
         "test_asyncio_close_path.py and closed_the_stdin_it_took",
     ),
     (
@@ -3104,18 +3102,25 @@ MUTANTS = [
         "sends_what_write_took",
     ),
     (
-        "trio: the streams cleanup closed are None after the block",
+        "trio: a stream cleanup closes taken off the tree (None) while it closes",
         "_trio.py",
-        "        self._tree._give_back_closed()\n        return [error",
-        "        return [error",
-        "kept_by_the_program_holds or lets_a_cli_flush",
+        "        self._closed_by_cleanup[name] = stream\n",
+        "        self._closed_by_cleanup[name] = stream\n        setattr(self, name, None)\n",
+        "stay_on_it_while_cleanup or kept_by_the_program_holds or lets_a_cli_flush",
     ),
     (
-        "asyncio: the streams cleanup closed are None after the block",
+        "asyncio: stdin taken off the tree (None) while cleanup closes it",
         "asyncio.py",
-        "        self._tree._give_back_closed()\n        return errors\n",
-        "        return errors\n",
-        "reader_holds_all_the_tree_said or sends_what_write_took",
+        "        writer = self.stdin\n",
+        "        writer, self.stdin = self.stdin, None\n",
+        "stay_on_it_while_cleanup or sends_what_write_took",
+    ),
+    (
+        "asyncio: a reader taken off the tree (None) while cleanup closes it",
+        "asyncio.py",
+        "                self._closed_by_cleanup[name] = reader  # (left on the tree, closed)\n",
+        "                self._closed_by_cleanup[name] = reader\n                setattr(self, name, None)\n",
+        "stay_on_it_while_cleanup or reader_holds_all_the_tree_said",
     ),
     (
         "listing: a Ctrl-C in the hard stop drops the held listing's failure",
@@ -3235,6 +3240,13 @@ MUTANTS = [
         "    writer.transport.set_write_buffer_limits(high=0)\n",
         "",
         "in_full_whatever_its_size",
+    ),
+    (
+        "trio: stdin another stream replaced said closed by the close-stdin step",
+        "_trio.py",
+        "self._tree.stdin is not given and given.fileno() >= 0",
+        "self._tree.stdin is None and given.fileno() >= 0",
+        "stayed_open_where",
     ),
 ]
 
