@@ -545,6 +545,51 @@ async def test_a_reader_and_cleanup_taking_turns_on_a_pipe_keep_its_order(
     assert tracked.survivors() == []
 
 
+async def test_a_read_after_cleanup_read_for_it_gives_that_first(
+    tracked: Tracked, contained: dict[str, Any], tmp_path: Path
+) -> None:
+    # Steered, where the test above leaves the turns to chance: as it stops, the tree says
+    # its last words and closes its stdout, then waits at a FIFO. Cleanup's reader reads
+    # them to the pipe's end and stops; the pipe is not closed yet (the tree runs). A read
+    # then gives what cleanup read, not the pipe's end: a mutant that read the pipe first
+    # (its end, all the rest lost) lived a run in two of the test above.
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    held = os.open(gate, os.O_RDWR)  # (so that neither the tree's open nor our write waits)
+    stops = (
+        f"trap 'seq 1 6000; exec >&-; read x < {shlex.quote(str(gate))}; exit 0' TERM; "
+        "echo ready; while :; do sleep 0.05; done"
+    )
+    said: list[bytes] = []
+
+    async def read_once_cleanup_has_read_it_all(stream: Any) -> None:
+        try:
+            with trio.fail_after(10):
+                while stream._flowing is not None or not stream._rest:  # (nothing tells)
+                    await trio.sleep(0.005)
+            while chunk := await stream.receive_some(1000):
+                said.append(bytes(chunk))
+        finally:
+            os.write(held, b"go\n")  # (the tree may end)
+
+    try:
+        async with (
+            trio.open_nursery() as nursery,
+            open_process_tree(
+                ["sh", "-c", stops], grace=5.0, stdout=subprocess.PIPE, **contained
+            ) as tree,
+        ):
+            assert tree.stdout is not None
+            assert await tree.stdout.receive_some() == b"ready\n"
+            nursery.start_soon(read_once_cleanup_has_read_it_all, tree.stdout)
+    finally:
+        os.close(held)
+    assert b"".join(said) == seq(6000)
+    assert tree.outcome is not None
+    assert not tree.outcome.grace_expired
+    assert tracked.survivors() == []
+
+
 async def test_a_tree_output_handed_to_another_tree_reaches_it_in_blocking_mode(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:

@@ -2667,7 +2667,7 @@ MUTANTS = [
         "_trio.py",
         "                if self._rest or self._ended:\n",
         "                if self._ended:\n",
-        "keep_its_order or stops_gracefully",
+        "keep_its_order or stops_gracefully or read_after_cleanup_read_for_it",
     ),
     (
         "asyncio: readers pause at twice their limit while the tree stops",
