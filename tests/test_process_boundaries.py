@@ -771,6 +771,13 @@ def test_a_sweep_sweeps_a_dead_owners_home_at_once_where_its_watchdog_is_stopped
                     assert time.monotonic() < deadline, "the watchdog did not lock the home"
                     time.sleep(0.001)
                 signal.pidfd_send_signal(watchdog, signal.SIGSTOP)  # (our parent's child)
+                # Stopped once /proc says so: a stop lands a moment after its signal, and a
+                # sweep that looked before rightly waited for a watchdog still at work (a
+                # CI run here failed so under load, stop 45).
+                deadline = time.monotonic() + 5
+                while (stat := read_stat(int(watchdog_pid))) is None or stat.state not in "Tt":
+                    assert time.monotonic() < deadline, "the watchdog did not stop"
+                    time.sleep(0.001)
                 parent.kill()  # our own child, by pid
                 assert parent.wait(timeout=30) == -signal.SIGKILL
                 # Not waited for: a sweep that waited out a bound this long would hang here.
