@@ -39,7 +39,6 @@ from .test_escalation import (
     WAITS_FOR_THE_COUNTER,
 )
 from .test_run_process_tree import leaving_an_escapee_on_stdout
-from .test_teardown_paths import WRITES_TOO_MUCH_ON_EOF
 
 TWO_SLEEPS = ["sh", "-c", "sleep 60 & echo $!; sleep 61 & echo $!; wait"]
 
@@ -1335,32 +1334,4 @@ def test_a_tree_stream_given_to_another_tree_says_how_to_make_a_pipeline(
 
     asyncio.run(main())
     assert not ran.exists()
-    assert tracked.survivors() == []
-
-
-def test_asyncio_output_cleanup_stops_reading_is_said(
-    run: Callable[..., Any],
-    tracked: Tracked,
-    contained: dict[str, Any],
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    # As under trio (red before, helper-87: cut short, nothing said at WARNING).
-    policy = Escalation(steps=[(signal.SIGTERM, 1.0)], close_stdin=0.3)
-
-    async def main() -> int:
-        async with open_process_tree(
-            ["sh", "-c", WRITES_TOO_MUCH_ON_EOF],
-            escalation=policy,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            **contained,
-        ) as tree:
-            kept = tree.stdout
-            assert kept is not None
-        return len(await kept.read())
-
-    caplog.set_level(logging.WARNING, logger="trio_proctree")
-    assert 1 << 20 <= run(main) < 3_000_000  # (cut short: the case the WARNING is for)
-    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert [line for line in warned if "stdout: " in line and "reading no more" in line], warned
     assert tracked.survivors() == []

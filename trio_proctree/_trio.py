@@ -170,13 +170,9 @@ class ProcessTree(TreeView):
         #: The stream ``stdin`` was made, while it is the program's to take off the tree.
         self._given_stdin = self.stdin
         #: The leader's stdout, when it was ``subprocess.PIPE``.
-        self.stdout: trio.abc.ReceiveStream | None = _output(
-            spawned.stdout, f"{core.label}: stdout"
-        )
+        self.stdout: trio.abc.ReceiveStream | None = _output(spawned.stdout)
         #: The leader's stderr, when it was ``subprocess.PIPE``.
-        self.stderr: trio.abc.ReceiveStream | None = _output(
-            spawned.stderr, f"{core.label}: stderr"
-        )
+        self.stderr: trio.abc.ReceiveStream | None = _output(spawned.stderr)
         self._wait_lock = trio.Lock()
         #: Output streams cleanup leaves open: those `run_process_tree` handed back, the
         #: caller's to read to their end (as `trio.run_process` leaves them).
@@ -348,8 +344,8 @@ def _stream(fd: int | None) -> trio.lowlevel.FdStream | None:
     return None if fd is None else trio.lowlevel.FdStream(fd)
 
 
-def _output(fd: int | None, label: str = "") -> TreeOutput | None:
-    return None if fd is None else TreeOutput(fd, label)
+def _output(fd: int | None) -> TreeOutput | None:
+    return None if fd is None else TreeOutput(fd)
 
 
 class TreeOutput(trio.abc.ReceiveStream):
@@ -370,10 +366,8 @@ class TreeOutput(trio.abc.ReceiveStream):
     other process had still to read was taken from it (helper-66).
     """
 
-    def __init__(self, fd: int, label: str = "") -> None:
+    def __init__(self, fd: int) -> None:
         self._pipe = trio.lowlevel.FdStream(fd)
-        #: Which tree's, and which stream, for the log.
-        self._label = label or f"fd {fd}"
         #: What cleanup read from the pipe, not given yet.
         self._rest = bytearray()
         #: Whether cleanup closed the pipe: the stream ends once ``_rest`` is given.
@@ -490,13 +484,8 @@ class TreeOutput(trio.abc.ReceiveStream):
                 return  # (every writer is gone: the rest is the end, as cleanup closes it)
             self._rest += data
             self._wake()
-        # A WARNING: a tree that writes on now blocks on the full pipe until it is stopped,
-        # and what it had still to say is never said (a CLI's result on EOF, read only
-        # after the block, came out cut short with nothing said: helper-87).
-        logger.warning(
-            "%s: %d bytes said as the tree stops, not yet read by the program: reading no "
-            "more (a tree still writing blocks on the full pipe until it is stopped)",
-            self._label,
+        logger.debug(
+            "%d bytes of a stopping tree's output read and not yet taken: reading no more",
             len(self._rest),
         )
 

@@ -670,7 +670,6 @@ class ProcessTree(TreeView):
         for name, fd in (("stdout", spawned.stdout), ("stderr", spawned.stderr)):
             if fd is not None:
                 reader = _TreeReader(limit=limit)
-                reader.label = f"{self._core.label}: {name}"
                 pipe = self._hand(fd)
                 read_transport, _ = await _closing_on_error(
                     pipe, loop.connect_read_pipe(_protocol_for(reader), pipe)
@@ -797,26 +796,12 @@ class _TreeReader(asyncio.StreamReader):
         with self._flowing_limit():
             self._maybe_resume_transport()  # type: ignore[attr-defined]
 
-    #: Which tree's, and which stream, for the log (set as the tree connects it).
-    label = ""
-    _said_full = False
-
     def feed_data(self, data: Iterable[SupportsIndex]) -> None:
         if not self._flowing:
             super().feed_data(data)
             return
         with self._flowing_limit():
             super().feed_data(data)
-            if self._paused and not self._said_full:  # type: ignore[attr-defined]
-                # As the trio driver says it (helper-87): a tree that writes on blocks.
-                self._said_full = True
-                logger.warning(
-                    "%s: %d bytes said as the tree stops, not yet read by the program: "
-                    "reading no more (a tree still writing blocks on the full pipe until "
-                    "it is stopped)",
-                    self.label,
-                    len(self._buffer),  # type: ignore[attr-defined]
-                )
 
     @contextlib.contextmanager
     def _flowing_limit(self) -> Generator[None]:

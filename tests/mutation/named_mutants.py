@@ -3248,20 +3248,6 @@ MUTANTS = [
         "self._tree.stdin is None and given.fileno() >= 0",
         "stayed_open_where",
     ),
-    (
-        "trio: cleanup's reader stopping at its bound says so only at DEBUG",
-        "_trio.py",
-        '        logger.warning(\n            "%s: %d bytes said as the tree stops, not yet',
-        '        logger.debug(\n            "%s: %d bytes said as the tree stops, not yet',
-        "cleanup_stops_reading_is_said",
-    ),
-    (
-        "asyncio: a reader paused at its bound as the tree stops says nothing",
-        "asyncio.py",
-        "            if self._paused and not self._said_full:",
-        "            if False:",
-        "cleanup_stops_reading_is_said",
-    ),
 ]
 
 
