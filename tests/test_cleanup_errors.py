@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import traceback
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -380,6 +381,26 @@ def fail_member_listings(tree: ProcessTree) -> list[OSError]:
     return raised
 
 
+@contextlib.asynccontextmanager
+async def listings_failing_at_the_stop(
+    tracked: Tracked, containment: str, *, kill_wait: float
+) -> AsyncIterator[tuple[Any, list[OSError]]]:
+    """A tree whose leader and member ignore SIGTERM (0.2 s of grace, then ``kill_wait``),
+    running, with every listing of its members failing from here on (see
+    `fail_member_listings`): its containment, and the list of the failures raised."""
+    async with open_process_tree(
+        ["sh", "-c", "trap '' TERM; sleep 60 & echo ready; wait"],  # (the sleep too)
+        escalation=Escalation(steps=[(signal.SIGTERM, 0.2)], kill_wait=kill_wait),
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+        containment=containment,
+    ) as tree:
+        assert tree.stdout is not None
+        with trio.fail_after(10):
+            assert await tree.stdout.receive_some() == b"ready\n"
+        yield tree._core.containment, fail_member_listings(tree)
+
+
 @pytest.mark.parametrize("containment", ["cgroup", "subreaper"])
 async def test_a_ctrl_c_in_the_hard_stop_keeps_the_stop_signals_failed_listing_said(
     tracked: Tracked, containment: str
@@ -391,18 +412,10 @@ async def test_a_ctrl_c_in_the_hard_stop_keeps_the_stop_signals_failed_listing_s
     # stop signal (helper-81).
     interrupted: list[KeyboardInterrupt] = []
     with pytest.raises(KeyboardInterrupt) as caught:
-        async with open_process_tree(
-            ["sh", "-c", "trap '' TERM; sleep 60 & echo ready; wait"],  # (the sleep too)
-            escalation=Escalation(steps=[(signal.SIGTERM, 0.2)], kill_wait=2.0),
-            stdout=subprocess.PIPE,
-            env=tracked.env,
-            containment=containment,
-        ) as tree:
-            assert tree.stdout is not None
-            with trio.fail_after(10):
-                assert await tree.stdout.receive_some() == b"ready\n"
-            raised = fail_member_listings(tree)
-            held: Any = tree._core.containment
+        async with listings_failing_at_the_stop(tracked, containment, kill_wait=2.0) as (
+            held,
+            raised,
+        ):
             real_hard_kill = held._hard_kill
 
             def hard_kill_interrupted_once() -> None:
@@ -523,18 +536,10 @@ async def test_a_hard_stop_that_fails_after_a_held_listing_is_the_cause_each_err
     # was the cause, with the hard stop's as its context (backwards in the traceback), and
     # was logged again as "another cleanup error".
     with pytest.raises(CleanupError) as caught:
-        async with open_process_tree(
-            ["sh", "-c", "trap '' TERM; sleep 60 & echo ready; wait"],  # (the sleep too)
-            escalation=Escalation(steps=[(signal.SIGTERM, 0.2)], kill_wait=0.3),
-            stdout=subprocess.PIPE,
-            env=tracked.env,
-            containment="subreaper",
-        ) as tree:
-            assert tree.stdout is not None
-            with trio.fail_after(10):
-                assert await tree.stdout.receive_some() == b"ready\n"
-            raised = fail_member_listings(tree)
-            held: Any = tree._core.containment
+        async with listings_failing_at_the_stop(tracked, "subreaper", kill_wait=0.3) as (
+            held,
+            raised,
+        ):
             real_hard_kill = held._hard_kill
             failed_before: list[OSError] = []
 

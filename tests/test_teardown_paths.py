@@ -358,17 +358,16 @@ async def test_the_trees_streams_stay_on_it_while_cleanup_runs(
     ) as tree:
         given = (tree.stdin, tree.stdout)
         assert tree.stdout is not None
-        said = await tree.stdout.receive_some()
-        while not said.endswith(b"\n"):
-            said += await tree.stdout.receive_some()
+        [pid] = await read_pids(tree.stdout, 1)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(tree.aclose)  # (its close-stdin step: the tree says "eof")
+            said = b""
             while not said.endswith(b"eof\n"):
                 said += await tree.stdout.receive_some()  # (looked up each time)
             during = (tree.stdin, tree.stdout)
-            os.kill(int(said.split()[0]), signal.SIGTERM)  # (ours, by pid: the wait ends)
-            while chunk := await tree.stdout.receive_some():  # to its end, as cleanup ends
-                said += chunk
+            os.kill(pid, signal.SIGTERM)  # (ours, by pid: the wait ends)
+            while await tree.stdout.receive_some():  # to its end, as cleanup ends
+                pass
     assert during == given
     assert (tree.stdin, tree.stdout) == given  # (closed: as a trio.Process keeps its own)
     assert tree.outcome is not None and tree.outcome.stdin_closed
