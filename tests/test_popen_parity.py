@@ -85,6 +85,53 @@ async def test_a_large_environment_that_sh_cannot_pass_on_runs_as_under_popen(
     assert tracked.survivors() == []
 
 
+@pytest.mark.parametrize("variables", ["inherited", "given", "not-shell-names"])
+async def test_a_removed_working_directory_adds_nothing_popen_would_not_show(
+    tracked: Tracked,
+    contained: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    variables: str,
+) -> None:
+    # A program started in a directory since removed runs there under Popen, with nothing
+    # said. Red before under cgroup through /bin/sh: the wrapper shell, unable to find its
+    # directory's name, printed "sh: 0: getcwd() failed" into the command's stderr.
+    removed = tmp_path / "removed"
+    removed.mkdir()
+    held = os.open(removed, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        removed.rmdir()
+        # The directory, reached through the descriptor that holds it (chdir follows it).
+        cwd = f"/proc/{os.getpid()}/fd/{held}"
+        if variables == "inherited":
+            for name, value in procs.set_behind_os_environs_back().items():
+                monkeypatch.setenv(name, value)  # (as the test of the inherited one above)
+            monkeypatch.setenv(procs.TOKEN_VAR, tracked.token)
+            env = None
+        else:
+            env = {**contained["env"], **SHELL_MANGLED.get(variables, {})}
+        command = ["/usr/bin/env", "-0"]
+        popen = await trio.run_process(
+            command, cwd=cwd, env=env, capture_stdout=True, capture_stderr=True
+        )
+        ours = await run_process_tree(
+            command,
+            capture_stdout=True,
+            capture_stderr=True,
+            cwd=cwd,
+            env=env,
+            containment=contained["containment"],
+        )
+    finally:
+        os.close(held)
+    assert (received_environment(ours.stdout), ours.stderr) == (
+        received_environment(popen.stdout),
+        b"",
+    )
+    assert popen.stderr == b""
+    assert tracked.survivors() == []
+
+
 @kernel_refuses
 async def test_an_argument_list_too_long_names_the_program_as_popen_does(
     tracked: Tracked, contained: dict[str, Any]

@@ -156,6 +156,7 @@ class CgroupContainment(MemberTracking):
             env=options.get("env"),
             found=path,
             passed_over=found is not None and found.passed_over,
+            cwd=options.get("cwd"),
         )
         plan = super().prepare(plan)
         return attrs.evolve(

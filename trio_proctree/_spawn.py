@@ -145,7 +145,7 @@ class SpawnPlan:
     through_sh: bool = False
     #: The environment ``command`` starts with, where not ``options``' own (the wrapper
     #: that passes the environment on in its arguments starts with none).
-    command_env: Mapping[str, str] | None = None
+    command_env: Mapping[Any, Any] | None = None
     #: The ``cgroup.procs`` file the leader writes itself into before its exec, where
     #: Popen starts it as given (`joining_first`); None where it needs not.
     joins: str | None = None

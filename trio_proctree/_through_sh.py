@@ -6,9 +6,10 @@ Where the C library cannot start a process in a cgroup (glibc before 2.41), the 
 starts as ``/bin/sh``, writes its pid into the cgroup's ``cgroup.procs`` and execs the
 command. A shell's exec is not Popen's: it searches its own default PATH where the
 environment has none, stops at the first file on PATH it may execute (and runs one the
-kernel refuses as a script), and passes on its own variables, not the environment it got:
-names that are no shell identifier dropped, and IFS, OPTIND, PPID and PWD set by the shell
-itself. Each is dealt with here, at no cost to the common case.
+kernel refuses as a script), passes on its own variables, not the environment it got
+(names that are no shell identifier dropped, and IFS, OPTIND, PPID and PWD set by the shell
+itself), and says "getcwd() failed" on stderr when it starts in a directory that has been
+removed. Each is dealt with here, at no cost to the common case.
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ _SHELL_NAMES = re.compile(rb"(?:[A-Za-z_][A-Za-z0-9_]*\0)*[A-Za-z_][A-Za-z0-9_]*
 #: (PWD too, which `keep_pwd` restores without env(1); bash would also set SHLVL and _.)
 _SET_BY_THE_SHELL = frozenset({b"IFS", b"OPTIND", b"PPID"})
 
+#: A PWD a shell takes as its directory's name without asking the kernel for one: where it
+#: starts (``/proc/self/cwd`` leads there even once the directory is removed).
+_HERE = "/proc/self/cwd"
+
 
 def wrapped(
     procs: str,
@@ -43,12 +48,17 @@ def wrapped(
     env: Mapping[Any, Any] | None,
     found: str | None,
     passed_over: bool,
-) -> tuple[list[Any], dict[str, str] | None]:
+    cwd: Any,
+) -> tuple[list[Any], dict[Any, Any] | None]:
     """The command that joins the cgroup whose ``procs`` file is given, then runs ``argv``
     as Popen would, and the environment to start it with where not ``env`` itself.
     ``found``: the absolute path where Popen's search of PATH settles, for a bare program
     name (else None); ``passed_over``: that search went past a file the kernel refuses,
-    where sh's own would stop."""
+    where sh's own would stop; ``cwd``: the directory it starts in (None: ours)."""
+    # A shell started in a removed directory finds no name for it (getcwd fails) and says
+    # so into the command's stderr, where Popen's program runs there with nothing said,
+    # unless the PWD it gets leads to where it is. The command gets its own PWD back below.
+    removed = _removed(cwd)
     if env is None:
         from ._spawn import inherited_environment  # noqa: PLC0415 - (a cycle at import)
 
@@ -75,14 +85,31 @@ def wrapped(
         # The wrapper itself starts with no environment: env(1) drops what it would pass
         # on anyway, and the environment, carried once in its arguments already, would
         # else count twice against the kernel's bound on both (E2BIG at half Popen's).
-        return ["/bin/sh", "-c", JOIN_AND_EXEC, procs, *command], {}
+        return ["/bin/sh", "-c", JOIN_AND_EXEC, procs, *command], {"PWD": _HERE} if removed else {}
     if found is not None and (passed_over or b"PATH" not in names):
         # sh's search would settle elsewhere: it stops at a file the kernel refuses (dash
         # runs one of no format as a script), and with no PATH at all it searches a
         # default of its own, where Popen searches os.defpath. (argv[0] shows the path.)
         argv = [found, *argv[1:]]
     pwd = next((env[name] for name in ("PWD", b"PWD") if name in env), None)
-    return ["/bin/sh", "-c", keep_pwd(pwd) + JOIN_AND_EXEC, procs, *argv], None
+    command = ["/bin/sh", "-c", keep_pwd(pwd) + JOIN_AND_EXEC, procs, *argv]
+    if removed:
+        others = {name: value for name, value in env.items() if name not in ("PWD", b"PWD")}
+        return command, {**others, "PWD": _HERE}
+    return command, None
+
+
+def _removed(cwd: Any) -> bool:
+    """Whether the directory a child starts in (``cwd``; None: ours) has been removed."""
+    try:
+        if cwd is None:
+            os.getcwd()  # (the shell's own question: ENOENT once removed)
+            return False
+        return os.stat(cwd).st_nlink == 0
+    except FileNotFoundError:
+        return cwd is None
+    except (OSError, TypeError, ValueError):
+        return False  # (Popen's chdir says what is wrong with it)
 
 
 def _pass_through_sh(names: list[bytes]) -> bool:

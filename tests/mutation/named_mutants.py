@@ -3248,6 +3248,13 @@ MUTANTS = [
         "self._tree.stdin is None and given.fileno() >= 0",
         "stayed_open_where",
     ),
+    (
+        "cgroup: a removed working directory left for sh to complain of",
+        "_through_sh.py",
+        "    removed = _removed(cwd)\n",
+        "    removed = False\n",
+        "removed_working_directory",
+    ),
 ]
 
 
