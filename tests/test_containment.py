@@ -877,6 +877,70 @@ async def test_process_group_alone_misses_exactly_the_escapees(tracked: Tracked)
     assert procs.kill_survivors(tracked.token) == [escapee]
 
 
+@pytest.mark.parametrize("leader", ["running", "exited"])
+async def test_a_member_that_moves_itself_to_another_cgroup_escapes_cgroup_containment(
+    tracked: Tracked, leader: str
+) -> None:
+    # Documents the cgroup containment's limit (README, Limits): a member that writes itself
+    # into another cgroup's cgroup.procs (as systemd-run --scope and cgexec do) is no
+    # longer in the tree's cgroup, and cleanup ends once that cgroup is empty. Left in the
+    # leader's process group, it gets the stop signal the group gets while the leader
+    # runs, and is not waited for nor killed; once the leader has exited, it gets nothing.
+    # (helper-90 found the README saying that cleanup stopped it through the group.)
+    available("cgroup")
+    with procs.cgroup_in_ours(f"moved-{tracked.token}") as other:
+        member = f"trap '' TERM; echo $$ > {other}/cgroup.procs; echo $$; exec sleep 60"
+        then = "exec sleep 60" if leader == "running" else "exit 0"
+        try:
+            async with open_process_tree(
+                ["sh", "-c", f"sh -c {shlex.quote(member)} & {then}"],
+                grace=0.3,
+                stdout=subprocess.PIPE,
+                env=tracked.env,
+                containment="cgroup",
+            ) as tree:
+                assert tree.stdout is not None
+                [moved] = await read_pids(tree.stdout, 1)
+                if leader == "exited":
+                    await tree.wait()
+            assert tree.outcome is not None
+            sent = (signal.SIGTERM, signal.SIGCONT) if leader == "running" else ()
+            assert (tree.outcome.signals, tree.outcome.grace_expired) == (sent, False)
+            assert procs.alive(moved)
+            assert os.getpgid(moved) == tree.pid  # still in the group,
+            with open(f"/proc/{moved}/cgroup") as f:  # but in the other cgroup
+                assert f.read().rstrip("\n").endswith(os.path.basename(other))
+        finally:
+            killed = procs.kill_survivors(tracked.token)
+        assert killed == [moved]
+
+
+@pytest.mark.parametrize("leader", ["running", "exited"])
+async def test_a_member_that_moves_itself_to_another_cgroup_is_stopped_by_the_subreaper(
+    tracked: Tracked, leader: str
+) -> None:
+    # What the README advises for such programs (the cgroup's limit, above).
+    available("subreaper")
+    with procs.cgroup_in_ours(f"moved-{tracked.token}") as other:
+        member = f"trap '' TERM; echo $$ > {other}/cgroup.procs; echo $$; exec sleep 60"
+        then = "exec sleep 60" if leader == "running" else "exit 0"
+        async with open_process_tree(
+            ["sh", "-c", f"sh -c {shlex.quote(member)} & {then}"],
+            grace=0.3,
+            stdout=subprocess.PIPE,
+            env=tracked.env,
+            containment="subreaper",
+        ) as tree:
+            assert tree.stdout is not None
+            [moved] = await read_pids(tree.stdout, 1)
+            if leader == "exited":
+                await tree.wait()
+        assert tree.outcome is not None
+        assert (tree.outcome.grace_expired, tree.outcome.lingering_killed) == (True, 1)
+        assert not procs.alive(moved)
+        assert tracked.survivors() == []
+
+
 async def test_a_member_that_leaves_the_group_during_cleanup_escapes_it_quietly(
     tracked: Tracked,
 ) -> None:
