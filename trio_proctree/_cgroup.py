@@ -378,7 +378,7 @@ class CgroupContainment(MemberTracking):
         if listing_failed is None:
             self._signal_escapees([pid for pid in self._escapees if pid not in new], step)
             try:
-                self._catch_up(new, catch_up, pins=pins)
+                self._catch_up(new, catch_up, pins=pins, chase=replayed)
             except OSError as exc:
                 listing_failed = exc
         else:
@@ -394,12 +394,18 @@ class CgroupContainment(MemberTracking):
         self._raise_denied()
         return False
 
-    def _catch_up(self, new: list[int], signals: list[int], *, pins: bool) -> None:
+    def _catch_up(
+        self, new: list[int], signals: list[int], *, pins: bool, chase: bool = True
+    ) -> None:
         """Give escapees just found ``signals``; as one may have forked before its signal
         came, list again (and give those) until a listing finds none new. (With no
-        signals to give, nothing has been told to stop: there is no fork race to chase.)"""
+        signals to give, nothing has been told to stop: there is no fork race to chase.)
+
+        Not to ``chase`` a program's own signal: it reaches the tree as it was at the call,
+        as a killpg does. Listed again, what an escapee started on it got it too (a
+        server's new workers, killed by the SIGHUP that had them started: helper-92)."""
         self._signal_escapees(new, signals)
-        for _ in range(self.SURVEY_ROUNDS - 1 if new and signals else 0):
+        for _ in range(self.SURVEY_ROUNDS - 1 if new and signals and chase else 0):
             new = self._survey(track=False, pins=pins, give=signals)
             if not new:
                 break

@@ -3255,6 +3255,13 @@ MUTANTS = [
         "    removed = False\n",
         "removed_working_directory",
     ),
+    (
+        "cgroup: a program's signal chased into what escapees start on it",
+        "_cgroup.py",
+        "self._catch_up(new, catch_up, pins=pins, chase=replayed)",
+        "self._catch_up(new, catch_up, pins=pins, chase=True)",
+        "spares_a_member_that_starts",
+    ),
 ]
 
 
