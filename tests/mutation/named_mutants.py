@@ -629,7 +629,7 @@ MUTANTS = [
         "_cgroup.py",
         "            self._signal_escapees([pid for pid in self._escapees if pid not in new], step)\n"
         "            try:\n"
-        "                self._catch_up(new, catch_up, pins=pins)\n",
+        "                self._catch_up(new, catch_up, pins=pins, chase=replayed)\n",
         "            try:\n                pass\n",
         "send_signal_reaches_an_escapee and (cgroup or auto)",
     ),
@@ -3261,6 +3261,13 @@ MUTANTS = [
         "self._catch_up(new, catch_up, pins=pins, chase=replayed)",
         "self._catch_up(new, catch_up, pins=pins, chase=True)",
         "spares_a_member_that_starts",
+    ),
+    (
+        "pytest plugin: leaks killed once, not listed again for what they handed on",
+        "pytest_plugin.py",
+        "        leaked |= new\n    return leaked\n",
+        "        leaked |= new\n        break\n    return leaked\n",
+        "between_the_listing_and_the_kill",
     ),
 ]
 
