@@ -85,6 +85,36 @@ def test_a_step_of_another_shape_is_refused(step: tuple[object, ...]) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("steps", "not_"),
+    [
+        (Step(signal.SIGTERM, 1.0), "a Step (for one step: steps=[Step(...)])"),
+        ((signal.SIGTERM, 1.0), "a (signal, wait) pair (for one step: steps=[(signal, wait)])"),
+        (None, "None"),
+        ("TERM", "'TERM'"),
+    ],
+)
+def test_steps_given_as_something_other_than_steps_are_refused_by_what_they_are(
+    steps: object, not_: str
+) -> None:
+    # Red before (helper-92): "'Step' object is not iterable", or a step taken apart:
+    # steps=(SIGTERM, 1.0) read as two steps, and "object of type 'int' has no len()".
+    with pytest.raises(TypeError) as refused:
+        Escalation(steps=steps)  # type: ignore[arg-type]
+    assert str(refused.value) == (
+        f"steps is a sequence of steps (Step values or (signal, wait) pairs), not {not_}"
+    )
+
+
+@pytest.mark.parametrize("step", [signal.SIGTERM, 15, None, 1.5])
+def test_a_step_that_is_no_sequence_is_refused_as_one(step: object) -> None:
+    with pytest.raises(TypeError) as refused:
+        Escalation(steps=[step])  # type: ignore[list-item]
+    assert str(refused.value) == (
+        f"a step is (signal, wait) or (signal, wait, leader_only), not {step!r}"
+    )
+
+
 def test_a_sigkill_step_cannot_be_for_the_leader_alone() -> None:
     # It would end the graceful steps there (graceful_steps stops at SIGKILL) and reach
     # every process: silently not what was asked (helper-4).

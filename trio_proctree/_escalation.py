@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 import signal
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import attrs
 
@@ -166,6 +167,8 @@ class Step:
 def _as_step(step: Step | tuple[SignalLike, float] | tuple[SignalLike, float, bool]) -> Step:
     if isinstance(step, Step):
         return step
+    if isinstance(step, (str, bytes)) or not isinstance(step, Sequence):
+        raise TypeError(f"a step is (signal, wait) or (signal, wait, leader_only), not {step!r}")
     if len(step) == 2:
         return Step(step[0], step[1])
     if len(step) == 3:
@@ -176,6 +179,14 @@ def _as_step(step: Step | tuple[SignalLike, float] | tuple[SignalLike, float, bo
 def _as_steps(
     steps: Iterable[Step | tuple[SignalLike, float] | tuple[SignalLike, float, bool]],
 ) -> tuple[Step, ...]:
+    # One step given bare, where a sequence of them is asked for: said so, where it read as
+    # "'Step' object is not iterable", or as a pair taken apart into steps (helper-92).
+    if isinstance(steps, Step):
+        raise TypeError(f"{_NOT_STEPS}a Step (for one step: steps=[Step(...)])")
+    if isinstance(steps, (str, bytes)) or not isinstance(steps, Iterable):
+        raise TypeError(f"{_NOT_STEPS}{steps!r}")
+    if _a_bare_step(steps := list(steps)):
+        raise TypeError(f"{_NOT_STEPS}a (signal, wait) pair (for one step: steps=[(signal, wait)])")
     converted = tuple(_as_step(step) for step in steps)
     if not converted:
         raise ValueError("an Escalation needs at least one (signal, wait) step")
@@ -185,6 +196,19 @@ def _as_steps(
             "it would never run)"
         )
     return converted
+
+
+_NOT_STEPS = "steps is a sequence of steps (Step values or (signal, wait) pairs), not "
+
+
+def _a_bare_step(steps: list[Any]) -> bool:
+    """Whether ``steps`` reads as one ``(signal, wait)`` step, not a sequence of them."""
+    return (
+        len(steps) in (2, 3)
+        and isinstance(steps[0], (int, str))
+        and isinstance(steps[1], (int, float))
+        and not isinstance(steps[1], bool)
+    )
 
 
 class _NotGiven(float):
