@@ -39,8 +39,7 @@ def become_subreaper() -> None:
         if os.getpid() in _subreaper_in:
             return
         try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            result = libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+            result = libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         except (OSError, AttributeError) as exc:
             raise SubreaperUnavailable(f"prctl is not available: {exc}") from exc
         if result != 0:
@@ -82,9 +81,8 @@ def check_subreaper_available() -> None:
     so it is made only when a tree that needs it is started.
     """
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
         flag = ctypes.c_int()
-        result = libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0)
+        result = libc().prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0)
     except (OSError, AttributeError) as exc:
         raise SubreaperUnavailable(f"prctl is not available: {exc}") from exc
     if result != 0:
