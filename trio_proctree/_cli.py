@@ -105,9 +105,11 @@ def _build_parser() -> argparse.ArgumentParser:
             Run CMD as a contained process tree: when it ends, times out, or this command
             gets SIGTERM, SIGINT or SIGHUP, whatever CMD started that is still running is
             stopped: the stop signal to every process, SIGCONT, up to --grace seconds,
-            then SIGKILL and up to 2 s for it to land (so at most --grace + 2 seconds).
-            A tree-aware timeout(1): coreutils timeout signals its own process group
-            and misses daemons and setsid escapees.
+            then SIGKILL and up to 2 s for it to land (so at most --grace + 2 seconds;
+            where something outlives SIGKILL, frozen or stuck in the kernel, it says so,
+            and its exit, status 125, waits up to ~2.5 s more for the parent-death
+            backstop to try too). A tree-aware timeout(1): coreutils timeout signals
+            its own process group and misses daemons and setsid escapees.
 
             stdin, stdout and stderr are CMD's own. Typed at a shell, CMD gets the
             terminal, even with stdin redirected; run by a script, a program or in a
