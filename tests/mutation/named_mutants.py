@@ -680,7 +680,7 @@ MUTANTS = [
     (
         "subreaper: never set",
         "_orphans.py",
-        "            result = libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)",
+        "            result = libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)",
         "            result = 0",
         "subreaper and (escapee or daemon)",
     ),
