@@ -3269,6 +3269,13 @@ MUTANTS = [
         "        leaked |= new\n        break\n    return leaked\n",
         "between_the_listing_and_the_kill",
     ),
+    (
+        "pytest plugin: what others start after a kill taken as handed on by the killed",
+        "pytest_plugin.py",
+        "            new = {key: command for key, command in new.items() if _handed_on(key, killed_at)}\n",
+        "            new = dict(new)\n",
+        "in_place_of_a_killed",
+    ),
 ]
 
 
