@@ -919,20 +919,25 @@ async def test_process_group_alone_misses_exactly_the_escapees(tracked: Tracked)
     assert procs.kill_survivors(tracked.token) == [escapee]
 
 
-@pytest.mark.parametrize("leader", ["running", "exited"])
+@pytest.mark.parametrize("leader", ["running", "exited", "ignores-the-stop-signal"])
 async def test_a_member_that_moves_itself_to_another_cgroup_escapes_cgroup_containment(
     tracked: Tracked, leader: str
 ) -> None:
     # Documents the cgroup containment's limit (README, Limits): a member that writes itself
     # into another cgroup's cgroup.procs (as systemd-run --scope and cgexec do) is no
     # longer in the tree's cgroup, and cleanup ends once that cgroup is empty. Left in the
-    # leader's process group, it gets the stop signal the group gets while the leader
-    # runs, and is not waited for nor killed; once the leader has exited, it gets nothing.
-    # (helper-90 found the README saying that cleanup stopped it through the group.)
+    # leader's process group, it gets what the group gets while the leader lives: the
+    # stop signal (ignored here, so it runs on), and SIGKILL where the leader outlived the
+    # grace (helper-93); once the leader has exited, nothing. (helper-90 found the README
+    # saying that cleanup stopped it through the group.)
     available("cgroup")
     with procs.cgroup_in_ours(f"moved-{tracked.token}") as other:
         member = f"trap '' TERM; echo $$ > {other}/cgroup.procs; echo $$; exec sleep 60"
-        then = "exec sleep 60" if leader == "running" else "exit 0"
+        then = {
+            "running": "exec sleep 60",
+            "exited": "exit 0",
+            "ignores-the-stop-signal": "trap '' TERM; sleep 60",
+        }[leader]
         try:
             async with open_process_tree(
                 ["sh", "-c", f"sh -c {shlex.quote(member)} & {then}"],
@@ -946,8 +951,15 @@ async def test_a_member_that_moves_itself_to_another_cgroup_escapes_cgroup_conta
                 if leader == "exited":
                     await tree.wait()
             assert tree.outcome is not None
-            sent = (signal.SIGTERM, signal.SIGCONT) if leader == "running" else ()
-            assert (tree.outcome.signals, tree.outcome.grace_expired) == (sent, False)
+            sent, expired = {
+                "running": ((signal.SIGTERM, signal.SIGCONT), False),
+                "exited": ((), False),
+                "ignores-the-stop-signal": ((signal.SIGTERM, signal.SIGCONT, signal.SIGKILL), True),
+            }[leader]
+            assert (tree.outcome.signals, tree.outcome.grace_expired) == (sent, expired)
+            if expired:
+                assert procs.wait_exited(moved)  # the group's SIGKILL reached it
+                return
             assert procs.alive(moved)
             assert os.getpgid(moved) == tree.pid  # still in the group,
             with open(f"/proc/{moved}/cgroup") as f:  # but in the other cgroup

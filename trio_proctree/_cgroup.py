@@ -401,9 +401,11 @@ class CgroupContainment(MemberTracking):
         came, list again (and give those) until a listing finds none new. (With no
         signals to give, nothing has been told to stop: there is no fork race to chase.)
 
-        Not to ``chase`` a program's own signal: it reaches the tree as it was at the call,
-        as a killpg does. Listed again, what an escapee started on it got it too (a
-        server's new workers, killed by the SIGHUP that had them started: helper-92)."""
+        Not to ``chase`` a program's own signal: it reaches the escapees one listing
+        finds (as under the subreaper). Listed again, what an escapee started on it got
+        it too (a server's new workers, killed by the SIGHUP that had them started:
+        helper-92); what an escapee forks as the call runs may miss it instead, and
+        cleanup stops that all the same."""
         self._signal_escapees(new, signals)
         for _ in range(self.SURVEY_ROUNDS - 1 if new and signals and chase else 0):
             new = self._survey(track=False, pins=pins, give=signals)
