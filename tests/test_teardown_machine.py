@@ -89,7 +89,12 @@ def test_a_step_of_another_shape_is_refused(step: tuple[object, ...]) -> None:
     ("steps", "not_"),
     [
         (Step(signal.SIGTERM, 1.0), "a Step (for one step: steps=[Step(...)])"),
-        ((signal.SIGTERM, 1.0), "a (signal, wait) pair (for one step: steps=[(signal, wait)])"),
+        ((signal.SIGTERM, 1.0), "one (signal, wait) step (for one step: steps=[(signal, wait)])"),
+        (
+            (signal.SIGTERM, 1.0, True),
+            "one (signal, wait, leader_only) step (for one step: "
+            "steps=[(signal, wait, leader_only)])",
+        ),
         (None, "None"),
         ("TERM", "'TERM'"),
     ],
@@ -113,6 +118,22 @@ def test_a_step_that_is_no_sequence_is_refused_as_one(step: object) -> None:
     assert str(refused.value) == (
         f"a step is (signal, wait) or (signal, wait, leader_only), not {step!r}"
     )
+
+
+def test_a_step_read_by_index_is_a_step_though_no_sequence() -> None:
+    # As a row of a table (numpy's, say): len() and [] are all a step needs (helper-93:
+    # refused for a while, as no collections.abc.Sequence).
+    class Row:
+        def __init__(self, *cells: object) -> None:
+            self.cells = cells
+
+        def __len__(self) -> int:
+            return len(self.cells)
+
+        def __getitem__(self, index: int) -> object:
+            return self.cells[index]
+
+    assert Escalation(steps=[Row(signal.SIGTERM, 1.0)]).steps == (Step(signal.SIGTERM, 1.0),)  # type: ignore[list-item]
 
 
 def test_a_sigkill_step_cannot_be_for_the_leader_alone() -> None:

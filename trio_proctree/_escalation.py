@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import signal
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
@@ -167,7 +167,9 @@ class Step:
 def _as_step(step: Step | tuple[SignalLike, float] | tuple[SignalLike, float, bool]) -> Step:
     if isinstance(step, Step):
         return step
-    if isinstance(step, (str, bytes)) or not isinstance(step, Sequence):
+    if isinstance(step, (str, bytes)) or not all(
+        hasattr(step, method) for method in ("__len__", "__getitem__")
+    ):  # (not Sequence alone: a step read by index from a table row is one too)
         raise TypeError(f"a step is (signal, wait) or (signal, wait, leader_only), not {step!r}")
     if len(step) == 2:
         return Step(step[0], step[1])
@@ -186,7 +188,8 @@ def _as_steps(
     if isinstance(steps, (str, bytes)) or not isinstance(steps, Iterable):
         raise TypeError(f"{_NOT_STEPS}{steps!r}")
     if _a_bare_step(steps := list(steps)):
-        raise TypeError(f"{_NOT_STEPS}a (signal, wait) pair (for one step: steps=[(signal, wait)])")
+        shape = "(signal, wait)" if len(steps) == 2 else "(signal, wait, leader_only)"
+        raise TypeError(f"{_NOT_STEPS}one {shape} step (for one step: steps=[{shape}])")
     converted = tuple(_as_step(step) for step in steps)
     if not converted:
         raise ValueError("an Escalation needs at least one (signal, wait) step")
