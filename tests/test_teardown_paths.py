@@ -950,6 +950,61 @@ async def test_aclose_is_idempotent_and_safe_concurrently(
     assert tracked.survivors() == []
 
 
+def test_aclose_from_another_trio_run_waits_for_the_cleanup_under_way_there(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # Nothing ties a tree to the trio run that opened it: another run (another thread)
+    # may close it, and waits for the cleanup under way, as a second task would. Red
+    # before (helper-94: 15 hangs in 15): that wait was on a trio.Event, set in the run
+    # that cleaned up, which wakes no task of another run.
+    cleaning: list[trio_proctree.ProcessTree] = []
+    under_way = threading.Event()
+    errors: list[BaseException] = []
+
+    async def owner() -> None:
+        async with open_process_tree(
+            ["sh", "-c", "trap '' TERM; echo ready; sleep 60 & wait"],
+            grace=0.3,
+            stdout=subprocess.PIPE,
+            **contained,
+        ) as tree:
+            assert tree.stdout is not None
+            await tree.stdout.receive_some()
+            cleaning.append(tree)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(tree.aclose)
+                while not tree._cleanup_started:
+                    await trio.lowlevel.checkpoint()
+                under_way.set()  # (the cleanup now waits out the grace)
+
+    def in_its_thread() -> None:
+        try:
+            trio.run(owner)
+        except BaseException as exc:  # (said by the test below)
+            errors.append(exc)
+        finally:
+            under_way.set()
+
+    thread = threading.Thread(target=in_its_thread)
+    thread.start()
+    try:
+        assert under_way.wait(10)
+        [tree] = cleaning
+
+        async def closer() -> None:
+            with trio.fail_after(5):
+                await tree.aclose()
+
+        trio.run(closer)
+        assert tree.outcome is not None  # it returned once the cleanup was done
+        assert tree.outcome.grace_expired
+    finally:
+        thread.join(10)
+    assert not thread.is_alive()
+    assert errors == []
+    assert tracked.survivors() == []
+
+
 async def test_block_scope_cancel_does_not_cut_cleanup_short(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:

@@ -9,12 +9,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Awaitable, Callable, Generator, Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
 import trio
 
+from ._after_fork import renewed_in_forked_child
 from ._choose import ContainmentChoice, choose_containment, start_tree
 from ._containment import Containment
 from ._core import TreeCore, TreeView
@@ -34,6 +36,10 @@ if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup  # trio's own dependency on 3.10
 
 logger = logging.getLogger("trio_proctree")
+
+#: Held while a tree's cleanup is claimed by the task that will run it.
+_starting_cleanups = threading.Lock()
+renewed_in_forked_child(globals(), "_starting_cleanups")
 
 T = TypeVar("T")
 
@@ -182,6 +188,10 @@ class ProcessTree(TreeView):
         self._read_by_run: list[TreeOutput] = []
         self._cleanup_started = False
         self._cleanup_done = trio.Event()
+        #: The same, for a wait from another trio run (`_cleanup_under_way`).
+        self._cleanup_finished = threading.Event()
+        #: The run the cleanup runs in, once started.
+        self._cleanup_run: trio.lowlevel.TrioToken | None = None
         self._closed_by_cleanup = {}
 
     async def wait(self) -> int:
@@ -219,7 +229,7 @@ class ProcessTree(TreeView):
         """
         if self._cleanup_started:
             # Unshielded: a later caller's own cancellation may end its wait (not the cleanup).
-            await self._cleanup_done.wait()
+            await self._cleanup_under_way()
             return
         # Never cut short by a cancellation (a cleanup cut short is a leaked tree): each of
         # its waits is shielded (`_TrioIO`). Bounded by the policy's worst case, which the
@@ -250,11 +260,14 @@ class ProcessTree(TreeView):
         """The cleanup, or a wait for the one under way; neither is cut short by a
         cancellation, so neither turns into a Cancelled that replaces an exception in
         flight. Whether it let other tasks run on the way (a schedule point)."""
-        if self._cleanup_started:
+        with _starting_cleanups:  # (two runs in two threads must not both start it)
+            started, self._cleanup_started = self._cleanup_started, True
+            if not started:
+                self._cleanup_run = trio.lowlevel.current_trio_token()
+        if started:
             with trio.CancelScope(shield=True):
-                await self._cleanup_done.wait()  # (a schedule point, even once it is set)
+                await self._cleanup_under_way()  # (a schedule point, even once it is done)
             return True
-        self._cleanup_started = True
         io = _TrioIO(self)
         # A Ctrl-C trio held back before the cleanup (it came while this task could not
         # take it: waiting on a worker thread, or running code with no checkpoint under
@@ -273,10 +286,20 @@ class ProcessTree(TreeView):
             chain_cleanup_error(interrupt, error, self._core.label)
         finally:
             self._cleanup_done.set()
+            self._cleanup_finished.set()
         interrupt = io.keyboard_interrupt or earlier
         if interrupt is not None:
             raise interrupt
         return io.scheduled
+
+    async def _cleanup_under_way(self) -> None:
+        """Wait for the cleanup another task started, in this trio run or another."""
+        if self._cleanup_run is trio.lowlevel.current_trio_token():
+            await self._cleanup_done.wait()
+            return
+        # In another run (another thread): a trio.Event set there wakes no task of this
+        # run, and this wait hung for good (helper-94). A worker thread waits instead.
+        await trio.to_thread.run_sync(self._cleanup_finished.wait, abandon_on_cancel=True)
 
     def _left_to_the_caller(self, stream: object) -> bool:
         """Whether ``stream`` is one `run_process_tree` handed back (`_left_open`)."""

@@ -718,8 +718,8 @@ MUTANTS = [
     (
         "trio: the wait for a cleanup that already ran not shielded",
         "_trio.py",
-        "            with trio.CancelScope(shield=True):\n                await self._cleanup_done.wait()",
-        "            with trio.CancelScope():\n                await self._cleanup_done.wait()",
+        "            with trio.CancelScope(shield=True):\n                await self._cleanup_under_way()",
+        "            with trio.CancelScope():\n                await self._cleanup_under_way()",
         "never_replaces_the_blocks_exception_after_aclose",
     ),
     (
@@ -3275,6 +3275,13 @@ MUTANTS = [
         "            new = {key: command for key, command in new.items() if _handed_on(key, killed_at)}\n",
         "            new = dict(new)\n",
         "in_place_of_a_killed",
+    ),
+    (
+        "trio: a cleanup under way in another trio run waited for on this run's Event",
+        "_trio.py",
+        "        if self._cleanup_run is trio.lowlevel.current_trio_token():\n",
+        "        if True:\n",
+        "another_trio_run",
     ),
 ]
 
