@@ -86,8 +86,10 @@ class Pidfds(dict[int, int]):
             self._drop(pid)
 
     def _drop(self, pid: int) -> None:
-        fd = self.pop(pid)
-        if fd not in self._borrowed:
+        # (Dropped once: the net at interpreter exit may prune this table while a daemon
+        # thread's loop, running on during atexit, prunes it too: helper-94.)
+        fd = self.pop(pid, None)
+        if fd is not None and fd not in self._borrowed:
             os.close(fd)
 
 

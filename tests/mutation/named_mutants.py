@@ -541,8 +541,8 @@ MUTANTS = [
     (
         "close: the net at interpreter exit waits for each tree before it kills the next",
         "_core.py",
-        '            logger.warning("%s: could not kill %s: %s", core.label, when, exc)\n',
-        '            logger.warning("%s: could not kill %s: %s", core.label, when, exc)\n'
+        '            logger.warning("%s: could not kill %s: %r", core.label, when, exc)\n',
+        '            logger.warning("%s: could not kill %s: %r", core.label, when, exc)\n'
         "        core.leader.reap_within(core.policy.kill_wait)\n",
         "test_every_tree_open_at_interpreter_exit_is_killed_before_any_is_waited_for",
     ),
@@ -3282,6 +3282,13 @@ MUTANTS = [
         "        if self._cleanup_run is trio.lowlevel.current_trio_token():\n",
         "        if True:\n",
         "another_trio_run",
+    ),
+    (
+        "close: one tree's failing kill at interpreter exit skips the trees after it",
+        "_core.py",
+        "        except Exception as exc:  # noqa: BLE001 - one tree's failure must not skip the rest\n",
+        "        except ZeroDivisionError as exc:\n",
+        "one_tree_s_kill_raises",
     ),
 ]
 
