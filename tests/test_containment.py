@@ -919,7 +919,37 @@ async def test_process_group_alone_misses_exactly_the_escapees(tracked: Tracked)
     assert procs.kill_survivors(tracked.token) == [escapee]
 
 
-@pytest.mark.parametrize("leader", ["running", "exited", "ignores-the-stop-signal"])
+#: What the leader does once it has started the member that moves to another cgroup.
+MOVED_MEMBERS_LEADER = {
+    "running": "exec sleep 60",
+    "exited": "exit 0",
+    "ignores-the-stop-signal": "trap '' TERM; sleep 60",
+}
+
+
+async def closed_with_a_moved_member(
+    tracked: Tracked, other: str, containment: str, leader: str
+) -> tuple[ProcessTree, int]:
+    """A tree, closed, whose member ignored SIGTERM and wrote itself into the cgroup
+    ``other`` (staying in the leader's group), the leader as `MOVED_MEMBERS_LEADER`
+    says; and that member's pid."""
+    member = f"trap '' TERM; echo $$ > {other}/cgroup.procs; echo $$; exec sleep 60"
+    async with open_process_tree(
+        ["sh", "-c", f"sh -c {shlex.quote(member)} & {MOVED_MEMBERS_LEADER[leader]}"],
+        grace=0.3,
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+        containment=containment,
+    ) as tree:
+        assert tree.stdout is not None
+        [moved] = await read_pids(tree.stdout, 1)
+        if leader == "exited":
+            await tree.wait()
+    assert tree.outcome is not None
+    return tree, moved
+
+
+@pytest.mark.parametrize("leader", list(MOVED_MEMBERS_LEADER))
 async def test_a_member_that_moves_itself_to_another_cgroup_escapes_cgroup_containment(
     tracked: Tracked, leader: str
 ) -> None:
@@ -931,42 +961,26 @@ async def test_a_member_that_moves_itself_to_another_cgroup_escapes_cgroup_conta
     # grace (helper-93); once the leader has exited, nothing. (helper-90 found the README
     # saying that cleanup stopped it through the group.)
     available("cgroup")
+    sent, expired = {
+        "running": ((signal.SIGTERM, signal.SIGCONT), False),
+        "exited": ((), False),
+        "ignores-the-stop-signal": ((signal.SIGTERM, signal.SIGCONT, signal.SIGKILL), True),
+    }[leader]
     with procs.cgroup_in_ours(f"moved-{tracked.token}") as other:
-        member = f"trap '' TERM; echo $$ > {other}/cgroup.procs; echo $$; exec sleep 60"
-        then = {
-            "running": "exec sleep 60",
-            "exited": "exit 0",
-            "ignores-the-stop-signal": "trap '' TERM; sleep 60",
-        }[leader]
         try:
-            async with open_process_tree(
-                ["sh", "-c", f"sh -c {shlex.quote(member)} & {then}"],
-                grace=0.3,
-                stdout=subprocess.PIPE,
-                env=tracked.env,
-                containment="cgroup",
-            ) as tree:
-                assert tree.stdout is not None
-                [moved] = await read_pids(tree.stdout, 1)
-                if leader == "exited":
-                    await tree.wait()
+            tree, moved = await closed_with_a_moved_member(tracked, other, "cgroup", leader)
             assert tree.outcome is not None
-            sent, expired = {
-                "running": ((signal.SIGTERM, signal.SIGCONT), False),
-                "exited": ((), False),
-                "ignores-the-stop-signal": ((signal.SIGTERM, signal.SIGCONT, signal.SIGKILL), True),
-            }[leader]
             assert (tree.outcome.signals, tree.outcome.grace_expired) == (sent, expired)
             if expired:
                 assert procs.wait_exited(moved)  # the group's SIGKILL reached it
-                return
-            assert procs.alive(moved)
-            assert os.getpgid(moved) == tree.pid  # still in the group,
-            with open(f"/proc/{moved}/cgroup") as f:  # but in the other cgroup
-                assert f.read().rstrip("\n").endswith(os.path.basename(other))
+            else:
+                assert procs.alive(moved)
+                assert os.getpgid(moved) == tree.pid  # still in the group,
+                with open(f"/proc/{moved}/cgroup") as f:  # but in the other cgroup
+                    assert f.read().rstrip("\n").endswith(os.path.basename(other))
         finally:
             killed = procs.kill_survivors(tracked.token)
-        assert killed == [moved]
+        assert killed == ([] if expired else [moved])
 
 
 @pytest.mark.parametrize("leader", ["running", "exited"])
@@ -976,19 +990,7 @@ async def test_a_member_that_moves_itself_to_another_cgroup_is_stopped_by_the_su
     # What the README advises for such programs (the cgroup's limit, above).
     available("subreaper")
     with procs.cgroup_in_ours(f"moved-{tracked.token}") as other:
-        member = f"trap '' TERM; echo $$ > {other}/cgroup.procs; echo $$; exec sleep 60"
-        then = "exec sleep 60" if leader == "running" else "exit 0"
-        async with open_process_tree(
-            ["sh", "-c", f"sh -c {shlex.quote(member)} & {then}"],
-            grace=0.3,
-            stdout=subprocess.PIPE,
-            env=tracked.env,
-            containment="subreaper",
-        ) as tree:
-            assert tree.stdout is not None
-            [moved] = await read_pids(tree.stdout, 1)
-            if leader == "exited":
-                await tree.wait()
+        tree, moved = await closed_with_a_moved_member(tracked, other, "subreaper", leader)
         assert tree.outcome is not None
         assert (tree.outcome.grace_expired, tree.outcome.lingering_killed) == (True, 1)
         assert not procs.alive(moved)

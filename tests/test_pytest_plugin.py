@@ -9,7 +9,7 @@ import sys
 import textwrap
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -392,14 +392,15 @@ STARTS_A_DAEMON_AND_EXITS = textwrap.dedent(
 )
 
 
-def test_a_daemon_handed_on_by_a_process_that_ended_after_the_listing_is_a_leak(
-    tracked: Tracked, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Red before (helper-33: 0 to 2 daemons in 30 went unreported, and outlived pytest):
-    # the listing read the middle process, not yet the daemon; the middle one had ended by
-    # the second look and was dropped, and the daemon with it. Here the middle process
-    # starts the daemon and exits right after the listing, and the check must list again.
-    become_subreaper()  # (as the check does: the daemon is handed on to us)
+@contextlib.contextmanager
+def a_middle_process(
+    tracked: Tracked,
+) -> Iterator[tuple[set[tuple[int, int]], subprocess.Popen[bytes], Callable[[], int]]]:
+    """The descendants before it, then the middle process of a double fork (a child of
+    ours, `STARTS_A_DAEMON_AND_EXITS`), and what has it start the daemon and exit: the
+    daemon's pid, once the middle one has ended. This process is made a subreaper first,
+    as the check does: the daemon is handed on to us."""
+    become_subreaper()
     before = set(pytest_plugin._descendants())
     with procs.killed_on_failure(
         subprocess.Popen(
@@ -410,6 +411,27 @@ def test_a_daemon_handed_on_by_a_process_that_ended_after_the_listing_is_a_leak(
         )
     ) as middle:
         assert middle.stdin is not None and middle.stdout is not None
+        stdin, stdout = middle.stdin, middle.stdout
+
+        def hand_on() -> int:
+            stdin.write(b"\n")
+            stdin.flush()
+            daemon = int(stdout.readline())
+            assert procs.wait_exited(middle.pid)  # (a zombie: ended)
+            return daemon
+
+        yield before, middle, hand_on
+        middle.wait()
+
+
+def test_a_daemon_handed_on_by_a_process_that_ended_after_the_listing_is_a_leak(
+    tracked: Tracked, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Red before (helper-33: 0 to 2 daemons in 30 went unreported, and outlived pytest):
+    # the listing read the middle process, not yet the daemon; the middle one had ended by
+    # the second look and was dropped, and the daemon with it. Here the middle process
+    # starts the daemon and exits right after the listing, and the check must list again.
+    with a_middle_process(tracked) as (before, middle, hand_on):
         daemons: list[int] = []
         second_look = pytest_plugin._less_the_dying
 
@@ -418,15 +440,11 @@ def test_a_daemon_handed_on_by_a_process_that_ended_after_the_listing_is_a_leak(
         ) -> dict[tuple[int, int], str]:
             if not daemons:
                 assert [pid for pid, _ in leaked] == [middle.pid]  # the premise
-                middle.stdin.write(b"\n")  # type: ignore[union-attr]
-                middle.stdin.flush()  # type: ignore[union-attr]
-                daemons.append(int(middle.stdout.readline()))  # type: ignore[union-attr]
-                assert procs.wait_exited(middle.pid)  # (a zombie: ended, as it is dropped)
+                daemons.append(hand_on())
             return second_look(leaked, within=within)
 
         monkeypatch.setattr(pytest_plugin, "_less_the_dying", after_the_listing)
         leaked = pytest_plugin._leaked(before, ours=set())
-        middle.wait()
     assert [pid for pid, _ in leaked] == daemons
     assert procs.kill_survivors(tracked.token) == daemons  # (ours, by the test's token)
     assert tracked.survivors() == []
@@ -440,17 +458,7 @@ def test_a_daemon_handed_on_between_the_listing_and_the_kill_is_killed_and_repor
     # and exited before the kill, which found it gone and never looked again. The daemon,
     # ours then, was in the next test's "before", so no test was blamed for it, and no
     # check killed it. Here the middle process does so right after the listing.
-    become_subreaper()  # (as the check does: the daemon is handed on to us)
-    before = set(pytest_plugin._descendants())
-    with procs.killed_on_failure(
-        subprocess.Popen(
-            [*procs.python(), "-c", STARTS_A_DAEMON_AND_EXITS],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=tracked.env,
-        )
-    ) as middle:
-        assert middle.stdin is not None and middle.stdout is not None
+    with a_middle_process(tracked) as (before, middle, hand_on):
         daemons: list[int] = []
         listing = pytest_plugin._leaked
 
@@ -460,15 +468,11 @@ def test_a_daemon_handed_on_between_the_listing_and_the_kill_is_killed_and_repor
             leaked = listing(before, ours)
             if not daemons:
                 assert [pid for pid, _ in leaked] == [middle.pid]  # the premise
-                middle.stdin.write(b"\n")  # type: ignore[union-attr]
-                middle.stdin.flush()  # type: ignore[union-attr]
-                daemons.append(int(middle.stdout.readline()))  # type: ignore[union-attr]
-                assert procs.wait_exited(middle.pid)
+                daemons.append(hand_on())
             return leaked
 
         monkeypatch.setattr(pytest_plugin, "_leaked", before_the_kill)
         leaked = pytest_plugin._kill_leaks(before, ours=set())
-        middle.wait()
     try:
         assert sorted(pid for pid, _ in leaked) == sorted([middle.pid, *daemons])
         assert not procs.alive(daemons[0])

@@ -973,7 +973,7 @@ def test_aclose_from_another_trio_run_waits_for_the_cleanup_under_way_there(
             cleaning.append(tree)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(tree.aclose)
-                while not tree._cleanup_started:
+                while tree._cleanup_run is None:
                     await trio.lowlevel.checkpoint()
                 under_way.set()  # (the cleanup now waits out the grace)
 

@@ -9,7 +9,7 @@ environment has none, stops at the first file on PATH it may execute (and runs o
 kernel refuses as a script), passes on its own variables, not the environment it got
 (names that are no shell identifier dropped, and IFS, OPTIND, PPID and PWD set by the shell
 itself), and says "getcwd() failed" on stderr when it starts in a directory that has been
-removed. Each is dealt with here, at no cost to the common case.
+removed. Each is dealt with here, at little cost to the common case (one getcwd).
 """
 
 from __future__ import annotations
@@ -101,13 +101,14 @@ def wrapped(
 
 def _removed(cwd: Any) -> bool:
     """Whether the directory a child starts in (``cwd``; None: ours) has been removed."""
+    if cwd is None:
+        try:
+            os.getcwd()  # (the shell's own question)
+        except OSError as exc:
+            return isinstance(exc, FileNotFoundError)
+        return False
     try:
-        if cwd is None:
-            os.getcwd()  # (the shell's own question: ENOENT once removed)
-            return False
         return os.stat(cwd).st_nlink == 0
-    except FileNotFoundError:
-        return cwd is None
     except (OSError, TypeError, ValueError):
         return False  # (Popen's chdir says what is wrong with it)
 

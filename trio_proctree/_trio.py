@@ -186,12 +186,11 @@ class ProcessTree(TreeView):
         #: Output streams `run_process_tree` reads (off the tree): cancelled, it reads
         #: them no more, and cleanup reads them while the tree stops, as those on it.
         self._read_by_run: list[TreeOutput] = []
-        self._cleanup_started = False
+        #: The run the cleanup runs in, once started (None: not started).
+        self._cleanup_run: trio.lowlevel.TrioToken | None = None
         self._cleanup_done = trio.Event()
         #: The same, for a wait from another trio run (`_cleanup_under_way`).
         self._cleanup_finished = threading.Event()
-        #: The run the cleanup runs in, once started.
-        self._cleanup_run: trio.lowlevel.TrioToken | None = None
         self._closed_by_cleanup = {}
 
     async def wait(self) -> int:
@@ -227,7 +226,7 @@ class ProcessTree(TreeView):
             CleanupError: if processes of the tree outlived SIGKILL.
             OSError: if signalling the tree failed.
         """
-        if self._cleanup_started:
+        if self._cleanup_run is not None:
             # Unshielded: a later caller's own cancellation may end its wait (not the cleanup).
             await self._cleanup_under_way()
             return
@@ -261,7 +260,7 @@ class ProcessTree(TreeView):
         cancellation, so neither turns into a Cancelled that replaces an exception in
         flight. Whether it let other tasks run on the way (a schedule point)."""
         with _starting_cleanups:  # (two runs in two threads must not both start it)
-            started, self._cleanup_started = self._cleanup_started, True
+            started = self._cleanup_run is not None
             if not started:
                 self._cleanup_run = trio.lowlevel.current_trio_token()
         if started:
