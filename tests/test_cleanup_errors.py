@@ -13,6 +13,7 @@ import logging
 import signal
 import subprocess
 import sys
+import threading
 import traceback
 from collections.abc import AsyncIterator
 from typing import Any
@@ -482,6 +483,53 @@ async def test_the_net_at_exit_kills_every_tree_though_one_tree_s_kill_raises(
                 await trio.sleep(0.01)
     warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert any("could not kill at interpreter exit" in line for line in warned), warned
+    assert tracked.survivors() == []
+
+
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper", "group"])
+async def test_the_net_at_exit_waits_for_a_signal_another_thread_is_sending_to_the_tree(
+    tracked: Tracked, containment: str
+) -> None:
+    # A daemon thread's loop runs on during atexit: the net (main thread) and that thread
+    # could use one tree's containment at once, and one could close a pidfd the other was
+    # about to signal through (its number reused since: another tree's). Red before: the
+    # net's SIGKILL went out in the middle of the other thread's signal.
+    from trio_proctree._core import kill_at_once  # noqa: PLC0415 - the net itself
+
+    async with open_process_tree(SLEEPER, env=tracked.env, containment=containment) as tree:
+        used: Any = tree._core.containment
+        real_signal, real_kill = used.signal, used.kill
+        order: list[str] = []
+        signalling, killing, go_on = threading.Event(), threading.Event(), threading.Event()
+
+        def slow_signal(sig: int, **how: bool) -> bool:
+            signalling.set()
+            go_on.wait(5)  # (the widened window: set at once where the net goes ahead)
+            order.append("signal")
+            return bool(real_signal(sig, **how))
+
+        def kill() -> None:
+            order.append("kill")
+            killing.set()
+            real_kill()
+
+        used.signal, used.kill = slow_signal, kill
+        sender = threading.Thread(target=tree.send_signal, args=(signal.SIGCONT,))
+        net = threading.Thread(target=kill_at_once, args=([tree._core],), kwargs={"when": "now"})
+        sender.start()
+        try:
+            signalling.wait(5)
+            net.start()
+            # The net's kill, if it does not wait, comes now; it must wait for the signal.
+            killing.wait(0.5)
+        finally:
+            go_on.set()
+            sender.join(5)
+            if net.ident is not None:  # (started)
+                net.join(5)
+            del used.signal, used.kill
+        assert order == ["signal", "kill"]
+        assert tree._core.leader.reaped  # and the net went on to reap the leader
     assert tracked.survivors() == []
 
 

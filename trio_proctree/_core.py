@@ -15,11 +15,19 @@ import math
 import os
 import select
 import signal
+import threading
 import time
 from typing import Protocol
 
 from ._cgroup_home import remove_home
-from ._containment import NEED_SCAN, RETRY_PAUSE, UNSEEN, Containment, ContainmentLost
+from ._containment import (
+    NEED_SCAN,
+    RETRY_PAUSE,
+    UNSEEN,
+    Containment,
+    ContainmentLost,
+    Pending,
+)
 from ._escalation import Escalation, SignalLike, parse_signal, signal_name
 from ._leader import Leader
 from ._outcome import CleanupError, CleanupOutcome, chain_cleanup_error
@@ -126,6 +134,13 @@ class TreeCore:
             heads_session=bool(plan.options.get("start_new_session")),
         )
         self.containment = containment
+        #: Held around each use of the containment and of the leader's pidfd. The net at
+        #: interpreter exit (main thread) and a daemon thread's loop, running on during
+        #: atexit, may stop one tree at once: one closed a pidfd the other was about to
+        #: signal or reap through, and its number, reused since, could name a process of
+        #: another tree (helper-94). Re-entrant: a signal handler that forwards its signal
+        #: to the tree may run while its own thread holds the lock.
+        self.lock = threading.RLock()
         containment.attach(self.leader)
         self.policy = policy
         self.label = f"pid {self.leader.pid} ({plan.label})"
@@ -152,13 +167,14 @@ class TreeCore:
 
     def send_signal(self, sig: SignalLike) -> None:
         sig = parse_signal(sig)
-        if self.leader.reaped or self._cleaned_up:
-            # Once cleanup has run, nothing of the tree is left to signal, and what named it
-            # may name another by now: the group id once the leader is reaped, the cgroup
-            # once the next tree has it. (The leader's pidfd is closed, too.)
-            return
-        self.containment.signal(sig)
-        self._killed |= sig == signal.SIGKILL  # (only once it went out: it raised else)
+        with self.lock:
+            if self.leader.reaped or self._cleaned_up:
+                # Once cleanup has run, nothing of the tree is left to signal, and what
+                # named it may name another by now: the group id once the leader is reaped,
+                # the cgroup once the next tree has it. (The leader's pidfd is closed, too.)
+                return
+            self.containment.signal(sig)
+            self._killed |= sig == signal.SIGKILL  # (only once it went out: it raised else)
 
     async def cleanup(self, io: LoopIO) -> None:
         """Stop the tree as the policy says, reap the leader, record `outcome`.
@@ -184,7 +200,7 @@ class TreeCore:
             # A running leader is a running tree, and one call tells: the first step then
             # goes out before the containment is asked anything (on a VM, each call that
             # has not run lately costs tens of us, added to the tree's time to stop).
-            self.leader.poll()  # (asks the kernel; `exited` reads the answer)
+            self._poll_leader()  # (asks the kernel; `exited` reads the answer)
             alive = not self.leader.exited or await self._pending(io, errors) != []
             action = teardown.start(tree_alive=alive)
             action, hard_stop_failed = await self._drive(io, teardown, action, errors)
@@ -209,8 +225,9 @@ class TreeCore:
                 self._release(emptied)
             except Exception as exc:  # noqa: BLE001 - even a bug there must not skip the reap
                 errors.append(exc)
-            self._cleaned_up = True
-            returncode = self._reap_leader(io)
+            with self.lock:
+                self._cleaned_up = True
+                returncode = self._reap_leader(io)
             if emptied:
                 _open_trees.discard(self)  # else the net at interpreter exit keeps it
             self._record = self._record_and_log(
@@ -258,7 +275,7 @@ class TreeCore:
         kill_at_once([self], when=when)
         emptied = False
         try:
-            while (pending := self.containment.pending()) != []:
+            while (pending := self._pending_now()) != []:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
@@ -274,14 +291,21 @@ class TreeCore:
         except Exception:  # (nobody to raise it to: said, as the net says its failures)
             logger.exception("%s: could not let the tree go %s", self.label, when)
         finally:
-            self._cleaned_up = True
-            self._reap_leader(None)
+            with self.lock:
+                self._cleaned_up = True
+                self._reap_leader(None)
+
+    def _pending_now(self) -> Pending:
+        """`Containment.pending`, asked under the tree's lock."""
+        with self.lock:
+            return self.containment.pending()
 
     def _release(self, emptied: bool) -> None:
         """Let the containment go, once (a cleanup finalised after `kill_blocking` did)."""
-        if not self._released:
-            self._released = True
-            self.containment.release(emptied=emptied)
+        with self.lock:
+            if not self._released:
+                self._released = True
+                self.containment.release(emptied=emptied)
 
     def _raise_what_failed(
         self, interrupt: KeyboardInterrupt | None, errors: list[Exception]
@@ -406,7 +430,8 @@ class TreeCore:
     def _hard_stop(self, errors: list[Exception]) -> bool:
         """SIGKILL to the whole tree; whether it went out (else its error is kept)."""
         try:
-            self.containment.kill()
+            with self.lock:
+                self.containment.kill()
         except Exception as exc:  # noqa: BLE001 - even a bug here must not stop the escalation
             errors.append(exc)
             return False
@@ -418,35 +443,40 @@ class TreeCore:
         """Send ``sig``, a step of the escalation; if it went to the leader alone, what
         the wait after it needs to know of that."""
         try:
-            if leader_only:
-                # Asked before the signal: a leader that re-raises it, its work done, sets
-                # it back to the default action first. (Never an error: a look that fails
-                # must not keep the step from going; unknown reads as no handler.)
-                caught = catches(self.leader.pid, sig)  # (its unreaped zombie pins the pid)
-                if self.containment.signal(sig, escalation=True, leader_only=True):
-                    return LeaderStep(sig, caught)
-                # The machine said "to the leader"; the log must not leave it at that.
-                logger.debug(
-                    "%s: the leader had exited: %s to every process instead",
-                    self.label,
-                    signal_name(sig),
-                )
-            else:
-                self.containment.signal(sig, escalation=True)
+            with self.lock:
+                return self._step_locked(sig, leader_only=leader_only)
         except Exception as exc:  # noqa: BLE001 - even a bug here must not stop the escalation
             errors.append(exc)
+        return None
+
+    def _step_locked(self, sig: int, *, leader_only: bool) -> LeaderStep | None:
+        if leader_only:
+            # Asked before the signal: a leader that re-raises it, its work done, sets it
+            # back to the default action first. (Never an error: a look that fails must
+            # not keep the step from going; unknown reads as no handler.)
+            caught = catches(self.leader.pid, sig)  # (its unreaped zombie pins the pid)
+            if self.containment.signal(sig, escalation=True, leader_only=True):
+                return LeaderStep(sig, caught)
+            # The machine said "to the leader"; the log must not leave it at that.
+            logger.debug(
+                "%s: the leader had exited: %s to every process instead",
+                self.label,
+                signal_name(sig),
+            )
+        else:
+            self.containment.signal(sig, escalation=True)
         return None
 
     async def _pending(self, io: LoopIO, errors: list[Exception]) -> list[int] | float:
         """The pidfds of the tree's live members, or, when that cannot be told right now,
         how long to pause before asking again."""
         try:
-            pending = self.containment.pending()
+            pending = self._pending_now()
             if pending is NEED_SCAN:
                 # Let the other teardowns woken with this one reach this point too, so that
                 # one /proc scan serves them all (or let a member finish exiting).
                 await io.yield_now()
-                pending = self.containment.pending()
+                pending = self._pending_now()
         except Exception as exc:  # noqa: BLE001 - reported at the end; the escalation goes on
             if not any(type(exc) is type(seen) and exc.args == seen.args for seen in errors):
                 errors.append(exc)
@@ -486,7 +516,7 @@ class TreeCore:
             if remaining <= 0:
                 if self._look_failed:
                     return Unseen()
-                return False if self.leader.poll() is None else LeaderExited()
+                return False if self._poll_leader() is None else LeaderExited()
             if wait.grace and io.interrupted():
                 return CutShort(wait.timeout - remaining, unseen=self._look_failed)
             # (A pause instead of pidfds: members finishing their exit, or a look that
@@ -530,7 +560,12 @@ class TreeCore:
         if self._killed:
             return False  # the program's kill() meanwhile: the whole tree is dying of it
         # (The status seen before a loss, if one was.)
-        return step.failed(self.leader.poll(), lost=self.leader.lost)
+        return step.failed(self._poll_leader(), lost=self.leader.lost)
+
+    def _poll_leader(self) -> int | None:
+        """`Leader.poll`, under the tree's lock (through a pidfd another thread may close)."""
+        with self.lock:
+            return self.leader.poll()
 
 
 class TreeView:
@@ -646,7 +681,8 @@ def kill_at_once(cores: list[TreeCore], *, when: str) -> None:
     cores = [core for core in cores if core in _open_trees]
     for core in cores:
         try:
-            core.containment.kill()
+            with core.lock:  # (a daemon thread's loop may be stopping it right now)
+                core.containment.kill()
         except ContainmentLost:
             # A bare process group whose leader is reaped, on a kernel that cannot reach
             # the group through the leader's pidfd (before Linux 6.9), cannot be signalled
@@ -674,7 +710,8 @@ def kill_at_once(cores: list[TreeCore], *, when: str) -> None:
         # By pidfd, never Popen.wait(): if someone else reaped the leader, its pid may
         # belong to another of our children by now.
         left = killed_at + core.policy.kill_wait - time.monotonic()
-        core.leader.reap_within(max(left, 0.0))
+        with core.lock:  # (not while the tree's own cleanup reaps it, closing its pidfd)
+            core.leader.reap_within(max(left, 0.0))
         if not (core.leader.reaped or core.leader.lost):
             logger.warning("%s: leader not reaped %s", core.label, when)
         _open_trees.discard(core)

@@ -366,8 +366,8 @@ MUTANTS = [
     (
         "escalation: whether the leader handles the step's signal is not asked",
         "_core.py",
-        "                caught = catches(self.leader.pid, sig)",
-        "                caught = False",
+        "            caught = catches(self.leader.pid, sig)",
+        "            caught = False",
         "had_its_chance and reraises",
     ),
     (
@@ -570,7 +570,7 @@ MUTANTS = [
     (
         "escalation: a grace that ran out with the leader gone says the leader runs",
         "_core.py",
-        "                return False if self.leader.poll() is None else LeaderExited()",
+        "                return False if self._poll_leader() is None else LeaderExited()",
         "                return False",
         "test_the_warning_says_the_leader_exited_when_others_outlived_the_grace",
     ),
@@ -598,8 +598,8 @@ MUTANTS = [
     (
         "group: signalled after the leader was reaped",
         "_core.py",
-        "        if self.leader.reaped or self._cleaned_up:\n",
-        "        if self.leader.reaped or self._cleaned_up:\n            os.killpg(self.leader.pid, sig)\n",
+        "            if self.leader.reaped or self._cleaned_up:\n",
+        "            if self.leader.reaped or self._cleaned_up:\n                os.killpg(self.leader.pid, sig)\n",
         "test_recycled_pgid_is_never_signalled",
     ),
     (
@@ -1821,8 +1821,8 @@ MUTANTS = [
     (
         "cleanup log: a step a gone leader could not take said to go to the leader alone",
         "_core.py",
-        '                logger.debug(\n                    "%s: the leader had exited: %s to every process instead",',
-        '                (lambda *_: None)(\n                    "%s: the leader had exited: %s to every process instead",',
+        '            logger.debug(\n                "%s: the leader had exited: %s to every process instead",',
+        '            (lambda *_: None)(\n                "%s: the leader had exited: %s to every process instead",',
         "goes_to_the_whole_tree_once_the_leader_exited",
     ),
     (
@@ -2385,8 +2385,8 @@ MUTANTS = [
     (
         "cleanup: only an OSError out of the release kept (a bug there skipped the reap)",
         "_core.py",
-        "            except Exception as exc:  # noqa: BLE001 - even a bug there must not skip the reap\n                errors.append(exc)\n            self._cleaned_up",
-        "            except OSError as exc:\n                errors.append(exc)\n            self._cleaned_up",
+        "            except Exception as exc:  # noqa: BLE001 - even a bug there must not skip the reap\n                errors.append(exc)\n            with self.lock:",
+        "            except OSError as exc:\n                errors.append(exc)\n            with self.lock:",
         "release_that_fails_with_a_bug",
     ),
     (
@@ -2406,7 +2406,7 @@ MUTANTS = [
     (
         "escalation: a leader's failed step judged in the driver, its policy unused",
         "_core.py",
-        "        return step.failed(self.leader.poll(), lost=self.leader.lost)",
+        "        return step.failed(self._poll_leader(), lost=self.leader.lost)",
         "        return self.leader.lost",
         "fails_its_step",
     ),
@@ -3289,6 +3289,20 @@ MUTANTS = [
         "        except Exception as exc:  # noqa: BLE001 - one tree's failure must not skip the rest\n",
         "        except ZeroDivisionError as exc:\n",
         "one_tree_s_kill_raises",
+    ),
+    (
+        "close: the net at interpreter exit kills a tree another thread is signalling",
+        "_core.py",
+        "            with core.lock:  # (a daemon thread's loop may be stopping it right now)\n",
+        "            if True:\n",
+        "waits_for_a_signal_another_thread",
+    ),
+    (
+        "close: a program's signal sent outside the tree's lock",
+        "_core.py",
+        "        with self.lock:\n            if self.leader.reaped or self._cleaned_up:\n",
+        "        if True:\n            if self.leader.reaped or self._cleaned_up:\n",
+        "waits_for_a_signal_another_thread",
     ),
 ]
 
