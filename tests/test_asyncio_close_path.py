@@ -30,7 +30,7 @@ from trio_proctree.asyncio import ProcessTree, open_process_tree
 
 from . import procs
 from .conftest import Tracked
-from .test_cleanup_errors import fail_first_stop_signal
+from .test_cleanup_errors import FrozenJobFailed, fail_first_stop_signal
 from .test_containment import available
 from .test_teardown_paths import SAYS_EOF_AND_RUNS_ON
 
@@ -171,6 +171,30 @@ def test_cancellation_wins_over_a_cleanup_error(
         await scope.__aexit__(None, None, None)
 
     run(main)
+    assert tracked.survivors() == []
+
+
+def test_a_frozen_exception_of_the_users_is_kept_when_cleanup_fails(
+    run: Callable[..., Any], tracked: Tracked, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Red before (helper-96): the cleanup error set as its cause through the class's
+    # __setattr__, a frozen dataclass raised FrozenInstanceError in its place.
+    mine = FrozenJobFailed(7)
+
+    async def main() -> None:
+        with pytest.raises(FrozenJobFailed) as caught:
+            async with open_process_tree(
+                IGNORES_TERM, grace=0.2, stdout=subprocess.PIPE, env=tracked.env
+            ) as tree:
+                assert tree.stdout is not None
+                assert await tree.stdout.readline() == b"ready\n"
+                injected = fail_first_stop_signal(tree)
+                raise mine
+        assert caught.value is mine
+        assert mine.__cause__ is injected
+
+    run(main)
+    assert any(r.exc_info and r.exc_info[1] is mine.__cause__ for r in caplog.records)
     assert tracked.survivors() == []
 
 

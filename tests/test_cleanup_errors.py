@@ -8,6 +8,7 @@ re-parented member would); the processes and their deaths are real.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import logging
 import signal
@@ -251,6 +252,57 @@ async def test_existing_cause_is_kept_and_the_cleanup_error_noted(
     assert len(logged) == 1
     assert str(tree.pid) in logged[0].getMessage()
     assert tracked.survivors() == []
+
+
+@dataclasses.dataclass(frozen=True)
+class FrozenJobFailed(Exception):
+    """A user's exception that refuses attribute writes, as frozen dataclasses do."""
+
+    code: int
+
+
+@pytest.mark.parametrize("caused", [False, True], ids=["no-cause", "a-cause-of-its-own"])
+async def test_a_frozen_exception_of_the_users_is_kept_and_the_cleanup_error_chained(
+    tracked: Tracked, caplog: pytest.LogCaptureFixture, caused: bool
+) -> None:
+    # Red before (helper-96): ``exc.__cause__ = error`` and ``add_note`` go through the
+    # class's __setattr__, which a frozen dataclass makes raise: the FrozenInstanceError
+    # out of cleanup replaced the user's exception (under trio it was gone from the
+    # chain), and the error log was skipped. (attrs lets an exception's links through.)
+    root = OSError("root cause")
+    mine = FrozenJobFailed(7)
+    with pytest.raises(FrozenJobFailed) as caught:
+        async with open_process_tree(SLEEPER, grace=0.2, env=tracked.env) as tree:
+            injected = fail_first_stop_signal(tree)
+            if caused:
+                raise mine from root
+            raise mine
+    assert caught.value is mine
+    if caused:
+        assert mine.__cause__ is root
+        [note] = getattr(mine, "__notes__", [])  # (typed from Python 3.11 on)
+        assert "Operation not permitted (injected)" in note
+    else:
+        assert mine.__cause__ is injected
+    logged = [r for r in caplog.records if r.exc_info and r.exc_info[1] is injected]
+    assert len(logged) == 1
+    assert tracked.survivors() == []
+
+
+async def test_a_frozen_exception_out_of_an_inner_nursery_keeps_its_own_context() -> None:
+    # run_process_tree's nursery is unwrapped (`unwrapped`): its one exception comes out
+    # as itself, its own context put back. Red before: put back by attribute, a frozen
+    # dataclass's raised FrozenInstanceError in its place.
+    from trio_proctree._trio import unwrapped  # noqa: PLC0415 - the unwrapping itself
+
+    first = KeyError("handled first")
+    with pytest.raises(FrozenJobFailed) as caught, unwrapped():
+        async with trio.open_nursery():
+            try:
+                raise first
+            except KeyError:
+                raise FrozenJobFailed(7)  # noqa: B904 - raised while one is handled
+    assert caught.value.__context__ is first
 
 
 async def test_the_context_of_the_users_exception_stays_in_its_traceback(

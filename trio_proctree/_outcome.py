@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+from collections.abc import Iterable
 from typing import cast
 
 import attrs
@@ -81,13 +82,47 @@ def _cut_links_back_to(exc: BaseException, error: BaseException) -> None:
             continue
         seen.add(id(link))
         if link.__cause__ is exc:
-            link.__cause__ = None
+            set_cause(link, None)
         if link.__context__ is exc:
-            link.__context__ = None
+            set_context(link, None)
         pending += [nxt for nxt in (link.__cause__, link.__context__) if nxt is not None]
         if isinstance(link, BaseExceptionGroup):  # (its members' chains are shown too)
             group = cast("BaseExceptionGroup[BaseException]", link)
             pending += group.exceptions
+
+
+# The user's exception may refuse attribute writes: a frozen dataclass or attrs class
+# raises FrozenInstanceError from ``exc.__cause__ = ...`` and from ``add_note`` (which
+# sets ``__notes__`` through the class's ``__setattr__``). Raised in cleanup, that error
+# replaced the user's exception (helper-96). Links are set through BaseException's own
+# descriptors, which no subclass's ``__setattr__`` stands in front of.
+_CAUSE = BaseException.__dict__["__cause__"]
+_CONTEXT = BaseException.__dict__["__context__"]
+
+
+def set_cause(exc: BaseException, cause: BaseException | None) -> None:
+    """``exc.__cause__ = cause`` (which also sets ``__suppress_context__``), whatever
+    ``exc``'s class does with attribute writes."""
+    _CAUSE.__set__(exc, cause)
+
+
+def set_context(exc: BaseException, context: BaseException | None) -> None:
+    """``exc.__context__ = context``, whatever ``exc``'s class does with attribute writes."""
+    _CONTEXT.__set__(exc, context)
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)`` (PEP 678; by hand on Python 3.10, which tracebacks show once
+    exceptiongroup, a dependency of trio there, is imported). Where ``exc`` cannot take
+    it (a ``__notes__`` that is no sequence), the log alone says it."""
+    notes: object = getattr(exc, "__notes__", None)
+    if isinstance(notes, list):
+        cast("list[str]", notes).append(note)  # (as add_note does: no attribute write)
+        return
+    with contextlib.suppress(AttributeError, TypeError):
+        earlier = () if notes is None else cast("Iterable[str]", notes)
+        # Past the class's __setattr__, as dataclasses' own __init__ sets frozen fields.
+        object.__setattr__(exc, "__notes__", [*earlier, note])
 
 
 def chain_cleanup_error(exc: BaseException, error: BaseException, label: str) -> None:
@@ -101,17 +136,9 @@ def chain_cleanup_error(exc: BaseException, error: BaseException, label: str) ->
     """
     if exc.__cause__ is None and (exc.__context__ is None or exc.__suppress_context__):
         _cut_links_back_to(exc, error)
-        exc.__cause__ = error
+        set_cause(exc, error)
     else:
-        note = f"cleanup of {label} also failed: {error!r}"
-        if sys.version_info >= (3, 11):
-            exc.add_note(note)
-        else:
-            # Python 3.10: the same attribute by hand (PEP 678), which tracebacks show
-            # once exceptiongroup, a dependency of trio there, is imported.
-            notes = [*getattr(exc, "__notes__", ()), note]
-            with contextlib.suppress(AttributeError, TypeError):  # (a class with __slots__)
-                setattr(exc, "__notes__", notes)  # noqa: B010 - not in 3.10's type stubs
+        _add_note(exc, f"cleanup of {label} also failed: {error!r}")
     logger.error(
         "cleanup of %s failed while %s was propagating",
         label,

@@ -27,7 +27,7 @@ from ._escalation import (
     SignalLike,
     resolve_policy,
 )
-from ._outcome import chain_cleanup_error
+from ._outcome import chain_cleanup_error, set_context
 from ._real_time import bound, clock_is_virtual, now
 from ._run import DRAIN_AT_MOST, PIPE_DRAIN_TIMEOUT, HasFileno, completed, dropped, plan_run
 from ._spawn import TRIO_STREAMS, Command, Spawned, SpawnPlan, plan_spawn
@@ -876,7 +876,7 @@ def unwrapped() -> Generator[None]:
         try:
             raise single
         finally:
-            single.__context__ = context
+            set_context(single, context)  # (a frozen dataclass's too)
 
 
 def _single_exception(group: BaseExceptionGroup[BaseException]) -> BaseException | None:

@@ -1686,8 +1686,8 @@ MUTANTS = [
     (
         "cleanup: no note for an exception with a cause of its own",
         "_outcome.py",
-        "            exc.add_note(note)\n",
-        "            pass\n",
+        '        _add_note(exc, f"cleanup of {label} also failed: {error!r}")\n',
+        "        pass\n",
         "existing_cause_is_kept",
     ),
     (
@@ -2228,7 +2228,7 @@ MUTANTS = [
     (
         "run: the nursery's group left as the context of the exception it stood for",
         "_trio.py",
-        "            single.__context__ = context\n",
+        "            set_context(single, context)  # (a frozen dataclass's too)\n",
         "            pass\n",
         "propagates_unwrapped",
     ),
@@ -3303,6 +3303,27 @@ MUTANTS = [
         "        with self.lock:\n            if self.leader.reaped or self._cleaned_up:\n",
         "        if True:\n            if self.leader.reaped or self._cleaned_up:\n",
         "waits_for_a_signal_another_thread",
+    ),
+    (
+        "cleanup: a cleanup error set as the cause through the user's class's __setattr__",
+        "_outcome.py",
+        "    _CAUSE.__set__(exc, cause)\n",
+        "    exc.__cause__ = cause\n",
+        "frozen_exception_of_the_users",
+    ),
+    (
+        "cleanup: a note added through the user's class's __setattr__",
+        "_outcome.py",
+        '        object.__setattr__(exc, "__notes__", [*earlier, note])\n',
+        "        exc.__notes__ = [*earlier, note]  # type: ignore[attr-defined]\n",
+        "frozen_exception_of_the_users",
+    ),
+    (
+        "run: a context put back through the user's class's __setattr__",
+        "_outcome.py",
+        "    _CONTEXT.__set__(exc, context)\n",
+        "    exc.__context__ = context\n",
+        "frozen_exception_out_of_an_inner_nursery",
     ),
 ]
 
