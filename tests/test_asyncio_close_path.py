@@ -789,6 +789,44 @@ def test_unread_stdin_does_not_hold_up_the_cleanup(
     assert tracked.survivors() == []
 
 
+def test_a_writer_draining_as_cleanup_drops_its_input_is_told_it_was_not_sent(
+    run: Callable[..., Any], tracked: Tracked
+) -> None:
+    # A writer waiting in drain() while cleanup drops what is still buffered for the
+    # tree's stdin (the tree gone). Red before (helper-95: 8 runs in 60 where the loop did
+    # not see the broken pipe first): the transport's abort ended the connection with no
+    # error, and drain() returned as if the input had been sent; under uvloop, whose
+    # transport is no asyncio.WriteTransport, nothing was dropped at all.
+    async def main() -> None:
+        async with open_process_tree(
+            ["sh", "-c", "echo ready; exec cat"],
+            grace=0.2,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=tracked.env,
+        ) as tree:
+            assert tree.stdin is not None and tree.stdout is not None
+            assert await tree.stdout.readline() == b"ready\n"
+            # The pipe's read end, held here too: no broken pipe when the tree ends, so
+            # that what drain() says comes from the drop alone, every run.
+            held = os.open(f"/proc/{tree.pid}/fd/0", os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                tree.send_signal(signal.SIGSTOP)
+                tree.stdin.write(b"y" * 300_000)  # more than the pipe takes: buffered
+                draining = asyncio.ensure_future(tree.stdin.drain())
+                await asyncio.sleep(0.01)  # (it waits: the pipe is full)
+                assert not draining.done()
+                await tree.aclose()
+                # (Bounded: under uvloop the drop never came, and drain() waited for good.)
+                with pytest.raises(BrokenPipeError, match="never sent"):
+                    await asyncio.wait_for(draining, 5)
+            finally:
+                os.close(held)
+
+    run(main)
+    assert tracked.survivors() == []
+
+
 def test_an_anyio_scope_cancellation_wins_over_a_cleanup_error(
     tracked: Tracked, contained: dict[str, Any], caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -3325,6 +3325,21 @@ MUTANTS = [
         "    exc.__context__ = context\n",
         "frozen_exception_out_of_an_inner_nursery",
     ),
+    (
+        "asyncio: a writer waiting in drain() as cleanup drops stdin's input told it went",
+        "asyncio.py",
+        "                protocol.dropped = unsent  # (a writer waiting in drain() is told)\n",
+        "                pass\n",
+        "draining_as_cleanup",
+    ),
+    (
+        "asyncio: uvloop's stdin transport closed, keeping its input, where it is to drop it",
+        "asyncio.py",
+        '        if abort and callable(drop := getattr(transport, "abort", None)):\n',
+        "        if abort and isinstance(transport, asyncio.WriteTransport):\n"
+        "            drop = transport.abort\n",
+        "draining_as_cleanup",
+    ),
 ]
 
 
