@@ -28,6 +28,7 @@ from trio_proctree._outcome import chain_cleanup_error
 
 from . import procs
 from .conftest import Tracked
+from .test_containment import available
 from .test_escalation import InPlaceOfStdin
 
 if sys.version_info < (3, 11):  # pragma: no cover
@@ -582,6 +583,63 @@ async def test_the_net_at_exit_waits_for_a_signal_another_thread_is_sending_to_t
             del used.signal, used.kill
         assert order == ["signal", "kill"]
         assert tree._core.leader.reaped  # and the net went on to reap the leader
+    assert tracked.survivors() == []
+
+
+class LockTheNetWaitsFor:
+    """A tree's lock whose first acquisition by the thread ``net`` waits for ``go``: the
+    net has listed the tree, and waits for its lock, while the tree's cleanup goes on."""
+
+    def __init__(self, lock: Any, go: threading.Event) -> None:
+        self.lock, self.go, self.waiting = lock, go, threading.Event()
+        self.net: threading.Thread | None = None
+
+    def __enter__(self) -> None:
+        if threading.current_thread() is self.net and not self.go.is_set():
+            self.waiting.set()
+            self.go.wait(5)
+        self.lock.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.__exit__(*exc)
+
+
+async def test_the_net_at_exit_leaves_a_tree_its_own_cleanup_let_go_meanwhile(
+    tracked: Tracked,
+) -> None:
+    # The net lists the trees still open, then takes each one's lock. A tree whose own
+    # cleanup (a daemon thread's loop) let it go in between has given its cgroup back, to
+    # the next tree. Red before (helper-97): the net, in the set until that cleanup's very
+    # end, wrote cgroup.kill of the next tree's cgroup, and killed that tree.
+    available("cgroup")
+    from trio_proctree._core import kill_at_once  # noqa: PLC0415 - the net itself
+
+    go = threading.Event()
+    async with open_process_tree(SLEEPER, env=tracked.env, containment="cgroup") as first:
+        core: Any = first._core
+        gated = core.lock = LockTheNetWaitsFor(core.lock, go)
+        net = threading.Thread(target=kill_at_once, args=([core],), kwargs={"when": "now"})
+        gated.net = net
+        net.start()
+        try:
+            assert await trio.to_thread.run_sync(gated.waiting.wait, 5)  # (listed it)
+        except BaseException:
+            go.set()
+            raise
+    try:
+        async with open_process_tree(SLEEPER, env=tracked.env, containment="cgroup") as nxt:
+            taken: Any = nxt._core.containment
+            assert taken.path == core.containment.path  # (the premise: its cgroup reused)
+            go.set()
+            await trio.to_thread.run_sync(net.join, 5)
+            assert not net.is_alive()
+            assert nxt.returncode is None  # not killed by the net
+            assert procs.alive(nxt.pid)
+            assert nxt.outcome is None
+    finally:
+        go.set()
+    assert nxt.outcome is not None
+    assert nxt.outcome.signals[:1] == (signal.SIGTERM,)  # stopped by its own cleanup
     assert tracked.survivors() == []
 
 

@@ -228,8 +228,6 @@ class TreeCore:
             with self.lock:
                 self._cleaned_up = True
                 returncode = self._reap_leader(io)
-            if emptied:
-                _open_trees.discard(self)  # else the net at interpreter exit keeps it
             self._record = self._record_and_log(
                 teardown, time.monotonic() - started, returncode, self._stdin_closed(teardown)
             )
@@ -303,6 +301,12 @@ class TreeCore:
     def _release(self, emptied: bool) -> None:
         """Let the containment go, once (a cleanup finalised after `kill_blocking` did)."""
         with self.lock:
+            if emptied:
+                # Else the net at interpreter exit keeps it. Gone from the set within the
+                # lock that lets it go: an emptied cgroup is the next tree's from then on,
+                # and a net that had listed this tree, then waited for the lock, must find
+                # it gone, not kill that other tree (helper-97).
+                _open_trees.discard(self)
             if not self._released:
                 self._released = True
                 self.containment.release(emptied=emptied)
@@ -679,9 +683,13 @@ def kill_at_once(cores: list[TreeCore], *, when: str) -> None:
     ``kill_wait``), blocking: where no cleanup can run (``when`` says where, for the log).
     """
     cores = [core for core in cores if core in _open_trees]
+    killed: list[TreeCore] = []
     for core in cores:
         try:
             with core.lock:  # (a daemon thread's loop may be stopping it right now)
+                if core not in _open_trees:
+                    continue  # its own cleanup let it go meanwhile (`TreeCore._release`)
+                killed.append(core)
                 core.containment.kill()
         except ContainmentLost:
             # A bare process group whose leader is reaped, on a kernel that cannot reach
@@ -706,7 +714,7 @@ def kill_at_once(cores: list[TreeCore], *, when: str) -> None:
     # Every tree has had its SIGKILL before any is waited for: leaders slow to die (in
     # uninterruptible sleep, say) then cost the longest kill_wait in all, not its sum.
     killed_at = time.monotonic()
-    for core in cores:
+    for core in killed:
         # By pidfd, never Popen.wait(): if someone else reaped the leader, its pid may
         # belong to another of our children by now.
         left = killed_at + core.policy.kill_wait - time.monotonic()

@@ -3340,6 +3340,13 @@ MUTANTS = [
         "            drop = transport.abort\n",
         "draining_as_cleanup",
     ),
+    (
+        "close: the net at interpreter exit kills a tree its own cleanup let go meanwhile",
+        "_core.py",
+        "                if core not in _open_trees:\n                    continue  # its own",
+        "                if False:\n                    continue  # its own",
+        "leaves_a_tree_its_own",
+    ),
 ]
 
 
