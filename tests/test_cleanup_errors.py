@@ -290,6 +290,37 @@ async def test_a_frozen_exception_of_the_users_is_kept_and_the_cleanup_error_cha
     assert tracked.survivors() == []
 
 
+class NotesAsText(Exception):
+    """Notes that are no list or tuple (a str: no notes Python shows)."""
+
+    __notes__ = "earlier"
+
+
+class NotesThatRaise(Exception):
+    """Notes whose property raises."""
+
+    @property
+    def __notes__(self) -> list[str]:
+        raise RuntimeError("no notes here")
+
+
+@pytest.mark.parametrize("kind", [NotesAsText, NotesThatRaise])
+def test_a_note_the_users_exception_cannot_take_leaves_it_as_it_is(
+    kind: type[Exception], caplog: pytest.LogCaptureFixture
+) -> None:
+    # The note path (the exception has a cause of its own). Red before (helper-97): a str
+    # was taken apart, each character a note; a property's error left the chaining, in
+    # place of the user's exception. The log alone says the cleanup error then.
+    mine = kind("the user's")
+    mine.__cause__ = OSError("its own cause")
+    error = OSError("cleanup failed")
+    chain_cleanup_error(mine, error, "pid 42 (make -j8)")
+    if kind is NotesAsText:
+        assert mine.__notes__ == "earlier"  # type: ignore[attr-defined]
+    logged = [r for r in caplog.records if r.exc_info and r.exc_info[1] is error]
+    assert len(logged) == 1
+
+
 async def test_a_frozen_exception_out_of_an_inner_nursery_keeps_its_own_context() -> None:
     # run_process_tree's nursery is unwrapped (`unwrapped`): its one exception comes out
     # as itself, its own context put back. Red before: put back by attribute, a frozen

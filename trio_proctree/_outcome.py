@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-from collections.abc import Iterable
 from typing import cast
 
 import attrs
@@ -114,13 +113,19 @@ def set_context(exc: BaseException, context: BaseException | None) -> None:
 def _add_note(exc: BaseException, note: str) -> None:
     """``exc.add_note(note)`` (PEP 678; by hand on Python 3.10, which tracebacks show once
     exceptiongroup, a dependency of trio there, is imported). Where ``exc`` cannot take
-    it (a ``__notes__`` that is no sequence), the log alone says it."""
-    notes: object = getattr(exc, "__notes__", None)
+    it (``__notes__`` no list or tuple, or a property that raises), the log alone says
+    it: nothing of the user's is rewritten, and nothing raised in its place."""
+    try:
+        notes: object = getattr(exc, "__notes__", None)
+    except Exception:  # noqa: BLE001 - the class's own property: the log says the error
+        return
     if isinstance(notes, list):
         cast("list[str]", notes).append(note)  # (as add_note does: no attribute write)
         return
+    if notes is not None and not isinstance(notes, tuple):
+        return  # (a str would be taken apart, a character a note)
+    earlier = cast("tuple[str, ...]", notes or ())
     with contextlib.suppress(AttributeError, TypeError):
-        earlier = () if notes is None else cast("Iterable[str]", notes)
         # Past the class's __setattr__, as dataclasses' own __init__ sets frozen fields.
         object.__setattr__(exc, "__notes__", [*earlier, note])
 
