@@ -491,7 +491,7 @@ MUTANTS = [
         "_core.py",
         '            logger.warning("%s: could not kill %s: %s", core.label, when, exc)\n',
         '            logger.warning("%s: could not kill %s: %s", core.label, when, exc)\n'
-        "            cores = [other for other in cores if other is not core]\n",
+        "            killed = [other for other in killed if other is not core]\n",
         "test_a_tree_open_at_interpreter_exit_with_a_member_it_may_not_signal",
     ),
     (
