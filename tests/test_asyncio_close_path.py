@@ -827,6 +827,52 @@ def test_a_writer_draining_as_cleanup_drops_its_input_is_told_it_was_not_sent(
     assert tracked.survivors() == []
 
 
+def test_a_writer_the_program_put_in_place_of_stdin_keeps_what_it_holds(
+    run: Callable[..., Any], tracked: Tracked
+) -> None:
+    # The program's own writer, in place of the tree's stdin, feeding a pipe of its own:
+    # cleanup closes it, and it still writes all it holds as its reader reads. Red before
+    # (helper-98): cleanup dropped its buffer as if it were the tree's own (under uvloop
+    # since c4f3a4a, under asyncio's loop before it too): 65,536 bytes of 300,000 came.
+    data = b"q" * 300_000
+    received = bytearray()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        into, out = os.pipe()
+        pipe = open(out, "wb")  # noqa: SIM115 - the transport owns it
+        transport, protocol = await loop.connect_write_pipe(
+            lambda: asyncio.StreamReaderProtocol(asyncio.StreamReader()), pipe
+        )
+        mine = asyncio.StreamWriter(transport, protocol, None, loop)
+        try:
+            async with open_process_tree(
+                ["sleep", "60"], grace=0.2, stdin=subprocess.PIPE, env=tracked.env
+            ) as tree:
+                assert tree.stdin is not None
+                tree.stdin.close()
+                tree.stdin = mine
+                mine.write(data)  # (more than the pipe takes: buffered)
+            reading = asyncio.ensure_future(asyncio.to_thread(read_to_the_end, into))
+            await asyncio.wait_for(mine.drain(), 5)
+            mine.close()
+            received.extend(await asyncio.wait_for(reading, 5))
+        finally:
+            os.close(into)
+
+    run(main)
+    assert len(received) == len(data)
+    assert tracked.survivors() == []
+
+
+def read_to_the_end(fd: int) -> bytes:
+    """What the pipe's read end ``fd`` gives until its end (blocking)."""
+    chunks = []
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def test_an_anyio_scope_cancellation_wins_over_a_cleanup_error(
     tracked: Tracked, contained: dict[str, Any], caplog: pytest.LogCaptureFixture
 ) -> None:

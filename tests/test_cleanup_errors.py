@@ -304,13 +304,25 @@ class NotesThatRaise(Exception):
         raise RuntimeError("no notes here")
 
 
-@pytest.mark.parametrize("kind", [NotesAsText, NotesThatRaise])
+class NotesRefused(Exception):
+    """Notes none yet, whose setter raises."""
+
+    @property
+    def __notes__(self) -> None:
+        return None
+
+    @__notes__.setter
+    def __notes__(self, value: object) -> None:
+        raise RuntimeError("setter refuses")
+
+
+@pytest.mark.parametrize("kind", [NotesAsText, NotesThatRaise, NotesRefused])
 def test_a_note_the_users_exception_cannot_take_leaves_it_as_it_is(
     kind: type[Exception], caplog: pytest.LogCaptureFixture
 ) -> None:
-    # The note path (the exception has a cause of its own). Red before (helper-97): a str
-    # was taken apart, each character a note; a property's error left the chaining, in
-    # place of the user's exception. The log alone says the cleanup error then.
+    # The note path (the exception has a cause of its own). Red before (helper-97,
+    # helper-98): a str was taken apart, each character a note; a property's error left
+    # the chaining, in place of the user's exception. The log alone says it then.
     mine = kind("the user's")
     mine.__cause__ = OSError("its own cause")
     error = OSError("cleanup failed")

@@ -301,15 +301,16 @@ class TreeCore:
     def _release(self, emptied: bool) -> None:
         """Let the containment go, once (a cleanup finalised after `kill_blocking` did)."""
         with self.lock:
-            if emptied:
-                # Else the net at interpreter exit keeps it. Gone from the set within the
-                # lock that lets it go: an emptied cgroup is the next tree's from then on,
-                # and a net that had listed this tree, then waited for the lock, must find
-                # it gone, not kill that other tree (helper-97).
-                _open_trees.discard(self)
             if not self._released:
                 self._released = True
                 self.containment.release(emptied=emptied)
+            if emptied:
+                # Else the net at interpreter exit keeps it (as it does one whose release
+                # raised: a Ctrl-C there left its leader unreaped, helper-98). Gone from
+                # the set within the lock that let it go: an emptied cgroup is the next
+                # tree's from then on, and a net that had listed this tree, then waited
+                # for the lock, must find it gone, not kill that other tree (helper-97).
+                _open_trees.discard(self)
 
     def _raise_what_failed(
         self, interrupt: KeyboardInterrupt | None, errors: list[Exception]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import sys
 from typing import cast
@@ -113,21 +112,17 @@ def set_context(exc: BaseException, context: BaseException | None) -> None:
 def _add_note(exc: BaseException, note: str) -> None:
     """``exc.add_note(note)`` (PEP 678; by hand on Python 3.10, which tracebacks show once
     exceptiongroup, a dependency of trio there, is imported). Where ``exc`` cannot take
-    it (``__notes__`` no list or tuple, or a property that raises), the log alone says
-    it: nothing of the user's is rewritten, and nothing raised in its place."""
+    it (``__notes__`` no list, or its class's own code raises), the log alone says it:
+    nothing of the user's is rewritten, and nothing raised in its place."""
     try:
         notes: object = getattr(exc, "__notes__", None)
-    except Exception:  # noqa: BLE001 - the class's own property: the log says the error
-        return
-    if isinstance(notes, list):
-        cast("list[str]", notes).append(note)  # (as add_note does: no attribute write)
-        return
-    if notes is not None and not isinstance(notes, tuple):
-        return  # (a str would be taken apart, a character a note)
-    earlier = cast("tuple[str, ...]", notes or ())
-    with contextlib.suppress(AttributeError, TypeError):
-        # Past the class's __setattr__, as dataclasses' own __init__ sets frozen fields.
-        object.__setattr__(exc, "__notes__", [*earlier, note])
+        if isinstance(notes, list):
+            cast("list[str]", notes).append(note)  # (as add_note does: no attribute write)
+        elif notes is None:
+            # Past the class's __setattr__, as dataclasses' own __init__ sets frozen fields.
+            object.__setattr__(exc, "__notes__", [note])
+    except Exception:  # noqa: BLE001 - the class's own code: the log says the error
+        pass
 
 
 def chain_cleanup_error(exc: BaseException, error: BaseException, label: str) -> None:

@@ -726,9 +726,14 @@ class ProcessTree(TreeView):
         return None
 
     def _abort_stdin(self) -> None:
-        """Drop what is still buffered for stdin: by now the tree is gone."""
+        """Drop what is still buffered for the tree's stdin: by now the tree is gone. Not
+        that of a writer the program put in its place, which may feed anything: closed,
+        it writes what it holds as its reader reads (helper-98)."""
         transport, self._stdin_transport = self._stdin_transport, None
-        if transport is not None and (unsent := transport.get_write_buffer_size()):
+        given = self._given_stdin
+        if transport is None or given is None or transport is not given.transport:
+            return
+        if unsent := transport.get_write_buffer_size():
             if isinstance(protocol := transport.get_protocol(), _StdinProtocol):
                 protocol.dropped = unsent  # (a writer waiting in drain() is told)
             _close(transport, abort=True)

@@ -3314,8 +3314,8 @@ MUTANTS = [
     (
         "cleanup: a note added through the user's class's __setattr__",
         "_outcome.py",
-        '        object.__setattr__(exc, "__notes__", [*earlier, note])\n',
-        "        exc.__notes__ = [*earlier, note]  # type: ignore[attr-defined]\n",
+        '            object.__setattr__(exc, "__notes__", [note])\n',
+        "            exc.__notes__ = [note]  # type: ignore[attr-defined]\n",
         "frozen_exception_of_the_users",
     ),
     (
@@ -3346,6 +3346,13 @@ MUTANTS = [
         "                if core not in _open_trees:\n                    continue  # its own",
         "                if False:\n                    continue  # its own",
         "leaves_a_tree_its_own",
+    ),
+    (
+        "asyncio: cleanup drops what a writer the program put in place of stdin holds",
+        "asyncio.py",
+        "        if transport is None or given is None or transport is not given.transport:\n",
+        "        if transport is None:\n",
+        "keeps_what_it_holds",
     ),
 ]
 
