@@ -629,6 +629,36 @@ async def test_the_net_at_exit_waits_for_a_signal_another_thread_is_sending_to_t
     assert tracked.survivors() == []
 
 
+#: A program whose signal handler forwards its signal to a tree, run while the thread it
+#: interrupts holds the tree's lock (as in the middle of a containment call).
+FORWARDS_ITS_SIGNAL_UNDER_THE_LOCK = """
+import signal, trio
+from trio_proctree import open_process_tree
+
+async def main():
+    async with open_process_tree(["sleep", "60"], grace=0.2) as tree:
+        signal.signal(signal.SIGUSR1, lambda *_: tree.send_signal(signal.SIGCONT))
+        with tree._core.lock:
+            signal.raise_signal(signal.SIGUSR1)  # (its handler runs here, lock held)
+        print("forwarded", flush=True)
+
+trio.run(main)
+"""
+
+
+def test_a_signal_handler_may_forward_its_signal_to_a_tree_whose_lock_its_thread_holds(
+    tracked: Tracked,
+) -> None:
+    # The tree's lock is re-entrant. A plain lock (helper-97's check) deadlocked: the
+    # handler, run in the thread that held it, waited for it for good.
+    done = subprocess.run(
+        [sys.executable, "-c", FORWARDS_ITS_SIGNAL_UNDER_THE_LOCK],
+        capture_output=True, text=True, env=tracked.env, timeout=15, check=False,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout) == (0, "forwarded\n"), done.stderr
+    assert tracked.survivors() == []
+
+
 class LockTheNetWaitsFor:
     """A tree's lock whose first acquisition by the thread ``net`` waits for ``go``: the
     net has listed the tree, and waits for its lock, while the tree's cleanup goes on."""

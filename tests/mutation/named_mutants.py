@@ -3354,6 +3354,13 @@ MUTANTS = [
         "        if transport is None:\n",
         "keeps_what_it_holds",
     ),
+    (
+        "close: the tree's lock not re-entrant (a signal handler forwarding deadlocks)",
+        "_core.py",
+        "        self.lock = threading.RLock()\n",
+        "        self.lock = threading.Lock()\n",
+        "forward_its_signal",
+    ),
 ]
 
 
