@@ -27,6 +27,8 @@ from .conftest import Tracked, read_pids, seq, slow_to_die
 
 # A leader that starts two members and says their pids.
 TWO_SLEEPS = ["sh", "-c", "sleep 60 & echo $!; sleep 61 & echo $!; wait"]
+#: Ignores SIGTERM, as its child does: the grace runs out, and SIGKILL ends it.
+IGNORES_TERM_WITH_A_CHILD = ["sh", "-c", "trap '' TERM; echo ready; sleep 60 & wait"]
 
 
 async def test_end_of_block_stops_the_whole_tree(
@@ -963,7 +965,7 @@ def test_aclose_from_another_trio_run_waits_for_the_cleanup_under_way_there(
 
     async def owner() -> None:
         async with open_process_tree(
-            ["sh", "-c", "trap '' TERM; echo ready; sleep 60 & wait"],
+            IGNORES_TERM_WITH_A_CHILD,
             grace=0.3,
             stdout=subprocess.PIPE,
             **contained,
@@ -1012,7 +1014,7 @@ async def test_block_scope_cancel_does_not_cut_cleanup_short(
     # cancellation arrives during that wait and must not interrupt it.
     with trio.move_on_after(0.1) as scope:
         async with open_process_tree(
-            ["sh", "-c", "trap '' TERM; echo ready; sleep 60 & wait"],
+            IGNORES_TERM_WITH_A_CHILD,
             grace=0.3,
             stdout=subprocess.PIPE,
             **contained,

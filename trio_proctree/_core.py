@@ -708,9 +708,9 @@ def kill_at_once(cores: list[TreeCore], *, when: str) -> None:
             # or it stays a zombie for good where init does not reap.
             logger.warning("%s: could not kill %s: %s", core.label, when, exc)
         except Exception as exc:  # noqa: BLE001 - one tree's failure must not skip the rest
-            # A daemon thread's loop runs on during atexit, and its cleanup of this very
-            # tree may race the net (a member table pruned by both: a KeyError, helper-94).
-            # Let out, it skipped every tree after this one: no SIGKILL, no reap.
+            # Let out, it skipped every tree after this one: no SIGKILL, no reap (seen when
+            # a daemon thread's cleanup and the net pruned one member table at once, a
+            # KeyError, helper-94: a race the tree's lock has since closed).
             logger.warning("%s: could not kill %s: %r", core.label, when, exc)
     # Every tree has had its SIGKILL before any is waited for: leaders slow to die (in
     # uninterruptible sleep, say) then cost the longest kill_wait in all, not its sum.

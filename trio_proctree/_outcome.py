@@ -89,11 +89,12 @@ def _cut_links_back_to(exc: BaseException, error: BaseException) -> None:
             pending += group.exceptions
 
 
-# The user's exception may refuse attribute writes: a frozen dataclass or attrs class
-# raises FrozenInstanceError from ``exc.__cause__ = ...`` and from ``add_note`` (which
-# sets ``__notes__`` through the class's ``__setattr__``). Raised in cleanup, that error
-# replaced the user's exception (helper-96). Links are set through BaseException's own
-# descriptors, which no subclass's ``__setattr__`` stands in front of.
+# The user's exception may refuse attribute writes: a frozen dataclass raises
+# FrozenInstanceError from ``exc.__cause__ = ...`` and from ``add_note`` (which sets
+# ``__notes__`` through the class's ``__setattr__``; attrs lets an exception's own
+# through). Raised in cleanup, that error replaced the user's exception (helper-96).
+# Links are set through BaseException's own descriptors, which no subclass's
+# ``__setattr__`` stands in front of.
 _CAUSE = BaseException.__dict__["__cause__"]
 _CONTEXT = BaseException.__dict__["__context__"]
 
@@ -110,8 +111,9 @@ def set_context(exc: BaseException, context: BaseException | None) -> None:
 
 
 def _add_note(exc: BaseException, note: str) -> None:
-    """``exc.add_note(note)`` (PEP 678; by hand on Python 3.10, which tracebacks show once
-    exceptiongroup, a dependency of trio there, is imported). Where ``exc`` cannot take
+    """``exc.add_note(note)`` (PEP 678), by hand on every version: past the class's
+    ``__setattr__``, and on Python 3.10, whose tracebacks show notes once exceptiongroup,
+    a dependency of trio there, is imported. Where ``exc`` cannot take
     it (``__notes__`` no list, or its class's own code raises), the log alone says it:
     nothing of the user's is rewritten, and nothing raised in its place."""
     try:

@@ -86,8 +86,9 @@ class Pidfds(dict[int, int]):
             self._drop(pid)
 
     def _drop(self, pid: int) -> None:
-        # (Dropped once: the net at interpreter exit may prune this table while a daemon
-        # thread's loop, running on during atexit, prunes it too: helper-94.)
+        # (Dropped once, whoever asks twice: the net at interpreter exit and a daemon
+        # thread's loop both pruned this table, helper-94; they now take turns, under
+        # the tree's lock.)
         fd = self.pop(pid, None)
         if fd is not None and fd not in self._borrowed:
             os.close(fd)
