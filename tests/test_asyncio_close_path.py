@@ -30,7 +30,12 @@ from trio_proctree.asyncio import ProcessTree, open_process_tree
 
 from . import procs
 from .conftest import Tracked
-from .test_cleanup_errors import FrozenJobFailed, fail_first_stop_signal
+from .test_cleanup_errors import (
+    FrozenJobFailed,
+    fail_first_stop_signal,
+    fail_hard_stops,
+    let_the_hard_stop_work,
+)
 from .test_containment import available
 from .test_teardown_paths import SAYS_EOF_AND_RUNS_ON
 
@@ -195,6 +200,41 @@ def test_a_frozen_exception_of_the_users_is_kept_when_cleanup_fails(
 
     run(main)
     assert any(r.exc_info and r.exc_info[1] is mine.__cause__ for r in caplog.records)
+    assert tracked.survivors() == []
+
+
+def test_a_later_closer_of_a_tree_that_outlived_cleanup_is_told_by_its_outcome(
+    run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # As under trio (test_cleanup_errors): one call raises the CleanupError, the others
+    # nothing of it; `outcome` tells them.
+    async def main() -> list[BaseException | None]:
+        async with open_process_tree(
+            ["sh", "-c", "trap '' TERM; sleep 60 & echo ready; wait"],  # (the sleep too)
+            escalation=Escalation(steps=[(signal.SIGTERM, 0.2)], kill_wait=0.2),
+            stdout=subprocess.PIPE,
+            **contained,
+        ) as tree:
+            assert tree.stdout is not None
+            assert await asyncio.wait_for(tree.stdout.readline(), 10) == b"ready\n"
+            fail_hard_stops(tree)
+            results = list(
+                await asyncio.gather(tree.aclose(), tree.aclose(), return_exceptions=True)
+            )
+            await tree.aclose()  # (a later call: it must not raise)
+            results.append(None)
+        let_the_hard_stop_work(tree)
+        procs.kill_survivors(tracked.token)  # (what the hard stop left: ours, by token)
+        assert tree.outcome is not None
+        assert tree.outcome.emptied is False
+        return results
+
+    results = run(main)
+    assert sorted(type(result).__name__ for result in results) == [
+        "CleanupError",
+        "NoneType",
+        "NoneType",
+    ]
     assert tracked.survivors() == []
 
 

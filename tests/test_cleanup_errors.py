@@ -409,12 +409,7 @@ async def test_a_hard_stop_that_failed_is_named_as_the_reason(
 ) -> None:
     # Red before: "processes outlived SIGKILL", and a log blaming a sleep nothing wakes,
     # when no SIGKILL had gone out (cgroup.kill could not be opened: no descriptor left).
-    injected = OSError(errno.EMFILE, "Too many open files (injected)")
     mine = KeyError("the user's error")
-
-    def failing_hard_stop() -> None:
-        raise injected
-
     with pytest.raises(KeyError if users_error else CleanupError) as raised:
         async with open_process_tree(
             ["sh", "-c", "trap '' TERM; sleep 60 & echo ready; wait"],  # (the sleep too)
@@ -425,10 +420,10 @@ async def test_a_hard_stop_that_failed_is_named_as_the_reason(
             assert tree.stdout is not None
             with trio.fail_after(10):
                 assert await tree.stdout.receive_some() == b"ready\n"
-            tree._core.containment.kill = failing_hard_stop  # type: ignore[method-assign]
+            injected = fail_hard_stops(tree)
             if users_error:
                 raise mine
-    del tree._core.containment.kill  # (the real one again, for the net at exit)
+    let_the_hard_stop_work(tree)
     procs.kill_survivors(tracked.token)  # (what the hard stop left: ours, by token)
     caught = raised.value.__cause__ if users_error else raised.value
     assert isinstance(caught, CleanupError)
@@ -459,6 +454,65 @@ async def test_a_tree_never_seen_empty_is_still_killed_and_reported(
             await trio.sleep(0.01)
     assert tree.outcome is not None
     assert signal.SIGKILL in tree.outcome.signals
+
+
+def fail_hard_stops(tree: ProcessTree | trio_proctree.asyncio.ProcessTree) -> OSError:
+    """Make the tree's hard stop fail (out of descriptors, as injected: `cgroup.kill`
+    cannot be opened); return the error it raises. `let_the_hard_stop_work` undoes it."""
+    injected = OSError(errno.EMFILE, "Too many open files (injected)")
+
+    def failing_hard_stop() -> None:
+        raise injected
+
+    tree._core.containment.kill = failing_hard_stop  # type: ignore[method-assign]
+    return injected
+
+
+def let_the_hard_stop_work(tree: ProcessTree | trio_proctree.asyncio.ProcessTree) -> None:
+    """The real hard stop again (for the net at exit), after `fail_hard_stops`."""
+    del tree._core.containment.kill
+
+
+async def test_a_later_closer_of_a_tree_that_outlived_cleanup_is_told_by_its_outcome(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # helper-96: the call that ran the cleanup raises its CleanupError; a concurrent or
+    # later aclose() raises nothing of it (documented), and had nothing else to tell it
+    # the tree may not be gone: `outcome` had no such field.
+    results: list[BaseException | None] = []
+
+    async def close(tree: ProcessTree) -> None:
+        try:
+            await tree.aclose()
+        except CleanupError as exc:
+            results.append(exc)
+        else:
+            results.append(None)
+
+    async with open_process_tree(
+        ["sh", "-c", "trap '' TERM; sleep 60 & echo ready; wait"],  # (the sleep too)
+        escalation=Escalation(steps=[(signal.SIGTERM, 0.2)], kill_wait=0.2),
+        stdout=subprocess.PIPE,
+        **contained,
+    ) as tree:
+        assert tree.stdout is not None
+        with trio.fail_after(10):
+            assert await tree.stdout.receive_some() == b"ready\n"
+        fail_hard_stops(tree)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(close, tree)
+            nursery.start_soon(close, tree)
+        await close(tree)  # (a later call)
+    let_the_hard_stop_work(tree)
+    procs.kill_survivors(tracked.token)  # (what the hard stop left: ours, by token)
+    assert sorted(type(result).__name__ for result in results) == [
+        "CleanupError",
+        "NoneType",
+        "NoneType",
+    ]
+    assert tree.outcome is not None
+    assert tree.outcome.emptied is False
+    assert tracked.survivors() == []
 
 
 def fail_member_listings(tree: ProcessTree) -> list[OSError]:

@@ -948,6 +948,7 @@ async def test_aclose_is_idempotent_and_safe_concurrently(
     assert first is not None
     # One escalation, not two: SIGTERM was sent once.
     assert first.signals == (signal.SIGTERM, signal.SIGCONT)
+    assert first.emptied  # (seen empty; test_cleanup_errors has trees that are not)
     assert not any(procs.alive(pid) for pid in members)
     assert tracked.survivors() == []
 

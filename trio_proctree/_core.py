@@ -145,7 +145,7 @@ class TreeCore:
         self.policy = policy
         self.label = f"pid {self.leader.pid} ({plan.label})"
         #: What cleanup did, kept as it ran out, until `outcome` first reads it.
-        self._record: tuple[Teardown, int, int, float, int | None, bool] | None = None
+        self._record: tuple[Teardown, int, int, float, int | None, bool, bool] | None = None
         self._outcome: CleanupOutcome | None = None
         self._cleaned_up = False
         #: The containment was let go (`_release`).
@@ -229,7 +229,11 @@ class TreeCore:
                 self._cleaned_up = True
                 returncode = self._reap_leader(io)
             self._record = self._record_and_log(
-                teardown, time.monotonic() - started, returncode, self._stdin_closed(teardown)
+                teardown,
+                time.monotonic() - started,
+                returncode,
+                self._stdin_closed(teardown),
+                emptied,
             )
         if isinstance(action, Finished) and not action.emptied:
             errors.insert(
@@ -393,8 +397,13 @@ class TreeCore:
             errors.append(exc)
 
     def _record_and_log(
-        self, teardown: Teardown, duration: float, returncode: int | None, stdin_closed: bool
-    ) -> tuple[Teardown, int, int, float, int | None, bool]:
+        self,
+        teardown: Teardown,
+        duration: float,
+        returncode: int | None,
+        stdin_closed: bool,
+        emptied: bool,
+    ) -> tuple[Teardown, int, int, float, int | None, bool, bool]:
         """What `outcome` is made of, and the line that ends each cleanup. Escapees
         (members outside the tree's process group) are what a group alone would have left
         running: worth INFO."""
@@ -411,14 +420,16 @@ class TreeCore:
                 lingering,
                 escapees,
             )
-        return teardown, lingering, escapees, duration, returncode, stdin_closed
+        return teardown, lingering, escapees, duration, returncode, stdin_closed, emptied
 
     @property
     def outcome(self) -> CleanupOutcome | None:
         """What cleanup did; None until it ran. Made when first read, not on the path that
         ends the tree (where its ~20 us counted)."""
         if self._outcome is None and self._record is not None:
-            teardown, lingering, escapees, duration, returncode, stdin_closed = self._record
+            teardown, lingering, escapees, duration, returncode, stdin_closed, emptied = (
+                self._record
+            )
             self._outcome = CleanupOutcome(
                 containment=self.containment.name,
                 signals=tuple(teardown.signals),
@@ -428,6 +439,7 @@ class TreeCore:
                 escapees_killed=escapees,
                 duration=duration,
                 returncode=returncode,
+                emptied=emptied,
             )
             self._record = None  # (nor the escalation kept alive for it)
         return self._outcome

@@ -56,6 +56,11 @@ class CleanupOutcome:
     #: cleanup could not reap it: other code reaped it first (its status is then lost to
     #: the tree: see the FAQ), or it outlived SIGKILL.
     returncode: int | None
+    #: Whether cleanup saw every process of the tree gone. False where it raised
+    #: `CleanupError` (processes outlived SIGKILL, or the tree could not be looked at):
+    #: raised to the call that ran the cleanup; a concurrent or later ``aclose()`` raises
+    #: nothing of it, and can tell from here that the tree may not be gone.
+    emptied: bool
 
 
 class CleanupError(RuntimeError):

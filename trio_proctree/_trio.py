@@ -216,8 +216,9 @@ class ProcessTree(TreeView):
 
         Idempotent: later and concurrent calls wait for the first one to finish (a later
         caller's own cancellation ends its wait, never the cleanup; it raises nothing of
-        the first call's errors). The first call is shielded from cancellation; bounded
-        by ``escalation.worst_case`` (grace + 2 s by default). A cancellation pending once
+        the first call's errors: ``outcome.emptied`` says whether the tree was seen gone).
+        The first call is shielded from cancellation; bounded by ``escalation.worst_case``
+        (grace + 2 s by default). A cancellation pending once
         the cleanup is done (a deadline that passed meanwhile) is raised then, unless the
         cleanup failed: its error is raised instead, and the cancellation comes at the next
         checkpoint.

@@ -486,7 +486,8 @@ class ProcessTree(TreeView):
         awaited), or is cancelled before its first step. What it returns is a coroutine, so
         ``asyncio.create_task(tree.aclose())`` and anyio's ``start_soon(tree.aclose)``
         work (and type-check). Idempotent: later
-        calls wait for the same cleanup. The caller's cancellation does not stop it: it is
+        calls wait for the same cleanup, and raise none of its errors (``outcome.emptied``
+        says whether the tree was seen gone). The caller's cancellation does not stop it: it is
         re-raised once the cleanup is over, bounded by ``escalation.worst_case`` (grace +
         2 s by default). (Cancelled before its first step, as ``asyncio.wait_for`` with no
         time left does, what this returns cannot wait: the cleanup runs on in its own task,

@@ -3361,6 +3361,13 @@ MUTANTS = [
         "        self.lock = threading.Lock()\n",
         "forward_its_signal",
     ),
+    (
+        "outcome: a tree that outlived cleanup recorded as seen gone",
+        "_core.py",
+        "                emptied=emptied,\n",
+        "                emptied=True,\n",
+        "later_closer",
+    ),
 ]
 
 
