@@ -2093,6 +2093,58 @@ def test_the_exit_waits_for_a_stopped_watchdog_only_so_long(tracked: Tracked) ->
     assert tracked.survivors() == []
 
 
+# A registration (another thread's: a daemon thread starting a tree) held in the middle
+# of its write to the watchdog while the exit hook runs; prints what was logged, then
+# how many watchdogs were started in all.
+A_REGISTRATION_UNDER_WAY_AT_EXIT = textwrap.dedent(
+    """
+    import logging, sys, threading
+    from trio_proctree import _watchdog
+
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stdout)
+    _watchdog.ensure_started()
+    started = [_watchdog.running()[0].pid]
+    in_write, go_on = threading.Event(), threading.Event()
+    real_send = _watchdog.Watchdog.send
+    real_init = _watchdog.Watchdog.__init__
+
+    def held_send(self, lines):
+        if any("TRIO_PROCTREE_TEST_UNDER_WAY" in line for line in lines):
+            in_write.set()
+            go_on.wait(10)
+        real_send(self, lines)
+
+    def counted_init(self):
+        real_init(self)
+        started.append(self.pid)
+
+    _watchdog.Watchdog.send = held_send
+    _watchdog.Watchdog.__init__ = counted_init
+    entry = "marker TRIO_PROCTREE_TEST_UNDER_WAY=1"
+    registering = threading.Thread(target=_watchdog.register, args=(entry,))
+    registering.start()
+    in_write.wait(10)
+    exiting = threading.Thread(target=_watchdog._at_exit)
+    exiting.start()
+    exiting.join(0.3)  # (time enough for a hook that does not wait to close the socket)
+    go_on.set()
+    registering.join(10)
+    exiting.join(10)
+    print(len(started))
+    """
+)
+
+
+def test_the_exit_hook_waits_for_a_registration_under_way(tracked: Tracked) -> None:
+    # Red before (helper-97 saw its warning): the hook closed the watchdog's socket under
+    # a write another thread was making: that write failed (EBADF), said the backstop
+    # "lost" and started another watchdog as the process ended; a write already in its
+    # system call could go to whatever took that descriptor's number meanwhile.
+    output = procs.run_python(A_REGISTRATION_UNDER_WAY_AT_EXIT, env=tracked.env)
+    assert output == "1\n"
+    assert tracked.survivors() == []
+
+
 async def test_a_kept_cgroup_someone_else_removed_is_passed_over(tracked: Tracked) -> None:
     # Red before (helper-29): the check that a kept cgroup is empty read its
     # cgroup.events, missing once removed, and the next tree's spawn failed with that

@@ -808,13 +808,19 @@ def _after_fork_in_child() -> None:
 
 
 def _at_exit() -> None:
-    _registered.clear()
-    for watchdog in _current:
-        with contextlib.suppress(OSError):
-            watchdog.send(list(_deferred))  # what ended cleanly is not killed at EOF
-        watchdog.stop()
-    _current.clear()
-    _deferred.clear()
+    # Under the lock: another thread's registration (a daemon thread starting a tree)
+    # may be writing to the socket, and its close then failed that write (EBADF, a
+    # ValueError out of the spawn once the list was emptied), or sent it to whatever took
+    # the descriptor's number meanwhile (helper-97). One that comes later starts a
+    # watchdog of its own, which ends with this process.
+    with _lock:
+        _registered.clear()
+        for watchdog in _current:
+            with contextlib.suppress(OSError):
+                watchdog.send(list(_deferred))  # what ended cleanly is not killed at EOF
+            watchdog.stop()
+        _current.clear()
+        _deferred.clear()
 
 
 if hasattr(os, "register_at_fork"):  # not on Windows, where nothing here runs

@@ -3368,6 +3368,13 @@ MUTANTS = [
         "                emptied=True,\n",
         "later_closer",
     ),
+    (
+        "watchdog: the exit hook closes the socket under another thread's registration",
+        "_watchdog.py",
+        "    with _lock:\n        _registered.clear()\n",
+        "    if True:\n        _registered.clear()\n",
+        "registration_under_way",
+    ),
 ]
 
 
