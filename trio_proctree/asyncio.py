@@ -11,7 +11,9 @@ under cancellation, where each of these once shipped broken in a real SDK:
   once the cleanup is over; under anyio the loop is shielded from the cancel scope, which
   would otherwise re-deliver the cancellation on every iteration (a hot spin);
 - a pending cancellation wins over a cleanup error (which rides along as its
-  ``__cause__``), so ``asyncio.timeout`` can still turn it into ``TimeoutError``;
+  ``__cause__``), so ``asyncio.timeout`` can still turn it into ``TimeoutError``; but
+  not an anyio cancel scope's alone, which anyio delivers again (as trio does its own):
+  the error goes first, or a ``move_on_after`` would swallow it with the cancellation;
 - the wait is ``asyncio.wait({task})``, never ``asyncio.shield``, which on Python 3.14
   reports "exception in shielded future" to the loop for an error the caller already holds;
 - a cancellation that arrives while the block's exception leaves it does not replace that
@@ -139,7 +141,7 @@ async def _through_cancellation(
     *,
     drop: Callable[[], bool] | None = None,
     settled_by: tuple[asyncio.Future[Any], Callable[[Any], None]] | None = None,
-    on_cancel: Callable[[], None] | None = None,
+    on_cancel: Callable[[asyncio.CancelledError], None] | None = None,
 ) -> asyncio.CancelledError | None:
     """Wait until ``future`` is done, whatever cancellations arrive; the last one, if any.
 
@@ -150,7 +152,7 @@ async def _through_cancellation(
     done-callback (given) settles ``future``; a Ctrl-C can land in that callback, which
     then never settles it (helper-47: every waiter, and the shutdown, waited for ever), so
     the task is watched too, and the callback called here if it did not do its work.
-    ``on_cancel``: called as each cancellation is taken.
+    ``on_cancel``: called with each cancellation as it is taken.
     """
     cancelled = None
     if drop is not None:
@@ -162,7 +164,7 @@ async def _through_cancellation(
         except asyncio.CancelledError as exc:
             cancelled = exc
             if on_cancel is not None:
-                on_cancel()
+                on_cancel(exc)
             if drop():
                 return cancelled
     waits = {future} if settled_by is None else {future, settled_by[0]}
@@ -179,17 +181,18 @@ async def _through_cancellation(
             except asyncio.CancelledError as exc:
                 cancelled = exc
                 if on_cancel is not None:
-                    on_cancel()
+                    on_cancel(exc)
     anyio = _anyio_in_use()
     if cancelled is None and anyio is not None:
-        # The shield held back an anyio scope's cancellation: collect it now, so that it
-        # wins over a cleanup error as a plain asyncio cancellation does.
+        # The shield held back an anyio scope's cancellation: collect it now, as trio's
+        # driver does after its cleanup, so that this call raises it (a deadline that
+        # passed meanwhile: fail_after's TimeoutError), after a cleanup error (`_settle`).
         try:
             await anyio.lowlevel.checkpoint_if_cancelled()
         except asyncio.CancelledError as exc:
             cancelled = exc
             if on_cancel is not None:
-                on_cancel()
+                on_cancel(exc)
     return cancelled
 
 
@@ -229,11 +232,7 @@ def _deliver_again_unless_withdrawn(cancelled: asyncio.CancelledError, before: i
     """
     task = asyncio.current_task()
     message = cancelled.args[0] if cancelled.args else None
-    if (
-        sys.version_info < (3, 11)
-        or task is None
-        or (isinstance(message, str) and message.startswith(_ANYIO_SCOPES))
-    ):
+    if sys.version_info < (3, 11) or task is None or _of_an_anyio_scope(cancelled):
         return
 
     def again() -> None:
@@ -249,17 +248,54 @@ def _deliver_again_unless_withdrawn(cancelled: asyncio.CancelledError, before: i
 _ANYIO_SCOPES = ("Cancelled via cancel scope ", "Cancelled by cancel scope ")
 
 
+def _of_an_anyio_scope(cancelled: asyncio.CancelledError) -> bool:
+    """Whether ``cancelled`` is an anyio cancel scope's, which anyio delivers again at each
+    wait while the scope is cancelled (as trio does): a plain asyncio one comes once."""
+    message = cancelled.args[0] if cancelled.args else None
+    return isinstance(message, str) and message.startswith(_ANYIO_SCOPES)
+
+
+class _Taken:
+    """The cancellations a wait took (`_through_cancellation`'s ``on_cancel``)."""
+
+    def __init__(self) -> None:
+        self.any = False
+        self.plain = False  # (one that is no anyio scope's: it comes once)
+
+    def __call__(self, cancelled: asyncio.CancelledError) -> None:
+        self.any = True
+        self.plain |= not _of_an_anyio_scope(cancelled)
+
+    @property
+    def come_again(self) -> bool:
+        """Whether every cancellation taken comes again by itself (an anyio scope's)."""
+        return self.any and not self.plain
+
+
 def _settle(
-    future: asyncio.Future[T], cancelled: asyncio.CancelledError | None, label: str, *, report: bool
+    future: asyncio.Future[T],
+    cancelled: asyncio.CancelledError | None,
+    label: str,
+    *,
+    report: bool,
+    taken: _Taken | None = None,
 ) -> T | None:
     """The caller's result: a cancellation wins and carries the future's error as its
     ``__cause__``; without one, the future's error itself (the very object) or result.
 
     With ``report`` False (the error already went to an earlier caller), the error is not
-    raised again: a later ``aclose()`` just returns.
+    raised again: a later ``aclose()`` just returns. ``taken``: the cancellations the wait
+    took; where each was an anyio scope's, the error wins (see below).
     """
     error = None if future.cancelled() else future.exception()
     if cancelled is not None:
+        if isinstance(error, Exception) and report and taken is not None and taken.come_again:
+            # anyio delivers its scope's cancellation again at the caller's next wait in
+            # the scope, as trio does: nothing is lost if the error goes first, as under
+            # trio. Carried on the cancellation instead, a move_on_after swallowed both:
+            # a tree that outlived its cleanup was said only in the log, where the same
+            # code on anyio's trio backend raised it (helper-100).
+            raise error
         if isinstance(error, Exception) and report:
             # (Not a Ctrl-C: a task that raised one sent it out of the loop at once, and
             # this cancellation is the shutdown that followed. No error to chain.)
@@ -574,12 +610,15 @@ class ProcessTree(TreeView):
 
     async def _await_cleanup(self, task: asyncio.Future[None]) -> None:
         self._waiters += 1
+        taken = _Taken()
         try:
-            cancelled = await _through_cancellation(task, self._rounds, settled_by=self._settler())
+            cancelled = await _through_cancellation(
+                task, self._rounds, settled_by=self._settler(), on_cancel=taken
+            )
         finally:
             self._waiters -= 1
         report, self._error_reported = not self._error_reported, True
-        _settle(task, cancelled, self._core.label, report=report)
+        _settle(task, cancelled, self._core.label, report=report, taken=taken)
 
     def _stop_unawaited(self) -> None:
         """Stop the tree where nothing can be awaited (`_TreeScope._closed_from_outside`).
@@ -630,7 +669,7 @@ class ProcessTree(TreeView):
         requested = _cancellations_requested()
         counted: list[int] = []  # (the count of requests as the first cancellation is taken)
 
-        def count() -> None:
+        def count(_: asyncio.CancelledError) -> None:
             if not counted:  # (a storm of them must not pile up here)
                 counted.append(_cancellations_requested())
 
@@ -1209,11 +1248,12 @@ class _TreeScope:
         # that arrives while the worker thread forks must not lose the process. It is
         # raised once the tree is in hand, and `__aenter__` stops the tree first.
         starting = spawn.starting = asyncio.get_running_loop().create_task(self._start(spawn))
-        cancelled = await _through_cancellation(starting, drop=spawn.drop)
+        taken = _Taken()
+        cancelled = await _through_cancellation(starting, drop=spawn.drop, on_cancel=taken)
         if not starting.done():  # dropped while still queued: it will start nothing
             assert cancelled is not None
             raise cancelled
-        started = _settle(starting, cancelled, self._plan.label, report=True)
+        started = _settle(starting, cancelled, self._plan.label, report=True, taken=taken)
         assert started is not None
         return started
 

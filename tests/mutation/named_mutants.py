@@ -1919,8 +1919,8 @@ MUTANTS = [
     (
         "close: an anyio scope's cancellation delivered again by us, into a shielded scope",
         "asyncio.py",
-        "        or (isinstance(message, str) and message.startswith(_ANYIO_SCOPES))",
-        "        or False",
+        "    if sys.version_info < (3, 11) or task is None or _of_an_anyio_scope(cancelled):\n",
+        "    if sys.version_info < (3, 11) or task is None:\n",
         "never_lands_in_a_shielded_scope",
     ),
     (
@@ -3374,6 +3374,20 @@ MUTANTS = [
         "    with _lock:\n        _registered.clear()\n",
         "    if True:\n        _registered.clear()\n",
         "registration_under_way",
+    ),
+    (
+        "asyncio: a cleanup error carried on an anyio scope's cancellation (swallowed)",
+        "asyncio.py",
+        "        return self.any and not self.plain\n",
+        "        return False\n",
+        "anyio_scope_cancellation_that_comes_again",
+    ),
+    (
+        "asyncio: a plain cancellation taken with an anyio scope's gives way to the error",
+        "asyncio.py",
+        "        self.plain |= not _of_an_anyio_scope(cancelled)\n",
+        "        self.plain |= False\n",
+        "plain_cancellation_still_wins",
     ),
 ]
 
