@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import io
 import math
@@ -17,7 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
+import trio_proctree
+import trio_proctree.asyncio
 from trio_proctree import _exec_check, _watchdog, open_process_tree, run_process_tree
 
 from . import procs
@@ -749,6 +753,44 @@ def test_errors_come_from_the_call_itself_before_any_await() -> None:
         open_process_tree(["no-such-program-xyz"])
     with pytest.raises(ValueError, match="grace"):
         open_process_tree(["true"], grace=-1)
+
+
+async def _use(module: Any, entry: str, command: list[str]) -> None:
+    """Start ``command`` through ``module``'s ``entry`` (a driver's two entry points)."""
+    if entry == "open_process_tree":
+        async with module.open_process_tree(command):
+            pytest.fail("a tree started under the other event loop")
+    else:
+        await module.run_process_tree(command)
+
+
+@pytest.mark.parametrize("entry", ["open_process_tree", "run_process_tree"])
+def test_the_trio_call_under_asyncio_names_the_one_to_use(
+    nothing_leaks: None, tmp_path: Path, entry: str
+) -> None:
+    # Red before (helper-100): trio's "must be called from async context", which says
+    # nothing of the asyncio twin (under anyio, the backend decides which one works).
+    ran = tmp_path / "ran"
+    with pytest.raises(
+        RuntimeError,
+        match=rf"^trio_proctree\.{entry} runs under trio; .* trio_proctree\.asyncio\.{entry}$",
+    ):
+        asyncio.run(_use(trio_proctree, entry, ["sh", "-c", f"echo ran > {ran}"]))
+    assert not ran.exists()
+
+
+@pytest.mark.parametrize("entry", ["open_process_tree", "run_process_tree"])
+def test_the_asyncio_call_under_trio_names_the_one_to_use(
+    nothing_leaks: None, tmp_path: Path, entry: str
+) -> None:
+    # Red before (helper-100): asyncio's "no running event loop".
+    ran = tmp_path / "ran"
+    with pytest.raises(
+        RuntimeError,
+        match=rf"^trio_proctree\.asyncio\.{entry} runs under asyncio; .* trio_proctree\.{entry}$",
+    ):
+        trio.run(_use, trio_proctree.asyncio, entry, ["sh", "-c", f"echo ran > {ran}"])
+    assert not ran.exists()
 
 
 # A program that ignores SIGCHLD starts a tree (asks the driver named as its argument).

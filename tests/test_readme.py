@@ -60,3 +60,39 @@ def test_the_readmes_example_runs_and_leaves_nothing_running(
     assert result.returncode == 0, result.stderr.decode()
     assert b"Traceback" not in result.stderr, result.stderr.decode()
     assert tracked.survivors() == []
+
+
+def anyio_recipe() -> str:
+    """The README's anyio block: a ``start_tree`` for ``tg.start()`` on either backend."""
+    blocks = re.findall(r"^```python\n(.*?)^```", README.read_text(), re.M | re.S)
+    [block] = [block for block in blocks if "async def start_tree" in block]
+    return block
+
+
+# Appended to the README's anyio block: starts a tree through it, under the backend named
+# as the argument, then cancels the task group; prints what cleanup did.
+STARTS_AND_CANCELS = """
+import sys
+
+
+async def main():
+    async with anyio.create_task_group() as tg:
+        tree = await tg.start(start_tree, ["sh", "-c", "sleep 60 & sleep 61 & wait"])
+        print(tree.containment != "", tree.returncode, flush=True)
+        tg.cancel_scope.cancel()
+    print(tree.outcome.signals[:1] == (15,), tree.outcome.emptied)
+
+
+anyio.run(main, backend=sys.argv[1])
+"""
+
+
+@pytest.mark.parametrize("backend", ["trio", "asyncio"])
+def test_the_readmes_anyio_recipe_hands_the_tree_back_on_either_backend(
+    tracked: Tracked, backend: str
+) -> None:
+    pytest.importorskip("anyio")
+    program = anyio_recipe() + STARTS_AND_CANCELS
+    output = procs.run_python(program, backend, env=tracked.env)
+    assert output == "True None\nTrue True\n"
+    assert tracked.survivors() == []

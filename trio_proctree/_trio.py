@@ -581,6 +581,7 @@ class _TreeScope:
     async def __aenter__(self) -> ProcessTree:
         # Marked before the spawn, not once it is done: two tasks entering one scope at
         # once each started a tree, and the first, its record overwritten, was never stopped.
+        _require_trio("open_process_tree")
         if self._entered:
             raise RuntimeError("this open_process_tree() scope was already entered")
         self._entered = True
@@ -729,6 +730,7 @@ async def run_process_tree(
     Returns:
       `subprocess.CompletedProcess` with the leader's exit status and captured output.
     """
+    _require_trio("run_process_tree")
     request = plan_run(
         stdin,
         capture_stdout,
@@ -843,6 +845,24 @@ def main_thread_only(signals: Iterable[int]) -> Generator[None]:
         yield
     finally:
         _kept_from_workers = frozenset()
+
+
+def _require_trio(entry: str) -> None:
+    """Where no trio run is, but an asyncio loop is (anyio's asyncio backend, say): an
+    error that names the twin to use, not trio's "must be called from async context"."""
+    try:
+        trio.lowlevel.current_trio_token()
+    except RuntimeError:
+        asyncio = sys.modules.get("asyncio")  # (no loop can run if it was never imported)
+        try:
+            if asyncio is None or asyncio.get_running_loop() is None:
+                return
+        except RuntimeError:
+            return  # (no event loop at all: trio's own error says it)
+        raise RuntimeError(
+            f"trio_proctree.{entry} runs under trio; under asyncio (anyio's asyncio "
+            f"backend too), use trio_proctree.asyncio.{entry}"
+        ) from None
 
 
 def _start_tree_in_worker(

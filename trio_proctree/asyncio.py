@@ -196,6 +196,26 @@ async def _through_cancellation(
     return cancelled
 
 
+def _running_loop(entry: str) -> asyncio.AbstractEventLoop:
+    """The running event loop; where none runs but a trio run does (anyio's trio backend,
+    say), an error that names the trio entry point to use, not "no running event loop"."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        trio = sys.modules.get("trio")  # (imported by the package: its trio half)
+        try:
+            if trio is not None:
+                trio.lowlevel.current_trio_token()
+        except RuntimeError:
+            trio = None
+        if trio is None:
+            raise  # (no event loop at all: asyncio's own error says it)
+        raise RuntimeError(
+            f"trio_proctree.asyncio.{entry} runs under asyncio; under trio (anyio's trio "
+            f"backend too), use trio_proctree.{entry}"
+        ) from None
+
+
 def _still_open(other: asyncio.AbstractEventLoop, tree: ProcessTree) -> None:
     """A tree belongs to one event loop at a time: refuse to use it from another while
     the loop it was used in is still open (its futures and readers are that loop's)."""
@@ -1217,10 +1237,10 @@ class _TreeScope:
     async def __aenter__(self) -> ProcessTree:
         # Marked before the spawn, not once it is done: two tasks entering one scope at
         # once each started a tree, and the first, its record overwritten, was never stopped.
+        loop = _running_loop("open_process_tree")
         if self._entered:
             raise RuntimeError("this open_process_tree() scope was already entered")
         self._entered = True
-        loop = asyncio.get_running_loop()
         spawn = _QueuedSpawn(self._plan, self._policy, self._containment, loop)
         try:
             self._tree = await self._spawn(spawn)
@@ -1422,7 +1442,7 @@ async def run_process_tree(
     taken: list[asyncio.BaseTransport] = []
     io_tasks: list[asyncio.Task[None]] = []
     label = "a tree of run_process_tree"  # (its own, once it started)
-    loop = asyncio.get_running_loop()
+    loop = _running_loop("run_process_tree")
     try:
         async with open_process_tree(
             command,

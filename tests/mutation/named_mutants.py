@@ -3389,6 +3389,20 @@ MUTANTS = [
         "        self.plain |= False\n",
         "plain_cancellation_still_wins",
     ),
+    (
+        "trio: its entry points under asyncio say nothing of the asyncio twin",
+        "_trio.py",
+        '        raise RuntimeError(\n            f"trio_proctree.{entry} runs under trio; ',
+        '        return\n        raise RuntimeError(\n            f"trio_proctree.{entry} runs under trio; ',
+        "names_the_one_to_use",
+    ),
+    (
+        "asyncio: its entry points under trio say nothing of the trio ones",
+        "asyncio.py",
+        "        if trio is None:\n            raise  # (no event loop at all",
+        "        if True:\n            raise  # (no event loop at all",
+        "names_the_one_to_use",
+    ),
 ]
 
 
