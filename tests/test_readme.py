@@ -66,7 +66,7 @@ def anyio_recipe() -> str:
     """The README's anyio block: a ``start_tree`` for ``tg.start()`` on either backend."""
     blocks = re.findall(r"^```python\n(.*?)^```", README.read_text(), re.M | re.S)
     [block] = [block for block in blocks if "async def start_tree" in block]
-    return block
+    return str(block)
 
 
 # Appended to the README's anyio block: starts a tree through it, under the backend named

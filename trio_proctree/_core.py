@@ -533,7 +533,10 @@ class TreeCore:
             if remaining <= 0:
                 if self._look_failed:
                     return Unseen()
-                return False if self._poll_leader() is None else LeaderExited()
+                # (Asks the kernel; `exited` reads the answer, true too of a leader other
+                # code reaped: its status is lost, not its exit, helper-100.)
+                self._poll_leader()
+                return LeaderExited() if self.leader.exited else False
             if wait.grace and io.interrupted():
                 return CutShort(wait.timeout - remaining, unseen=self._look_failed)
             # (A pause instead of pidfds: members finishing their exit, or a look that

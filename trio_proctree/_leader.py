@@ -138,6 +138,14 @@ class Leader:
                 "exit status is lost, and its process group cannot be reached safely",
                 self.pid,
             )
+        elif self._returncode is not None:
+            logger.warning(
+                "pid %d was reaped by someone else (its exit status, %d, was seen first): "
+                "its process group is reached only through its pidfd from now on (Linux "
+                "6.9+)",
+                self.pid,
+                self._returncode,
+            )
         else:
             logger.warning(
                 "pid %d was reaped by someone else: its exit status is lost, and its "
@@ -171,7 +179,9 @@ class Leader:
 
     def reap(self) -> int | None:
         """Reap the leader if it has exited; its exit status, or None if it still runs."""
-        if self.reaped or self.poll() is None:
+        if self.reaped or self.lost or self.poll() is None:
+            # (Lost: reaped by other code, after its status was seen, maybe; asked again,
+            # the kernel said so twice, helper-100.)
             return self._returncode
         self._unlist()  # before the reap frees the pid: then it may be a new process's
         began_before, self._reap_began = self._reap_began, True

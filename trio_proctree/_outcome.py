@@ -53,8 +53,8 @@ class CleanupOutcome:
     #: Seconds from the start of cleanup until the leader was reaped.
     duration: float
     #: The leader's exit status (minus the signal number if a signal ended it); None if
-    #: cleanup could not reap it: other code reaped it first (its status is then lost to
-    #: the tree: see the FAQ), or it outlived SIGKILL.
+    #: cleanup could not reap it: other code reaped it first, before its exit was seen
+    #: (its status is then lost to the tree: see the FAQ), or it outlived SIGKILL.
     returncode: int | None
     #: Whether cleanup saw every process of the tree gone. False where it raised
     #: `CleanupError` (processes outlived SIGKILL, or the tree could not be looked at):

@@ -570,7 +570,7 @@ MUTANTS = [
     (
         "escalation: a grace that ran out with the leader gone says the leader runs",
         "_core.py",
-        "                return False if self._poll_leader() is None else LeaderExited()",
+        "                return LeaderExited() if self.leader.exited else False",
         "                return False",
         "test_the_warning_says_the_leader_exited_when_others_outlived_the_grace",
     ),
@@ -3402,6 +3402,20 @@ MUTANTS = [
         "        if trio is None:\n            raise  # (no event loop at all",
         "        if True:\n            raise  # (no event loop at all",
         "names_the_one_to_use",
+    ),
+    (
+        "teardown: a leader other code reaped said to be still running",
+        "_core.py",
+        "                return LeaderExited() if self.leader.exited else False\n",
+        "                return LeaderExited() if self.leader.poll() is not None else False\n",
+        "other_code_reaped",
+    ),
+    (
+        "leader: one other code reaped said lost twice, once more by the reap",
+        "_leader.py",
+        "        if self.reaped or self.lost or self.poll() is None:\n",
+        "        if self.reaped or self.poll() is None:\n",
+        "other_code_reaped",
     ),
 ]
 
