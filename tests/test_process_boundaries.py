@@ -78,6 +78,74 @@ def test_a_forked_child_that_exits_leaves_the_parents_trees_alone(
     assert tracked.survivors() == []
 
 
+# Holds a tree and forks inside its block; the child's exec fails (the common way a
+# fork-then-exec goes wrong), so its exception leaves the block in the child, which says
+# what came out; or the child closes the tree (aclose()) and says "closed". The parent
+# then reports whether its tree still runs, and its cleanup.
+FORK_IN_THE_BLOCK_THAT_LEAVES_IT = textwrap.dedent(
+    """
+    import asyncio, json, os, sys, trio
+    import trio_proctree, trio_proctree.asyncio
+
+    driver, containment, how = sys.argv[1:4]
+    module = trio_proctree if driver == "trio" else trio_proctree.asyncio
+
+    async def main(wait_for):
+        report, child = {}, None
+        reading, writing = os.pipe()
+        try:
+            async with module.open_process_tree(["sleep", "60"], containment=containment) as tree:
+                child = os.fork()
+                if child == 0 and how == "closes":
+                    await tree.aclose()
+                    os.write(writing, b"closed")
+                    os._exit(0)
+                if child == 0:
+                    os.execvp("no-such-program-in-the-child", ["no-such-program-in-the-child"])
+                os.close(writing)
+                await wait_for(os.waitpid, child, 0)
+                report["child"] = os.read(reading, 100).decode()
+                report["alive"] = tree.returncode is None
+        except BaseException as exc:
+            if child == 0:  # (the child, out of the block)
+                os.write(writing, type(exc).__name__.encode())
+                os._exit(0)
+            raise
+        report["signals"] = [int(s) for s in tree.outcome.signals]
+        print(json.dumps(report))
+
+    if driver == "trio":
+        trio.run(main, trio.to_thread.run_sync)
+    else:
+        asyncio.run(main(asyncio.to_thread))
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["raises", "closes"])
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper", "group"])
+@pytest.mark.parametrize("driver", ["trio", "asyncio"])
+def test_a_child_forked_in_the_block_that_leaves_it_leaves_the_parents_tree_alone(
+    tracked: Tracked, driver: str, containment: str, how: str
+) -> None:
+    # Red before (helper-101): under trio, the child's exit from the block ran the
+    # parent's cleanup in the child: its SIGTERM ended the parent's tree (through the
+    # inherited pidfd, or cgroup), 15 runs in 15; under asyncio, the child's "no running
+    # event loop" replaced its own exception.
+    available(containment)
+    output = procs.run_python(
+        FORK_IN_THE_BLOCK_THAT_LEAVES_IT, driver, containment, how, env=tracked.env
+    )
+    report = json.loads(output)
+    assert report == {
+        # Its own exception, unchanged; or its aclose() returned, having done nothing.
+        "child": "FileNotFoundError" if how == "raises" else "closed",
+        "alive": True,  # the parent's tree, untouched by the child
+        "signals": [signal.SIGTERM, signal.SIGCONT],  # the parent's own cleanup, later
+    }
+    assert tracked.survivors() == []
+
+
 HOLDS_A_TREE = textwrap.dedent(
     """
     import sys, trio

@@ -162,8 +162,23 @@ class TreeCore:
         #: until a graceful step asks for it, infinity once it does.
         self._output_flows_at: float | None = None
         self.stdin_piped = spawned.stdin is not None
+        #: The process that started the tree: the one to stop it (`forked_away`).
+        self.owner = os.getpid()
         _open_trees.add(self)
         logger.debug("%s started, contained by %s", self.label, containment.name)
+
+    @property
+    def forked_away(self) -> bool:
+        """Whether this is a child forked from the process that started the tree. The tree
+        is that process's to stop: a child that forked inside the block and leaves it (its
+        exec failed, say) ran the cleanup there, and stopped the parent's tree under it,
+        through the inherited pidfd or cgroup (helper-101). The drivers leave it alone."""
+        if os.getpid() == self.owner:
+            return False
+        logger.debug(
+            "%s: left alone by pid %d, a child forked from its owner", self.label, os.getpid()
+        )
+        return True
 
     def send_signal(self, sig: SignalLike) -> None:
         sig = parse_signal(sig)

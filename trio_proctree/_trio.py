@@ -260,6 +260,8 @@ class ProcessTree(TreeView):
         """The cleanup, or a wait for the one under way; neither is cut short by a
         cancellation, so neither turns into a Cancelled that replaces an exception in
         flight. Whether it let other tasks run on the way (a schedule point)."""
+        if self._core.forked_away:
+            return False  # (the parent's, to stop: nothing of its cleanup runs here)
         with _starting_cleanups:  # (two runs in two threads must not both start it)
             started = self._cleanup_run is not None
             if not started:

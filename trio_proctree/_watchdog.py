@@ -600,7 +600,8 @@ class Watchdog:
         except subprocess.TimeoutExpired:
             logger.warning(
                 "the parent-death backstop (pid %d) has not ended %gs after our exit began "
-                "(stopped?); leaving it to finish",
+                "(stopped? or our end of its socket held by a child forked in C, which runs "
+                "no fork handlers?); leaving it to finish",
                 self.pid,
                 STOP_WITHIN,
             )

@@ -196,6 +196,11 @@ async def _through_cancellation(
     return cancelled
 
 
+async def _left_to_its_owner() -> None:
+    """What ``aclose()`` returns in a child forked from the process that started the tree
+    (`TreeCore.forked_away`): nothing to do there."""
+
+
 def _running_loop(entry: str) -> asyncio.AbstractEventLoop:
     """The running event loop; where none runs but a trio run does (anyio's trio backend,
     say), an error that names the trio entry point to use, not "no running event loop"."""
@@ -562,6 +567,8 @@ class ProcessTree(TreeView):
             CleanupError: processes of the tree outlived SIGKILL.
             OSError: signalling the tree failed.
         """
+        if self._core.forked_away:
+            return _left_to_its_owner()
         try:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
@@ -1288,6 +1295,11 @@ class _TreeScope:
         if self._tree is None:
             # (An exit stack misused, say: an assert said nothing, and is gone under -O.)
             raise RuntimeError("this open_process_tree() scope was never entered")
+        if self._tree._core.forked_away:
+            # The parent's, to stop. (Nothing here is awaited: in a forked child asyncio
+            # runs no loop, and its "no running event loop" replaced the child's own
+            # exception, helper-101.)
+            return
         if exc is None:
             await self._tree.aclose()
         elif isinstance(exc, GeneratorExit) and _closed_from_outside(self._tree._loop):

@@ -3417,6 +3417,27 @@ MUTANTS = [
         "        if self.reaped or self.poll() is None:\n",
         "other_code_reaped",
     ),
+    (
+        "trio: a child forked in the block runs the cleanup of its parent's tree",
+        "_trio.py",
+        "        if self._core.forked_away:\n            return False  # (the parent's",
+        "        if False:\n            return False  # (the parent's",
+        "forked_in_the_block",
+    ),
+    (
+        "asyncio: a child forked in the block leaves it through its parent's cleanup",
+        "asyncio.py",
+        "        if self._tree._core.forked_away:\n",
+        "        if False:\n",
+        "forked_in_the_block and raises",
+    ),
+    (
+        "asyncio: a child forked in the block closes its parent's tree with aclose()",
+        "asyncio.py",
+        "        if self._core.forked_away:\n            return _left_to_its_owner()\n",
+        "        if False:\n            return _left_to_its_owner()\n",
+        "forked_in_the_block and closes",
+    ),
 ]
 
 
