@@ -182,6 +182,12 @@ class TreeCore:
 
     def send_signal(self, sig: SignalLike) -> None:
         sig = parse_signal(sig)
+        if self.forked_away:
+            # A forked child's copy cannot know whether the tree still runs: its parent may
+            # have stopped it, and the cgroup be the next tree's (helper-102: the child's
+            # kill() ended that one). Asked before the lock, which a thread of the parent's
+            # may have held as it forked.
+            return
         with self.lock:
             if self.leader.reaped or self._cleaned_up:
                 # Once cleanup has run, nothing of the tree is left to signal, and what

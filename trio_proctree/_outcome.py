@@ -58,9 +58,10 @@ class CleanupOutcome:
     returncode: int | None
     #: Whether cleanup saw every process of the tree gone. False where it raised
     #: `CleanupError` (processes outlived SIGKILL, or the tree could not be looked at):
-    #: raised to the call that ran the cleanup; a concurrent or later ``aclose()`` raises
-    #: nothing of it, and can tell from here that the tree may not be gone.
-    emptied: bool
+    #: raised to one call (the first to wait for the cleanup); another ``aclose()``
+    #: raises nothing of it, and can tell from here that the tree may not be gone. (True by
+    #: default, for code that makes outcomes of its own, as before this field.)
+    emptied: bool = True
 
 
 class CleanupError(RuntimeError):

@@ -547,8 +547,9 @@ class ProcessTree(TreeView):
         awaited), or is cancelled before its first step. What it returns is a coroutine, so
         ``asyncio.create_task(tree.aclose())`` and anyio's ``start_soon(tree.aclose)``
         work (and type-check). Idempotent: later
-        calls wait for the same cleanup, and raise none of its errors (``outcome.emptied``
-        says whether the tree was seen gone). The caller's cancellation does not stop it: it is
+        calls wait for the same cleanup; its errors are raised to the first call that waits
+        for it, and to no other (``outcome.emptied`` says whether the tree was seen gone).
+        The caller's cancellation does not stop it: it is
         re-raised once the cleanup is over, bounded by ``escalation.worst_case`` (grace +
         2 s by default). (Cancelled before its first step, as ``asyncio.wait_for`` with no
         time left does, what this returns cannot wait: the cleanup runs on in its own task,
@@ -561,7 +562,9 @@ class ProcessTree(TreeView):
 
         Raises:
             asyncio.CancelledError: the caller was cancelled meanwhile (a cleanup error, if
-                any, is its ``__cause__``).
+                any, is its ``__cause__``; unless each cancellation was an anyio cancel
+                scope's, which anyio delivers again at the next wait: then the cleanup
+                error itself is raised).
             RuntimeError: the cleanup began in an event loop that has closed since, before
                 it could finish; or the tree is in use in another loop, still open.
             CleanupError: processes of the tree outlived SIGKILL.

@@ -3438,6 +3438,13 @@ MUTANTS = [
         "        if False:\n            return _left_to_its_owner()\n",
         "forked_in_the_block and closes",
     ),
+    (
+        "close: a forked child's copy of a tree signals what its cgroup or group holds now",
+        "_core.py",
+        "        if self.forked_away:\n            # A forked child's copy cannot know",
+        "        if False:\n            # A forked child's copy cannot know",
+        "forked_in_the_block and kills",
+    ),
 ]
 
 
