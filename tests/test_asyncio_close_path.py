@@ -31,6 +31,7 @@ from trio_proctree.asyncio import ProcessTree, open_process_tree
 from . import procs
 from .conftest import Tracked
 from .test_cleanup_errors import (
+    IGNORES_TERM_WITH_A_MEMBER,
     FrozenJobFailed,
     fail_first_stop_signal,
     fail_hard_stops,
@@ -210,7 +211,7 @@ def test_a_later_closer_of_a_tree_that_outlived_cleanup_is_told_by_its_outcome(
     # nothing of it; `outcome` tells them.
     async def main() -> list[BaseException | None]:
         async with open_process_tree(
-            ["sh", "-c", "trap '' TERM; sleep 60 & echo ready; wait"],  # (the sleep too)
+            IGNORES_TERM_WITH_A_MEMBER,
             escalation=Escalation(steps=[(signal.SIGTERM, 0.2)], kill_wait=0.2),
             stdout=subprocess.PIPE,
             **contained,

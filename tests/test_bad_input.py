@@ -7,6 +7,7 @@ import errno
 import io
 import math
 import os
+import re
 import shutil
 import signal
 import struct
@@ -764,32 +765,38 @@ async def _use(module: Any, entry: str, command: list[str]) -> None:
         await module.run_process_tree(command)
 
 
-@pytest.mark.parametrize("entry", ["open_process_tree", "run_process_tree"])
-def test_the_trio_call_under_asyncio_names_the_one_to_use(
-    nothing_leaks: None, tmp_path: Path, entry: str
-) -> None:
-    # Red before (helper-100): trio's "must be called from async context", which says
-    # nothing of the asyncio twin (under anyio, the backend decides which one works).
-    ran = tmp_path / "ran"
-    with pytest.raises(
-        RuntimeError,
-        match=rf"^trio_proctree\.{entry} runs under trio; .* trio_proctree\.asyncio\.{entry}$",
-    ):
-        asyncio.run(_use(trio_proctree, entry, ["sh", "-c", f"echo ran > {ran}"]))
-    assert not ran.exists()
+def _in_asyncio(main: Callable[..., Any], *args: Any) -> None:
+    asyncio.run(main(*args))
 
 
 @pytest.mark.parametrize("entry", ["open_process_tree", "run_process_tree"])
-def test_the_asyncio_call_under_trio_names_the_one_to_use(
-    nothing_leaks: None, tmp_path: Path, entry: str
+@pytest.mark.parametrize(
+    ("module", "run_in", "twin"),
+    [
+        (trio_proctree, _in_asyncio, trio_proctree.asyncio),
+        (trio_proctree.asyncio, trio.run, trio_proctree),
+    ],
+    ids=["trio_under_asyncio", "asyncio_under_trio"],
+)
+def test_a_driver_under_the_other_event_loop_names_the_one_to_use(
+    nothing_leaks: None,
+    tmp_path: Path,
+    entry: str,
+    module: Any,
+    run_in: Callable[..., None],
+    twin: Any,
 ) -> None:
-    # Red before (helper-100): asyncio's "no running event loop".
+    # Red before (helper-100): trio's "must be called from async context", asyncio's "no
+    # running event loop", which say nothing of the twin (under anyio, the backend
+    # decides which one works).
     ran = tmp_path / "ran"
+    under = "trio" if module is trio_proctree else "asyncio"
     with pytest.raises(
         RuntimeError,
-        match=rf"^trio_proctree\.asyncio\.{entry} runs under asyncio; .* trio_proctree\.{entry}$",
+        match=rf"^{re.escape(module.__name__)}\.{entry} runs under {under}; "
+        rf".* {re.escape(twin.__name__)}\.{entry}$",
     ):
-        trio.run(_use, trio_proctree.asyncio, entry, ["sh", "-c", f"echo ran > {ran}"])
+        run_in(_use, module, entry, ["sh", "-c", f"echo ran > {ran}"])
     assert not ran.exists()
 
 

@@ -54,6 +54,24 @@ def fail_first_stop_signal(
 
 
 SLEEPER = ["sh", "-c", "sleep 60 & wait"]
+#: Its leader and member (the sleep too) ignore SIGTERM; says "ready" once they do.
+IGNORES_TERM_WITH_A_MEMBER = ["sh", "-c", "trap '' TERM; sleep 60 & echo ready; wait"]
+
+
+@contextlib.asynccontextmanager
+async def ignoring_term(*, kill_wait: float = 0.2, **options: Any) -> AsyncIterator[ProcessTree]:
+    """A running `IGNORES_TERM_WITH_A_MEMBER` tree (0.2 s of grace, then ``kill_wait``),
+    once it is ready; ``options`` as for `open_process_tree`."""
+    async with open_process_tree(
+        IGNORES_TERM_WITH_A_MEMBER,
+        escalation=Escalation(steps=[(signal.SIGTERM, 0.2)], kill_wait=kill_wait),
+        stdout=subprocess.PIPE,
+        **options,
+    ) as tree:
+        assert tree.stdout is not None
+        with trio.fail_after(10):
+            assert await tree.stdout.receive_some() == b"ready\n"
+        yield tree
 
 
 def loops_back(exc: BaseException) -> bool:
@@ -411,15 +429,7 @@ async def test_a_hard_stop_that_failed_is_named_as_the_reason(
     # when no SIGKILL had gone out (cgroup.kill could not be opened: no descriptor left).
     mine = KeyError("the user's error")
     with pytest.raises(KeyError if users_error else CleanupError) as raised:
-        async with open_process_tree(
-            ["sh", "-c", "trap '' TERM; sleep 60 & echo ready; wait"],  # (the sleep too)
-            escalation=Escalation(steps=[(signal.SIGTERM, 0.2)], kill_wait=0.2),
-            stdout=subprocess.PIPE,
-            **contained,
-        ) as tree:
-            assert tree.stdout is not None
-            with trio.fail_after(10):
-                assert await tree.stdout.receive_some() == b"ready\n"
+        async with ignoring_term(**contained) as tree:
             injected = fail_hard_stops(tree)
             if users_error:
                 raise mine
@@ -489,15 +499,7 @@ async def test_a_later_closer_of_a_tree_that_outlived_cleanup_is_told_by_its_out
         else:
             results.append(None)
 
-    async with open_process_tree(
-        ["sh", "-c", "trap '' TERM; sleep 60 & echo ready; wait"],  # (the sleep too)
-        escalation=Escalation(steps=[(signal.SIGTERM, 0.2)], kill_wait=0.2),
-        stdout=subprocess.PIPE,
-        **contained,
-    ) as tree:
-        assert tree.stdout is not None
-        with trio.fail_after(10):
-            assert await tree.stdout.receive_some() == b"ready\n"
+    async with ignoring_term(**contained) as tree:
         fail_hard_stops(tree)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(close, tree)
@@ -539,16 +541,7 @@ async def listings_failing_at_the_stop(
     """A tree whose leader and member ignore SIGTERM (0.2 s of grace, then ``kill_wait``),
     running, with every listing of its members failing from here on (see
     `fail_member_listings`): its containment, and the list of the failures raised."""
-    async with open_process_tree(
-        ["sh", "-c", "trap '' TERM; sleep 60 & echo ready; wait"],  # (the sleep too)
-        escalation=Escalation(steps=[(signal.SIGTERM, 0.2)], kill_wait=kill_wait),
-        stdout=subprocess.PIPE,
-        env=tracked.env,
-        containment=containment,
-    ) as tree:
-        assert tree.stdout is not None
-        with trio.fail_after(10):
-            assert await tree.stdout.receive_some() == b"ready\n"
+    async with ignoring_term(kill_wait=kill_wait, env=tracked.env, containment=containment) as tree:
         yield tree._core.containment, fail_member_listings(tree)
 
 

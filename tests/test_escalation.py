@@ -124,60 +124,48 @@ async def test_tree_ignoring_sigterm_is_killed_after_the_grace(
     assert any("sending SIGKILL" in m for m in debug_steps)
 
 
+@pytest.mark.parametrize(
+    "reaper",
+    ["cleanup", "other_code", "other_code_once_its_exit_was_seen"],
+    ids=["reaped_by_cleanup", "reaped_by_other_code", "reaped_by_other_code_once_seen"],
+)
 async def test_the_warning_says_the_leader_exited_when_others_outlived_the_grace(
-    tracked: Tracked, caplog: pytest.LogCaptureFixture, contained: dict[str, Any]
+    tracked: Tracked, caplog: pytest.LogCaptureFixture, contained: dict[str, Any], reaper: str
 ) -> None:
     # The leader exits at once; the member it left ignores SIGTERM. The warning names the
     # leader (pid and command), which is gone: it must not say that process runs (red
     # before, helper-52: "pid N (...) still running 0.3s after SIGTERM", and the operator
-    # who looked pid N up found nothing, or someone else's process).
+    # who looked pid N up found nothing, or someone else's process). So too when other
+    # code reaped the leader (red before, helper-100: its status lost to the tree, it was
+    # said to be still running).
     caplog.set_level(logging.WARNING, logger="trio_proctree")
     command = ["sh", "-c", "(trap '' TERM; echo $$; exec sleep 60) & exit 0"]
     async with open_process_tree(command, grace=0.3, stdout=subprocess.PIPE, **contained) as tree:
         assert tree.stdout is not None
         [member] = await read_pids(tree.stdout, 1)
-        assert await tree.wait() == 0
+        if reaper != "other_code":
+            assert await tree.wait() == 0  # (seen exit, not reaped: the zombie stays)
+        if reaper != "cleanup":
+            assert os.waitpid(tree.pid, 0) == (tree.pid, 0)  # noqa: ASYNC222 - other code's reap
     assert not procs.alive(member)
     assert tracked.survivors() == []
-    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert warning == (
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    exited = (
         f"pid {tree.pid} (sh -c '(trap '\"'\"''\"'\"' TERM; echo $$; exec sleep 60) & exit 0')"
         " exited, leaving processes that were still running 0.3s after SIGTERM; sending"
         " SIGKILL to the tree"
     )
-
-
-@pytest.mark.parametrize("seen_first", [False, True], ids=["unseen", "seen_first"])
-async def test_the_warning_says_the_leader_exited_when_other_code_reaped_it(
-    tracked: Tracked,
-    caplog: pytest.LogCaptureFixture,
-    contained: dict[str, Any],
-    seen_first: bool,
-) -> None:
-    # Red before (helper-100): a leader reaped by other code (its status lost to the
-    # tree) was said to be "still running" as the grace ran out on what it left.
-    caplog.set_level(logging.WARNING, logger="trio_proctree")
-    command = ["sh", "-c", "(trap '' TERM; echo $$; exec sleep 60) & exit 0"]
-    async with open_process_tree(command, grace=0.3, stdout=subprocess.PIPE, **contained) as tree:
-        assert tree.stdout is not None
-        [member] = await read_pids(tree.stdout, 1)
-        if seen_first:
-            assert await tree.wait() == 0  # (seen exit, not reaped: the zombie stays)
-        assert os.waitpid(tree.pid, 0) == (tree.pid, 0)  # noqa: ASYNC222 - other code's reap
-    assert not procs.alive(member)
-    assert tracked.survivors() == []
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert warnings[1:] == [
-        f"pid {tree.pid} (sh -c '(trap '\"'\"''\"'\"' TERM; echo $$; exec sleep 60) & exit 0')"
-        " exited, leaving processes that were still running 0.3s after SIGTERM; sending"
-        " SIGKILL to the tree"
-    ]
-    # Said once (red before, helper-100: twice where the leader's exit status was seen
-    # before the other code reaped it, as often under a subreaper; again by the reap), and
-    # the status seen first is kept, not said lost.
-    assert warnings[0].startswith(f"pid {tree.pid} was reaped by someone else")
-    if seen_first:
-        assert "(its exit status, 0, was seen first)" in warnings[0]
+    if reaper == "cleanup":
+        assert warnings == [exited]
+        return
+    # The loss said once (red before, helper-100: twice where the leader's exit status
+    # was seen before the other code reaped it, as often under a subreaper; again by the
+    # reap), and the status seen first kept, not said lost.
+    [lost, said] = warnings
+    assert said == exited
+    assert lost.startswith(f"pid {tree.pid} was reaped by someone else")
+    if reaper == "other_code_once_its_exit_was_seen":
+        assert "(its exit status, 0, was seen first)" in lost
         assert tree.outcome is not None
         assert tree.outcome.returncode == 0
 

@@ -856,9 +856,10 @@ def _require_trio(entry: str) -> None:
         trio.lowlevel.current_trio_token()
     except RuntimeError:
         asyncio = sys.modules.get("asyncio")  # (no loop can run if it was never imported)
+        if asyncio is None:
+            return
         try:
-            if asyncio is None or asyncio.get_running_loop() is None:
-                return
+            asyncio.get_running_loop()
         except RuntimeError:
             return  # (no event loop at all: trio's own error says it)
         raise RuntimeError(

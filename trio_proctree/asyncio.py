@@ -207,18 +207,23 @@ def _running_loop(entry: str) -> asyncio.AbstractEventLoop:
     try:
         return asyncio.get_running_loop()
     except RuntimeError:
-        trio = sys.modules.get("trio")  # (imported by the package: its trio half)
-        try:
-            if trio is not None:
-                trio.lowlevel.current_trio_token()
-        except RuntimeError:
-            trio = None
-        if trio is None:
+        if not _in_a_trio_run():
             raise  # (no event loop at all: asyncio's own error says it)
         raise RuntimeError(
             f"trio_proctree.asyncio.{entry} runs under asyncio; under trio (anyio's trio "
             f"backend too), use trio_proctree.{entry}"
         ) from None
+
+
+def _in_a_trio_run() -> bool:
+    trio = sys.modules.get("trio")  # (imported by the package: its trio half)
+    if trio is None:
+        return False
+    try:
+        trio.lowlevel.current_trio_token()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _still_open(other: asyncio.AbstractEventLoop, tree: ProcessTree) -> None:
@@ -280,21 +285,15 @@ def _of_an_anyio_scope(cancelled: asyncio.CancelledError) -> bool:
     return isinstance(message, str) and message.startswith(_ANYIO_SCOPES)
 
 
-class _Taken:
-    """The cancellations a wait took (`_through_cancellation`'s ``on_cancel``)."""
+class _PlainTaken:
+    """Whether a wait took a plain asyncio cancellation, which comes once: one that is no
+    anyio scope's (`_through_cancellation`'s ``on_cancel``)."""
 
     def __init__(self) -> None:
-        self.any = False
-        self.plain = False  # (one that is no anyio scope's: it comes once)
+        self.seen = False
 
     def __call__(self, cancelled: asyncio.CancelledError) -> None:
-        self.any = True
-        self.plain |= not _of_an_anyio_scope(cancelled)
-
-    @property
-    def come_again(self) -> bool:
-        """Whether every cancellation taken comes again by itself (an anyio scope's)."""
-        return self.any and not self.plain
+        self.seen |= not _of_an_anyio_scope(cancelled)
 
 
 def _settle(
@@ -303,18 +302,18 @@ def _settle(
     label: str,
     *,
     report: bool,
-    taken: _Taken | None = None,
+    comes_again: bool = False,
 ) -> T | None:
     """The caller's result: a cancellation wins and carries the future's error as its
     ``__cause__``; without one, the future's error itself (the very object) or result.
 
     With ``report`` False (the error already went to an earlier caller), the error is not
-    raised again: a later ``aclose()`` just returns. ``taken``: the cancellations the wait
-    took; where each was an anyio scope's, the error wins (see below).
+    raised again: a later ``aclose()`` just returns. ``comes_again``: each cancellation the
+    wait took was an anyio scope's; then the error wins (see below).
     """
     error = None if future.cancelled() else future.exception()
     if cancelled is not None:
-        if isinstance(error, Exception) and report and taken is not None and taken.come_again:
+        if isinstance(error, Exception) and report and comes_again:
             # anyio delivers its scope's cancellation again at the caller's next wait in
             # the scope, as trio does: nothing is lost if the error goes first, as under
             # trio. Carried on the cancellation instead, a move_on_after swallowed both:
@@ -640,15 +639,15 @@ class ProcessTree(TreeView):
 
     async def _await_cleanup(self, task: asyncio.Future[None]) -> None:
         self._waiters += 1
-        taken = _Taken()
+        plain = _PlainTaken()
         try:
             cancelled = await _through_cancellation(
-                task, self._rounds, settled_by=self._settler(), on_cancel=taken
+                task, self._rounds, settled_by=self._settler(), on_cancel=plain
             )
         finally:
             self._waiters -= 1
         report, self._error_reported = not self._error_reported, True
-        _settle(task, cancelled, self._core.label, report=report, taken=taken)
+        _settle(task, cancelled, self._core.label, report=report, comes_again=not plain.seen)
 
     def _stop_unawaited(self) -> None:
         """Stop the tree where nothing can be awaited (`_TreeScope._closed_from_outside`).
@@ -1278,12 +1277,11 @@ class _TreeScope:
         # that arrives while the worker thread forks must not lose the process. It is
         # raised once the tree is in hand, and `__aenter__` stops the tree first.
         starting = spawn.starting = asyncio.get_running_loop().create_task(self._start(spawn))
-        taken = _Taken()
-        cancelled = await _through_cancellation(starting, drop=spawn.drop, on_cancel=taken)
+        cancelled = await _through_cancellation(starting, drop=spawn.drop)
         if not starting.done():  # dropped while still queued: it will start nothing
             assert cancelled is not None
             raise cancelled
-        started = _settle(starting, cancelled, self._plan.label, report=True, taken=taken)
+        started = _settle(starting, cancelled, self._plan.label, report=True)
         assert started is not None
         return started
 

@@ -3378,15 +3378,15 @@ MUTANTS = [
     (
         "asyncio: a cleanup error carried on an anyio scope's cancellation (swallowed)",
         "asyncio.py",
-        "        return self.any and not self.plain\n",
-        "        return False\n",
+        "        if isinstance(error, Exception) and report and comes_again:\n",
+        "        if False:\n",
         "anyio_scope_cancellation_that_comes_again",
     ),
     (
         "asyncio: a plain cancellation taken with an anyio scope's gives way to the error",
         "asyncio.py",
-        "        self.plain |= not _of_an_anyio_scope(cancelled)\n",
-        "        self.plain |= False\n",
+        "        self.seen |= not _of_an_anyio_scope(cancelled)\n",
+        "        self.seen |= False\n",
         "plain_cancellation_still_wins",
     ),
     (
@@ -3399,7 +3399,7 @@ MUTANTS = [
     (
         "asyncio: its entry points under trio say nothing of the trio ones",
         "asyncio.py",
-        "        if trio is None:\n            raise  # (no event loop at all",
+        "        if not _in_a_trio_run():\n            raise  # (no event loop at all",
         "        if True:\n            raise  # (no event loop at all",
         "names_the_one_to_use",
     ),
@@ -3408,14 +3408,14 @@ MUTANTS = [
         "_core.py",
         "                return LeaderExited() if self.leader.exited else False\n",
         "                return LeaderExited() if self.leader.poll() is not None else False\n",
-        "other_code_reaped",
+        "others_outlived_the_grace and other_code",
     ),
     (
         "leader: one other code reaped said lost twice, once more by the reap",
         "_leader.py",
         "        if self.reaped or self.lost or self.poll() is None:\n",
         "        if self.reaped or self.poll() is None:\n",
-        "other_code_reaped",
+        "others_outlived_the_grace and other_code",
     ),
     (
         "trio: a child forked in the block runs the cleanup of its parent's tree",
