@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import errno
+import functools
 import logging
 import os
 import random
@@ -347,6 +348,98 @@ def test_run_process_tree_returns_twenty_megabytes_whole(
         assert len(result.stdout) == 20_000_000
 
     run(main)
+
+
+class _HandsBack:
+    """A ``task_status`` of plain asyncio: what ``started()`` is given, as a future."""
+
+    def __init__(self) -> None:
+        self.tree: asyncio.Future[trio_proctree.asyncio.ProcessTree] = (
+            asyncio.get_running_loop().create_future()
+        )
+
+    def started(self, tree: trio_proctree.asyncio.ProcessTree) -> None:
+        self.tree.set_result(tree)
+
+
+def test_run_process_tree_hands_back_the_tree_and_cancel_tears_it_down(
+    run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # As trio's nursery.start() does, for any task_status with a started() (anyio's, or a
+    # program's own). Red before: task_status was passed on as an option of the spawn.
+    async def main() -> None:
+        status = _HandsBack()
+        task = asyncio.ensure_future(
+            run_process_tree(TWO_SLEEPS, grace=0.5, task_status=status, **contained)
+        )
+        either: set[asyncio.Future[Any]] = {status.tree, task}
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        assert not task.done(), task.exception()  # (ended before it handed the tree back)
+        tree = status.tree.result()
+        assert procs.alive(tree.pid)
+        assert tree.returncode is None
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not procs.alive(tree.pid)
+        assert tree.outcome is not None
+
+    run(main)
+    assert tracked.survivors() == []
+
+
+def test_anyio_task_group_start_hands_back_the_tree_and_cancel_tears_it_down(
+    tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    anyio = pytest.importorskip("anyio")
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            tree = await tg.start(
+                functools.partial(run_process_tree, TWO_SLEEPS, grace=0.5, **contained)
+            )
+            assert isinstance(tree, trio_proctree.asyncio.ProcessTree)
+            assert procs.alive(tree.pid)
+            tg.cancel_scope.cancel()
+        assert not procs.alive(tree.pid)
+        assert tree.outcome is not None
+        assert tree.outcome.signals[0] == signal.SIGTERM
+
+    anyio.run(main, backend="asyncio")
+    assert tracked.survivors() == []
+
+
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+def test_a_pipe_handed_back_by_anyio_start_is_left_to_be_read_to_its_end(
+    tracked: Tracked, contained: dict[str, Any], stream: str
+) -> None:
+    # As trio's test of the same name: the caller reads what the tree wrote, all of it,
+    # after the run ended.
+    anyio = pytest.importorskip("anyio")
+    pipe: dict[str, Any] = {stream: subprocess.PIPE}
+    redirect = ">&2" if stream == "stderr" else ""
+
+    async def main() -> bytes:
+        async with anyio.create_task_group() as tg:
+            tree = await tg.start(
+                functools.partial(
+                    run_process_tree,
+                    ["sh", "-c", f"echo first; echo last {redirect}"],
+                    **pipe,
+                    **contained,
+                )
+            )
+            assert await tree.wait() == 0
+            await tree.aclose()  # the run's own cleanup (whichever starts it)
+            handed: asyncio.StreamReader | None = getattr(tree, stream)
+            assert handed is not None
+            said = await handed.read()
+        assert tree.outcome is not None
+        return bytes(said)
+
+    said = anyio.run(main, backend="asyncio")
+    assert said == (b"first\nlast\n" if stream == "stdout" else b"last\n")
+    assert tracked.survivors() == []
 
 
 def test_grandchild_holding_the_pipe_does_not_hang_run_process_tree(
@@ -955,7 +1048,8 @@ def test_asyncio_bad_request_fails_early_and_leaks_nothing(
 @pytest.mark.parametrize("stream", ["stdin", "stdout", "stderr"])
 def test_run_process_tree_refuses_a_pipe_it_cannot_hand_back(stream: str) -> None:
     # asyncio has no nursery.start(): the error must not send the caller looking for one
-    # (red before: it did, in trio's words).
+    # (red before: it did, in trio's words), but to the task_status that hands the tree
+    # back (anyio's start(); red before: none was taken).
     async def run_it() -> None:
         pipe: dict[str, Any] = {stream: subprocess.PIPE}
         await run_process_tree(["true"], **pipe)
@@ -964,6 +1058,7 @@ def test_run_process_tree_refuses_a_pipe_it_cannot_hand_back(stream: str) -> Non
     with pytest.raises(ValueError, match="open_process_tree") as caught:
         asyncio.run(run_it())
     assert "nursery" not in str(caught.value)
+    assert "task_status" in str(caught.value)
     assert procs.children_of_self() == children
 
 

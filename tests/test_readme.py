@@ -22,6 +22,7 @@ STAND_INS = {
     "make": "exit 0",
     "some-cli": "exec cat",
     "gunicorn": "exec sleep 60",
+    "my-server": "exec sleep 60",
 }
 
 
@@ -31,17 +32,20 @@ def example_programs() -> list[str]:
     return [block for block in blocks if "def main" in block]
 
 
-def test_the_readme_has_a_trio_and_an_asyncio_example() -> None:
+def test_the_readme_has_a_trio_an_asyncio_and_an_anyio_example() -> None:
     programs = example_programs()
-    assert len(programs) == 2
+    assert len(programs) == 3
     assert "trio.run(main)" in programs[0]
     assert "asyncio.run(main())" in programs[1]
+    assert "anyio.run(main)" in programs[2]
 
 
-@pytest.mark.parametrize("program", example_programs(), ids=["trio", "asyncio"])
+@pytest.mark.parametrize("program", example_programs(), ids=["trio", "asyncio", "anyio"])
 def test_the_readmes_example_runs_and_leaves_nothing_running(
     tracked: Tracked, tmp_path: Path, program: str
 ) -> None:
+    if "import anyio" in program:
+        pytest.importorskip("anyio")
     if "asyncio.timeout" in program and sys.version_info < (3, 11):
         pytest.skip("the asyncio example uses asyncio.timeout (Python 3.11+), as it says")
     for name, body in STAND_INS.items():
@@ -63,10 +67,11 @@ def test_the_readmes_example_runs_and_leaves_nothing_running(
 
 
 def anyio_recipe() -> str:
-    """The README's anyio block: a ``start_tree`` for ``tg.start()`` on either backend."""
+    """The README's anyio block: a ``tree_runner`` for ``tg.start()`` on either backend,
+    up to its example of use."""
     blocks = re.findall(r"^```python\n(.*?)^```", README.read_text(), re.M | re.S)
-    [block] = [block for block in blocks if "async def start_tree" in block]
-    return str(block)
+    [block] = [block for block in blocks if "def tree_runner" in block]
+    return str(block).partition("\n\nasync def main")[0]
 
 
 # Appended to the README's anyio block: starts a tree through it, under the backend named
@@ -77,7 +82,7 @@ import sys
 
 async def main():
     async with anyio.create_task_group() as tg:
-        tree = await tg.start(start_tree, ["sh", "-c", "sleep 60 & sleep 61 & wait"])
+        tree = await tg.start(tree_runner(["sh", "-c", "sleep 60 & sleep 61 & wait"], grace=0.5))
         print(tree.containment != "", tree.returncode, flush=True)
         tg.cancel_scope.cancel()
     print(tree.outcome.signals[:1] == (15,), tree.outcome.emptied)

@@ -7,9 +7,12 @@ signature that makes ordinary code fail to type-check fails the session.
 from __future__ import annotations
 
 import asyncio
+import functools
 import signal
 import subprocess
 
+import anyio
+import anyio.abc
 import trio
 
 import trio_proctree
@@ -64,3 +67,13 @@ async def closed_from_a_task_of_its_own(command: list[str]) -> None:
     async with trio_proctree.asyncio.open_process_tree(command) as tree:
         closing = asyncio.get_running_loop().create_task(tree.aclose())
         await closing
+
+
+async def started_in_an_anyio_task_group(
+    tg: anyio.abc.TaskGroup, command: list[str]
+) -> trio_proctree.asyncio.ProcessTree:
+    # anyio's task_status is what the asyncio driver's run_process_tree takes.
+    tree: trio_proctree.asyncio.ProcessTree = await tg.start(
+        functools.partial(trio_proctree.asyncio.run_process_tree, command, grace=0.5)
+    )
+    return tree

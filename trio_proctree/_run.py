@@ -40,12 +40,12 @@ def plan_run(
     options: Mapping[str, Any],
     *,
     hands_back_streams: bool,
-    can_hand_back: bool = True,
+    hand_back: str,
 ) -> RunRequest:
     """Check run_process_tree's arguments (as `trio.run_process` does).
 
-    ``can_hand_back``: whether the driver has a way to hand the tree back (trio's
-    ``nursery.start()``); an error names the way there is.
+    ``hand_back``: the driver's way to hand the tree back (trio's ``nursery.start()``),
+    which an output pipe asked for without it is of use with.
     """
     if isinstance(stdin, str):
         raise TypeError("stdin must be bytes, not str")
@@ -57,13 +57,9 @@ def plan_run(
             ("stderr", options.get("stderr")),
         ):
             if value is subprocess.PIPE:
-                when = (
-                    "is only useful when the tree is handed back (nursery.start())"
-                    if can_hand_back
-                    else "is of no use here: run_process_tree hands no streams back"
-                )
                 raise ValueError(
-                    f"{name}=subprocess.PIPE {when}; for streams of your own, use open_process_tree"
+                    f"{name}=subprocess.PIPE is only useful when the tree is handed back "
+                    f"({hand_back}); for streams of your own, use open_process_tree"
                 )
     feed = None
     if isinstance(stdin, (bytes, bytearray, memoryview)):

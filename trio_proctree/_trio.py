@@ -739,6 +739,7 @@ async def run_process_tree(
         capture_stderr,
         options,
         hands_back_streams=task_status is not trio.TASK_STATUS_IGNORED,
+        hand_back="nursery.start()",
     )
     outputs: dict[str, list[bytes]] = {name: [] for name in request.capture}
     readers: list[tuple[str, TreeOutput]] = []

@@ -39,7 +39,7 @@ import threading
 import warnings
 from collections.abc import Callable, Coroutine, Generator, Iterable
 from types import TracebackType
-from typing import Any, SupportsIndex, TypeVar
+from typing import Any, Protocol, SupportsIndex, TypeVar
 
 from ._begins_anyway import BeginsAnyway
 from ._choose import ContainmentChoice, ContainmentUnavailable, choose_containment, start_tree
@@ -61,6 +61,7 @@ from ._spawn import Command, Spawned, SpawnPlan, plan_spawn
 # no second import for its policy or its except clauses.
 __all__ = [
     "PIPE_DRAIN_TIMEOUT",
+    "TASK_STATUS_IGNORED",
     "CleanupError",
     "CleanupOutcome",
     "ContainmentLost",
@@ -68,6 +69,7 @@ __all__ = [
     "Escalation",
     "ProcessTree",
     "Step",
+    "TaskStatus",
     "open_process_tree",
     "run_process_tree",
 ]
@@ -75,6 +77,27 @@ __all__ = [
 logger = logging.getLogger("trio_proctree")
 
 T = TypeVar("T")
+_T_contra = TypeVar("_T_contra", contravariant=True)
+
+
+class TaskStatus(Protocol[_T_contra]):
+    """Where `run_process_tree` hands its tree back as soon as the leader runs: the
+    ``task_status`` anyio's ``task_group.start()`` passes, or any object with a
+    ``started()`` (asyncio has no nursery to start in)."""
+
+    def started(self, value: _T_contra, /) -> None: ...
+
+
+class _Ignored:
+    def started(self, value: object, /) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return "TASK_STATUS_IGNORED"
+
+
+#: `run_process_tree`'s default ``task_status``: the tree is handed back to no one.
+TASK_STATUS_IGNORED: TaskStatus[Any] = _Ignored()
 
 #: Cleanup tasks still running: the loop keeps only weak references to tasks.
 _cleanups: set[asyncio.Task[None]] = set()
@@ -100,6 +123,13 @@ def _anyio_shield() -> contextlib.AbstractContextManager[Any]:
     if anyio is None:
         return contextlib.nullcontext()
     return anyio.CancelScope(shield=True)  # type: ignore[no-any-return]
+
+
+def _anyio_ignored() -> object:
+    """anyio's ``TASK_STATUS_IGNORED``, if anyio is imported: passed on, it asks for no
+    tree back, as ours does."""
+    anyio = sys.modules.get("anyio")
+    return getattr(anyio, "TASK_STATUS_IGNORED", TASK_STATUS_IGNORED)
 
 
 def _anyio_in_use() -> Any:
@@ -1433,6 +1463,7 @@ async def run_process_tree(
     stop_signal: SignalLike = DEFAULT_STOP_SIGNAL,
     escalation: Escalation | None = None,
     containment: str = "auto",
+    task_status: TaskStatus[ProcessTree] = TASK_STATUS_IGNORED,
     **options: Any,
 ) -> subprocess.CompletedProcess[bytes]:
     """Run ``command`` as a process tree to completion (asyncio).
@@ -1442,14 +1473,22 @@ async def run_process_tree(
     stops the tree the same way, and is raised once it is gone (bounded by
     ``escalation.worst_case``, ``grace`` + 2 s by default). Output still held open by a
     process outside the tree is read for at most `~trio_proctree.PIPE_DRAIN_TIMEOUT` seconds.
+
+    With ``tree = await tg.start(functools.partial(run_process_tree, cmd))`` (an anyio
+    task group on asyncio) the `ProcessTree` is handed back as soon as the leader runs, and
+    cancelling the task group tears the tree down: ``task_status`` is anyio's, or any
+    object with a ``started()``. Output pipes asked for then (``stdout=subprocess.PIPE``)
+    are left to be read to their end after the run, as the trio driver leaves them.
     """
+    if task_status is TASK_STATUS_IGNORED or task_status is _anyio_ignored():
+        task_status = TASK_STATUS_IGNORED
     request = plan_run(
         stdin,
         capture_stdout,
         capture_stderr,
         options,
-        hands_back_streams=False,
-        can_hand_back=False,
+        hands_back_streams=task_status is not TASK_STATUS_IGNORED,
+        hand_back="a task_status with started(), as anyio's task_group.start() passes",
     )
     outputs: dict[str, list[bytes]] = {name: [] for name in request.capture}
     taken: list[asyncio.BaseTransport] = []
@@ -1483,6 +1522,7 @@ async def run_process_tree(
                 feeder = loop.create_task(_feed(writer, request.feed))
                 io_tasks.append(feeder)
             try:
+                task_status.started(tree)
                 await tree.wait()
             except BaseException as exc:
                 if _outside(loop):
