@@ -3445,6 +3445,20 @@ MUTANTS = [
         "        if False:\n            # A forked child's copy cannot know",
         "forked_in_the_block and kills",
     ),
+    (
+        "asyncio run: the tree never handed back to its task_status",
+        "asyncio.py",
+        "                task_status.started(tree)\n",
+        "",
+        "hands_back_the_tree",
+    ),
+    (
+        "asyncio run: anyio's TASK_STATUS_IGNORED taken for one that hands the tree back",
+        "asyncio.py",
+        "task_status is TASK_STATUS_IGNORED or task_status is _anyio_ignored():",
+        "task_status is TASK_STATUS_IGNORED:",
+        "refuses_a_pipe",
+    ),
 ]
 
 
