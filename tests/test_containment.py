@@ -1670,6 +1670,42 @@ async def test_parent_killed_after_a_fork_while_its_watchdog_started_takes_its_t
     assert tracked.survivors() == []
 
 
+# As PARENT, and then, its tree ready, forks a child in C that waits in pause() (no fork
+# handlers run: it keeps our end of the watchdog's socket, as a C library's worker may),
+# and says its pid.
+C_FORKED_HOLDER = PARENT.replace(
+    'sys.stdout.write(f"{tree.pid}\\n{data.decode()}ready {tree.containment}\\n")',
+    "import ctypes\n"
+    "        libc = ctypes.CDLL(None)\n"
+    "        holder = libc.fork()\n"
+    "        if holder == 0:\n"
+    "            libc.pause()\n"
+    "            libc._exit(0)\n"
+    '        sys.stdout.write(f"{tree.pid}\\n{data.decode()}ready {tree.containment}\\n'
+    'holder {holder}\\n")',
+)
+
+
+async def test_parent_killed_while_a_child_it_forked_in_c_lives_takes_its_trees_along(
+    tracked: Tracked, strong: str
+) -> None:
+    # The watchdog watches its owner's pidfd as well as the end of its socket. Red before:
+    # the holder kept the socket open, the watchdog saw no end, and the trees ran on for
+    # as long as the holder lived.
+    assert "holder = libc.fork()" in C_FORKED_HOLDER
+    with parent_with_a_tree(tracked, strong, script=C_FORKED_HOLDER) as (parent, pids, _):
+        assert parent.stdout is not None
+        holder = int(parent.stdout.readline().split()[1])
+        procs.remember(holder)
+        try:
+            assert procs.alive(holder)
+            await sigkill_takes_its_trees_along(parent, pids)
+        finally:
+            os.kill(holder, signal.SIGKILL)  # (ours: our child's child, which waits in pause)
+    await until_none_survive(tracked, within=1.0)
+    assert tracked.survivors() == []
+
+
 # As PARENT, with a tree whose cleanup can signal nothing (every signal refused, as to a
 # process of another user), so that it outlives its cleanup; then starts another tree, and
 # says "ready" and whether that cleanup failed.

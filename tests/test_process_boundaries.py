@@ -43,12 +43,15 @@ def until_none_survive(tracked: Tracked, within: float) -> list[int]:
 # run), then reports whether its own tree is still running.
 FORK_AND_EXIT = textwrap.dedent(
     """
-    import atexit, json, os, sys, trio
+    import atexit, ctypes, json, os, sys, trio
     from trio_proctree import open_process_tree
+
+    # os.fork, or a fork made in C, which runs no fork handlers (ctypes' libc.fork()).
+    fork = os.fork if sys.argv[2] == "os.fork" else ctypes.CDLL(None).fork
 
     async def main():
         async with open_process_tree(["sleep", "60"], containment=sys.argv[1]) as tree:
-            child = os.fork()
+            child = fork()
             if child == 0:
                 atexit._run_exitfuncs()
                 os._exit(0)
@@ -65,14 +68,16 @@ FORK_AND_EXIT = textwrap.dedent(
 )
 
 
+@pytest.mark.parametrize("fork", ["os.fork", "libc.fork"])
 @pytest.mark.parametrize("containment", ["cgroup", "subreaper", "group"])
 def test_a_forked_child_that_exits_leaves_the_parents_trees_alone(
-    tracked: Tracked, containment: str
+    tracked: Tracked, containment: str, fork: str
 ) -> None:
     # Red before: the child's exit hook killed the parent's trees (cgroup.kill, or SIGKILL
-    # through the inherited pidfd).
+    # through the inherited pidfd); with a fork made in C, whose child the fork handlers
+    # never told, until the exit hooks asked whose the trees and the watchdog are.
     available(containment)
-    report = json.loads(procs.run_python(FORK_AND_EXIT, containment, env=tracked.env))
+    report = json.loads(procs.run_python(FORK_AND_EXIT, containment, fork, env=tracked.env))
     assert report["returncode"] is None  # still running after the child's exit
     assert report["signals"] == [signal.SIGTERM, signal.SIGCONT]  # our own cleanup, later
     assert tracked.survivors() == []
@@ -2166,6 +2171,68 @@ def test_the_exit_waits_for_a_stopped_watchdog_only_so_long(tracked: Tracked) ->
         assert program.stderr is not None
         assert b"has not ended 0.2s after our exit began" in program.stderr.read()
     assert tracked.survivors() == []
+
+
+# Holds a tree, forks a child in C (no fork handlers run: it keeps our end of the
+# watchdog's socket) that waits in pause() without running any Python, says its pid, and
+# exits normally, its tree cleaned up at the end of its block.
+C_FORKED_HOLDER_AT_EXIT = textwrap.dedent(
+    """
+    import ctypes, sys, trio
+    from trio_proctree import open_process_tree
+
+    async def main():
+        async with open_process_tree(["sleep", "60"], containment=sys.argv[1]):
+            libc = ctypes.CDLL(None)
+            holder = libc.fork()
+            if holder == 0:
+                libc.close(1)  # (the test reads our output to its end)
+                libc.close(2)
+                libc.pause()
+                libc._exit(0)
+            print(holder, flush=True)
+
+    trio.run(main)
+    """
+)
+
+
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper", "group"])
+def test_a_child_forked_in_c_does_not_hold_up_the_exit(
+    tracked: Tracked, containment: str, tmp_path: Path
+) -> None:
+    # The exit ends the watchdog's socket for every holder of a copy (shutdown, not a close
+    # of our descriptor alone). Red before: the interpreter's exit waited 5 s for the
+    # watchdog, which saw no end while the holder lived, then said it "has not ended".
+    available(containment)
+    # (A file: a pipe would stay open in the watchdog for as long as it waited.)
+    errors = tmp_path / "stderr"
+    with (
+        errors.open("wb") as stderr,
+        procs.killed_on_failure(
+            subprocess.Popen(
+                [*procs.python(), "-c", C_FORKED_HOLDER_AT_EXIT, containment],
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                env=tracked.env,
+            )
+        ) as program,
+    ):
+        assert program.stdout is not None
+        holder = int(program.stdout.readline())
+        procs.remember(holder)
+        try:
+            assert procs.alive(holder)
+            program.wait(timeout=30)
+            said = errors.read_bytes()
+            # (The watchdog, tagged with our token, is gone too: it saw the end and exited.)
+            left = [pid for pid in until_none_survive(tracked, within=2.0) if pid != holder]
+        finally:
+            os.kill(holder, signal.SIGKILL)  # (ours: our child's child, which waits in pause)
+    assert program.returncode == 0, said.decode()
+    assert b"has not ended" not in said, said.decode()
+    assert left == []
+    assert until_none_survive(tracked, within=1.0) == []
 
 
 # A registration (another thread's: a daemon thread starting a tree) held in the middle

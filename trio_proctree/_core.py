@@ -719,7 +719,10 @@ def kill_at_once(cores: list[TreeCore], *, when: str) -> None:
     """SIGKILL each tree not yet cleaned up, then reap each leader (within its policy's
     ``kill_wait``), blocking: where no cleanup can run (``when`` says where, for the log).
     """
-    cores = [core for core in cores if core in _open_trees]
+    # Not the trees of the process a child forked in C (no fork handlers ran to forget
+    # them) was forked from: its exit killed them (cgroup.kill, or SIGKILL through the
+    # inherited pidfd).
+    cores = [core for core in cores if core in _open_trees and not core.forked_away]
     killed: list[TreeCore] = []
     for core in cores:
         try:

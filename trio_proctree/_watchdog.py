@@ -56,7 +56,7 @@ from ._after_fork import renewed_in_forked_child
 logger = logging.getLogger("trio_proctree")
 
 _WATCHDOG = r"""
-import fcntl, os, queue, resource, select, signal, sys, threading, time
+import errno, fcntl, os, queue, resource, select, signal, sys, threading, time
 
 def stat(pid):
     try:
@@ -380,6 +380,32 @@ def kill_now():
 urgent = queue.SimpleQueue()
 killing_now = threading.Thread(target=kill_now)
 
+def watch_owner():
+    # Our owner's death is the end of our socket, as a rule. But a child it forked in C
+    # (no fork handlers run there: a C library's worker) keeps a copy of its end open, and
+    # while that child lives the end never comes: the owner's pidfd says it died all the
+    # same. Then our end is shut for reading, for every copy, so that the loop below reads
+    # what was sent, then the end.
+    try:
+        fd = os.pidfd_open(OWNER)
+    except OSError as exc:
+        if exc.errno != errno.ESRCH:
+            return  # (no pidfds, or no descriptor to spare: the socket's end alone)
+        fd = None  # it has died already
+    # Our parent still, once the pidfd is open: then the pidfd names it, not a process
+    # that took its pid after it died.
+    if fd is not None and os.getppid() == OWNER:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        poller.poll()
+    import socket
+    try:
+        socket.socket(fileno=os.dup(0)).shutdown(socket.SHUT_RD)
+    except OSError:
+        pass
+
+threading.Thread(target=watch_owner, daemon=True).start()
+
 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
     signal.signal(sig, signal.SIG_IGN)
 # One pidfd per registered group, as many as the hard limit allows but for a reserve (256,
@@ -465,7 +491,7 @@ def command() -> tuple[list[str], bytes]:
             f"no Python interpreter to run the watchdog: sys.executable ({sys.executable!r}) "
             f"is the program that embeds this Python, and {sys.base_exec_prefix!r} has none",
         )
-    code = _WATCHDOG.encode()
+    code = f"OWNER = {os.getpid()}\n{_WATCHDOG}".encode()  # (the process it watches)
     return [python, "-I", "-S", "-c", _BOOTSTRAP, str(len(code)), _NAME], code
 
 
@@ -493,6 +519,8 @@ class Watchdog:
 
     def __init__(self) -> None:
         forks = _forks
+        #: The process this watchdog watches: only its exit ends the watchdog's socket.
+        self.owner = os.getpid()
         ours, its = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         # A child forked (by another thread: a multiprocessing worker, a prefork
         # server's) from here on lets go of our end (`_after_fork_in_child`): kept, it
@@ -590,18 +618,22 @@ class Watchdog:
             self._process.poll()
 
     def stop(self) -> None:
-        """Close the socket (the watchdog kills what is still registered) and reap it,
+        """End the socket (the watchdog kills what is still registered) and reap it,
         waiting no longer than its work can take: a watchdog stopped (SIGSTOP) held the
         interpreter's exit for as long as it was (helper-26). It is then left to do that
         work once continued."""
+        # Shut, not only closed: a child forked in C (which runs no fork handlers) keeps a
+        # copy of our end, and a close alone left the watchdog waiting for that child's
+        # end, and this exit for the watchdog (5 s, then a warning).
+        with contextlib.suppress(OSError):
+            self._socket.shutdown(socket.SHUT_WR)
         self._socket.close()
         try:
             self._process.wait(timeout=STOP_WITHIN)
         except subprocess.TimeoutExpired:
             logger.warning(
                 "the parent-death backstop (pid %d) has not ended %gs after our exit began "
-                "(stopped? or our end of its socket held by a child forked in C, which runs "
-                "no fork handlers?); leaving it to finish",
+                "(stopped?); leaving it to finish",
                 self.pid,
                 STOP_WITHIN,
             )
@@ -634,6 +666,7 @@ def _started() -> Watchdog:
     as when the last was OOM-killed), must kill the trees open before it too. (The
     caller holds `_lock`.)"""
     global _unavailable_said  # noqa: PLW0603 - one notice per outage, for the process
+    _forget_if_forked_in_c()
     for attempt in range(1, _STARTS_AT_MOST + 1):
         if _current:
             break
@@ -734,6 +767,7 @@ def register(*entries: str) -> None:
 
 def unregister(*entries: str) -> None:
     with _lock:
+        _forget_if_forked_in_c()
         _registered.subtract(entries)
         for entry in entries:
             if _registered[entry] <= 0:
@@ -757,6 +791,7 @@ def kill_now(*entries: str) -> bool:
     of file descriptors, which the watchdog, a process of its own, has not). Whether
     there was a watchdog to tell."""
     with _lock:
+        _forget_if_forked_in_c()
         if not _current:
             return False
         _registered.subtract(entries)
@@ -793,6 +828,15 @@ def _write(watchdog: Watchdog, lines: Iterable[str]) -> None:
     _started().send([line for line in batch if line[0] == "!"])
 
 
+def _forget_if_forked_in_c() -> None:
+    """In a child forked in C, which ran no fork handlers: forget the parent's watchdog,
+    as `_after_fork_in_child` would have (the caller holds `_lock`). Its exit shut the
+    parent's watchdog's socket, which the watchdog took for the parent's death, and its
+    registrations went to the parent's watchdog, in lines mixed with the parent's."""
+    if _current and _current[0].owner != os.getpid():
+        _after_fork_in_child()
+
+
 def _after_fork_in_child() -> None:
     # The child must not keep the parent's pipe open (the watchdog would then miss the
     # parent's death); it starts a watchdog of its own when it starts a tree.
@@ -815,6 +859,7 @@ def _at_exit() -> None:
     # the descriptor's number meanwhile (helper-97). One that comes later starts a
     # watchdog of its own, which ends with this process.
     with _lock:
+        _forget_if_forked_in_c()
         _registered.clear()
         for watchdog in _current:
             with contextlib.suppress(OSError):
