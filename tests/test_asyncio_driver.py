@@ -1045,17 +1045,17 @@ def test_asyncio_bad_request_fails_early_and_leaks_nothing(
     assert procs.open_fds() == fds
 
 
-@pytest.mark.parametrize("task_status", ["not given", "anyio's ignored"])
+@pytest.mark.parametrize("task_status", ["not given", "anyio", "trio"])
 @pytest.mark.parametrize("stream", ["stdin", "stdout", "stderr"])
 def test_run_process_tree_refuses_a_pipe_it_cannot_hand_back(stream: str, task_status: str) -> None:
     # asyncio has no nursery.start(): the error must not send the caller looking for one
     # (red before: it did, in trio's words), but to the task_status that hands the tree
-    # back (anyio's start(); red before: none was taken). anyio's TASK_STATUS_IGNORED,
-    # passed on by a function of the program's own started with start_soon(), hands the
-    # tree back to no one either.
+    # back (anyio's start(); red before: none was taken). anyio's or trio's
+    # TASK_STATUS_IGNORED, passed on by a function of the program's own started with
+    # start_soon(), hands the tree back to no one either.
     extra: dict[str, Any] = {}
     if task_status != "not given":
-        extra["task_status"] = pytest.importorskip("anyio").TASK_STATUS_IGNORED
+        extra["task_status"] = pytest.importorskip(task_status).TASK_STATUS_IGNORED
 
     async def run_it() -> None:
         pipe: dict[str, Any] = {stream: subprocess.PIPE}
@@ -1066,6 +1066,18 @@ def test_run_process_tree_refuses_a_pipe_it_cannot_hand_back(stream: str, task_s
         asyncio.run(run_it())
     assert "nursery" not in str(caught.value)
     assert "task_status" in str(caught.value)
+    assert procs.children_of_self() == children
+
+
+def test_a_task_status_without_started_is_refused_before_anything_runs() -> None:
+    # As under trio (red before, helper-103: the tree started, and the AttributeError came
+    # once it ran).
+    async def run_it() -> None:
+        await run_process_tree(["true"], task_status=None)  # type: ignore[arg-type]
+
+    children = procs.children_of_self()
+    with pytest.raises(TypeError, match=r"task_status must have a started\(\) method"):
+        asyncio.run(run_it())
     assert procs.children_of_self() == children
 
 

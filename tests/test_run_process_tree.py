@@ -264,6 +264,29 @@ async def test_pipe_arguments_need_nursery_start() -> None:
         await run_process_tree(["true"], stdin="text")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("ignored", ["anyio", "trio_proctree.asyncio"])
+async def test_pipe_arguments_need_nursery_start_whoever_made_the_ignored_status(
+    ignored: str,
+) -> None:
+    # A function of the program's own, started with start_soon, passes on the
+    # TASK_STATUS_IGNORED it was given, anyio's say: that hands the tree back to no one
+    # either. Red before (helper-103): anyio's was taken for a hand-back, the pipe went to
+    # no one, and the run hung on it.
+    status = pytest.importorskip(ignored).TASK_STATUS_IGNORED
+    children = procs.children_of_self()
+    with pytest.raises(ValueError, match=r"nursery\.start"):
+        await run_process_tree(["true"], stdout=subprocess.PIPE, task_status=status)
+    assert procs.children_of_self() == children
+
+
+async def test_a_task_status_without_started_is_refused_before_anything_runs() -> None:
+    # Red before (helper-103): the tree started, and the AttributeError came once it ran.
+    children = procs.children_of_self()
+    with pytest.raises(TypeError, match=r"task_status must have a started\(\) method"):
+        await run_process_tree(["true"], task_status=None)  # type: ignore[arg-type]
+    assert procs.children_of_self() == children
+
+
 async def test_full_pipe_nobody_reads_does_not_deadlock_cleanup(
     tracked: Tracked, contained: dict[str, Any]
 ) -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import logging
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import attrs
 
@@ -21,6 +22,47 @@ class HasFileno(Protocol):
     """A file-like ``stdin`` for `run_process_tree`: what it has of the file is its number."""
 
     def fileno(self) -> int: ...
+
+
+_T_contra = TypeVar("_T_contra", contravariant=True)
+
+
+class TaskStatus(Protocol[_T_contra]):
+    """Where `run_process_tree` hands its tree back as soon as the leader runs: the
+    ``task_status`` anyio's ``task_group.start()`` passes, or any object with a
+    ``started()`` (asyncio has no nursery to start in)."""
+
+    def started(self, value: _T_contra, /) -> None: ...
+
+
+class _Ignored:
+    def started(self, value: object, /) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return "TASK_STATUS_IGNORED"
+
+
+#: The asyncio `run_process_tree`'s default ``task_status``: the tree is handed back to no
+#: one.
+TASK_STATUS_IGNORED: TaskStatus[Any] = _Ignored()
+
+
+def hands_back(task_status: object) -> bool:
+    """Whether ``task_status`` hands a run's tree back to someone: not when it is trio's,
+    anyio's or ours ``TASK_STATUS_IGNORED``, whichever driver is given it (a function of
+    the program's own, started with ``start_soon``, passes on the one it was given).
+    `TypeError` for one with no ``started()``, before anything is spawned."""
+    if not callable(getattr(task_status, "started", None)):
+        raise TypeError(
+            f"task_status must have a started() method, as the one a nursery's or task "
+            f"group's start() passes; got {task_status!r}"
+        )
+    ignored = [TASK_STATUS_IGNORED]
+    for library in ("trio", "anyio"):  # (one not imported has handed none out)
+        if (module := sys.modules.get(library)) is not None:
+            ignored.append(getattr(module, "TASK_STATUS_IGNORED", TASK_STATUS_IGNORED))
+    return not any(task_status is each for each in ignored)
 
 
 @attrs.frozen
@@ -39,7 +81,7 @@ def plan_run(
     capture_stderr: bool,
     options: Mapping[str, Any],
     *,
-    hands_back_streams: bool,
+    task_status: object,
     hand_back: str,
 ) -> RunRequest:
     """Check run_process_tree's arguments (as `trio.run_process` does).
@@ -50,7 +92,7 @@ def plan_run(
     if isinstance(stdin, str):
         raise TypeError("stdin must be bytes, not str")
     options = dict(options)
-    if not hands_back_streams:
+    if not hands_back(task_status):
         for name, value in (
             ("stdin", stdin),
             ("stdout", options.get("stdout")),

@@ -738,7 +738,7 @@ async def run_process_tree(
         capture_stdout,
         capture_stderr,
         options,
-        hands_back_streams=task_status is not trio.TASK_STATUS_IGNORED,
+        task_status=task_status,
         hand_back="nursery.start()",
     )
     outputs: dict[str, list[bytes]] = {name: [] for name in request.capture}

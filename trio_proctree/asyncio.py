@@ -39,7 +39,7 @@ import threading
 import warnings
 from collections.abc import Callable, Coroutine, Generator, Iterable
 from types import TracebackType
-from typing import Any, Protocol, SupportsIndex, TypeVar
+from typing import Any, SupportsIndex, TypeVar
 
 from ._begins_anyway import BeginsAnyway
 from ._choose import ContainmentChoice, ContainmentUnavailable, choose_containment, start_tree
@@ -54,7 +54,16 @@ from ._escalation import (
     resolve_policy,
 )
 from ._outcome import CleanupError, CleanupOutcome, chain_cleanup_error
-from ._run import DRAIN_AT_MOST, PIPE_DRAIN_TIMEOUT, HasFileno, completed, dropped, plan_run
+from ._run import (
+    DRAIN_AT_MOST,
+    PIPE_DRAIN_TIMEOUT,
+    TASK_STATUS_IGNORED,
+    HasFileno,
+    TaskStatus,
+    completed,
+    dropped,
+    plan_run,
+)
 from ._spawn import Command, Spawned, SpawnPlan, plan_spawn
 
 # The package's values and errors too, as the package has them: an asyncio program needs
@@ -77,27 +86,6 @@ __all__ = [
 logger = logging.getLogger("trio_proctree")
 
 T = TypeVar("T")
-_T_contra = TypeVar("_T_contra", contravariant=True)
-
-
-class TaskStatus(Protocol[_T_contra]):
-    """Where `run_process_tree` hands its tree back as soon as the leader runs: the
-    ``task_status`` anyio's ``task_group.start()`` passes, or any object with a
-    ``started()`` (asyncio has no nursery to start in)."""
-
-    def started(self, value: _T_contra, /) -> None: ...
-
-
-class _Ignored:
-    def started(self, value: object, /) -> None:
-        pass
-
-    def __repr__(self) -> str:
-        return "TASK_STATUS_IGNORED"
-
-
-#: `run_process_tree`'s default ``task_status``: the tree is handed back to no one.
-TASK_STATUS_IGNORED: TaskStatus[Any] = _Ignored()
 
 #: Cleanup tasks still running: the loop keeps only weak references to tasks.
 _cleanups: set[asyncio.Task[None]] = set()
@@ -123,13 +111,6 @@ def _anyio_shield() -> contextlib.AbstractContextManager[Any]:
     if anyio is None:
         return contextlib.nullcontext()
     return anyio.CancelScope(shield=True)  # type: ignore[no-any-return]
-
-
-def _anyio_ignored() -> object:
-    """anyio's ``TASK_STATUS_IGNORED``, if anyio is imported: passed on, it asks for no
-    tree back, as ours does."""
-    anyio = sys.modules.get("anyio")
-    return getattr(anyio, "TASK_STATUS_IGNORED", TASK_STATUS_IGNORED)
 
 
 def _anyio_in_use() -> Any:
@@ -1480,14 +1461,12 @@ async def run_process_tree(
     object with a ``started()``. Output pipes asked for then (``stdout=subprocess.PIPE``)
     are left to be read to their end after the run, as the trio driver leaves them.
     """
-    if task_status is TASK_STATUS_IGNORED or task_status is _anyio_ignored():
-        task_status = TASK_STATUS_IGNORED
     request = plan_run(
         stdin,
         capture_stdout,
         capture_stderr,
         options,
-        hands_back_streams=task_status is not TASK_STATUS_IGNORED,
+        task_status=task_status,
         hand_back="a task_status with started(), as anyio's task_group.start() passes",
     )
     outputs: dict[str, list[bytes]] = {name: [] for name in request.capture}
