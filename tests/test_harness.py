@@ -141,7 +141,7 @@ def test_a_named_mutant_that_changes_nothing_survives() -> None:
     # The runner's verdict must come from the mutant's tests. Red before: its copy of the
     # project lacked README.md, test_readme.py failed to collect, and with -x that error
     # ended every run red before a test ran: every mutant, this one too, was "killed".
-    unchanged = "import fcntl, os, queue,"
+    unchanged = "import errno, fcntl, os, queue,"
     survived = not run("nothing", "_watchdog.py", unchanged, unchanged, "package_has_a_version")
     assert survived
 

@@ -3371,8 +3371,8 @@ MUTANTS = [
     (
         "watchdog: the exit hook closes the socket under another thread's registration",
         "_watchdog.py",
-        "    with _lock:\n        _registered.clear()\n",
-        "    if True:\n        _registered.clear()\n",
+        "    with _lock:\n        _forget_if_forked_in_c()\n        _registered.clear()\n",
+        "    if True:\n        _forget_if_forked_in_c()\n        _registered.clear()\n",
         "registration_under_way",
     ),
     (
