@@ -1676,29 +1676,48 @@ async def test_parent_killed_after_a_fork_while_its_watchdog_started_takes_its_t
 C_FORKED_HOLDER = PARENT.replace(
     'sys.stdout.write(f"{tree.pid}\\n{data.decode()}ready {tree.containment}\\n")',
     "import ctypes\n"
+    "        from trio_proctree import _watchdog\n"
     "        libc = ctypes.CDLL(None)\n"
     "        holder = libc.fork()\n"
     "        if holder == 0:\n"
     "            libc.pause()\n"
     "            libc._exit(0)\n"
     '        sys.stdout.write(f"{tree.pid}\\n{data.decode()}ready {tree.containment}\\n'
-    'holder {holder}\\n")',
+    'holder {holder} watchdog {_watchdog.running()[0].pid}\\n")',
 )
 
 
+def watching_its_owner(watchdog: int) -> bool:
+    """Whether the watchdog holds a pidfd: its owner's, which it watches."""
+    try:
+        return any(
+            os.readlink(f"/proc/{watchdog}/fd/{fd}") == "anon_inode:[pidfd]"
+            for fd in os.listdir(f"/proc/{watchdog}/fd")
+        )
+    except FileNotFoundError:  # (it has exited, or that descriptor is closed)
+        return False
+
+
+@pytest.mark.parametrize("killed", ["as its watchdog starts", "once its watchdog watches it"])
 async def test_parent_killed_while_a_child_it_forked_in_c_lives_takes_its_trees_along(
-    tracked: Tracked, strong: str
+    tracked: Tracked, strong: str, killed: str
 ) -> None:
-    # The watchdog watches its owner's pidfd as well as the end of its socket. Red before:
-    # the holder kept the socket open, the watchdog saw no end, and the trees ran on for
-    # as long as the holder lived.
+    # The watchdog watches its owner's pidfd as well as the end of its socket (or finds
+    # itself another's child, its owner killed before it looked). Red before: the holder
+    # kept the socket open, the watchdog saw no end, and the trees ran on for as long as
+    # the holder lived.
     assert "holder = libc.fork()" in C_FORKED_HOLDER
     with parent_with_a_tree(tracked, strong, script=C_FORKED_HOLDER) as (parent, pids, _):
         assert parent.stdout is not None
-        holder = int(parent.stdout.readline().split()[1])
+        words = parent.stdout.readline().split()  # holder PID watchdog PID
+        holder, watchdog = int(words[1]), int(words[3])
         procs.remember(holder)
         try:
             assert procs.alive(holder)
+            if killed == "once its watchdog watches it":
+                with trio.fail_after(10):
+                    while not watching_its_owner(watchdog):
+                        await trio.sleep(0.01)  # another process's open(): no event to wait on
             await sigkill_takes_its_trees_along(parent, pids)
         finally:
             os.kill(holder, signal.SIGKILL)  # (ours: our child's child, which waits in pause)

@@ -386,18 +386,23 @@ def watch_owner():
     # while that child lives the end never comes: the owner's pidfd says it died all the
     # same. Then our end is shut for reading, for every copy, so that the loop below reads
     # what was sent, then the end.
-    try:
-        fd = os.pidfd_open(OWNER)
-    except OSError as exc:
-        if exc.errno != errno.ESRCH:
-            return  # (no pidfds, or no descriptor to spare: the socket's end alone)
-        fd = None  # it has died already
-    # Our parent still, once the pidfd is open: then the pidfd names it, not a process
-    # that took its pid after it died.
-    if fd is not None and os.getppid() == OWNER:
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        poller.poll()
+    # It is our parent until it dies (we are then someone else's child): so, seen to be
+    # our parent once its pidfd is open, the pidfd names it, not a process that took its
+    # pid after it died. It may have died before we got here (a SIGKILL as we started).
+    parent = os.getppid()
+    if parent == 0:
+        return  # (our parent is in a pid namespace we cannot see: the socket's end alone)
+    if parent == OWNER:
+        try:
+            fd = os.pidfd_open(OWNER)
+        except OSError as exc:
+            if exc.errno != errno.ESRCH:
+                return  # (no pidfds, or no descriptor to spare: the socket's end alone)
+            fd = None  # (it has died)
+        if fd is not None and os.getppid() == OWNER:
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            poller.poll()
     import socket
     try:
         socket.socket(fileno=os.dup(0)).shutdown(socket.SHUT_RD)

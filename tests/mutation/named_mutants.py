@@ -3495,6 +3495,20 @@ MUTANTS = [
         "child_it_forked_in_c",
     ),
     (
+        "watchdog: its owner's death seen through its pidfd not acted on",
+        "_watchdog.py",
+        "            poller.poll()\n",
+        "            return\n",
+        "child_it_forked_in_c and watches",
+    ),
+    (
+        "watchdog: an owner that died before it looked taken for one it cannot see",
+        "_watchdog.py",
+        "    if parent == 0:\n        return",
+        "    if parent != OWNER:\n        return",
+        "child_it_forked_in_c and starts",
+    ),
+    (
         "watchdog: a child forked in C exits through its parent's watchdog",
         "_watchdog.py",
         "        _forget_if_forked_in_c()\n        _registered.clear()",
