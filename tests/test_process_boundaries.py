@@ -493,6 +493,50 @@ def test_a_process_that_execs_itself_starts_trees_again(tracked: Tracked) -> Non
     assert tracked.survivors() == []
 
 
+# Holds a tree open, says its leader's pid, and exec's another program (sleep) in the
+# middle of its block: no exit hooks run, and the pid lives on.
+EXECS_WITH_A_TREE_OPEN = textwrap.dedent(
+    """
+    import os, sys, trio
+    from trio_proctree import open_process_tree
+
+    async def main():
+        async with open_process_tree(["sleep", "60"], containment=sys.argv[1]) as tree:
+            print(tree.pid, flush=True)
+            os.execv("/bin/sleep", ["sleep", "60"])
+
+    trio.run(main)
+    """
+)
+
+
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper", "group"])
+def test_a_process_that_execs_another_program_takes_its_open_trees_along(
+    tracked: Tracked, containment: str
+) -> None:
+    # The watchdog's socket is close-on-exec: the exec ends it, as an exit would, and the
+    # watchdog kills what is registered (the pidfd it watches says nothing: same process).
+    available(containment)
+    with procs.killed_on_failure(
+        subprocess.Popen(
+            [*procs.python(), "-c", EXECS_WITH_A_TREE_OPEN, containment],
+            stdout=subprocess.PIPE,
+            env=tracked.env,
+        )
+    ) as program:
+        assert program.stdout is not None
+        leader = int(program.stdout.readline())
+        procs.remember(leader)
+        deadline = time.monotonic() + 2.0
+        while procs.alive(leader) and time.monotonic() < deadline:
+            time.sleep(0.01)  # another process's kill: no event to wait on
+        assert not procs.alive(leader)
+        assert procs.alive(program.pid)  # (the exec'd program, which the tree did not outlive)
+        program.kill()
+        program.wait()
+    assert until_none_survive(tracked, within=1.0) == []
+
+
 # A subreaper (a subreaper tree made it one) that exec's itself, then runs trees whose
 # leaders leave a member behind, ended soon after; prints how many of those members are
 # zombie children of its own once they are done.
