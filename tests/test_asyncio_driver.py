@@ -7,6 +7,7 @@ import asyncio
 import concurrent.futures
 import errno
 import functools
+import gc
 import logging
 import os
 import random
@@ -16,6 +17,7 @@ import subprocess
 import textwrap
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -1079,6 +1081,28 @@ def test_a_task_status_without_started_is_refused_before_anything_runs() -> None
     with pytest.raises(TypeError, match=r"task_status must have a started\(\) method"):
         asyncio.run(run_it())
     assert procs.children_of_self() == children
+
+
+def test_a_closed_asyncio_tree_is_freed_without_the_cycle_collector(
+    run: Callable[..., Any], tracked: Tracked, contained: dict[str, Any]
+) -> None:
+    # With what its readers took in. Red before (helper-104): its cleanup's task held it
+    # in a cycle (through the wrapper's cancellation callback), freed only by gc.
+    async def main() -> weakref.ref[trio_proctree.asyncio.ProcessTree]:
+        async with open_process_tree(
+            ["head", "-c", "100000", "/dev/zero"], stdout=subprocess.PIPE, **contained
+        ) as tree:
+            await tree.wait()
+        assert tree.outcome is not None
+        return weakref.ref(tree)
+
+    gc.disable()
+    try:
+        freed = run(main)
+        assert freed() is None
+    finally:
+        gc.enable()
+    assert tracked.survivors() == []
 
 
 def test_an_asyncio_tree_says_what_it_is_and_how_it_stands(

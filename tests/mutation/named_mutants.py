@@ -3515,6 +3515,13 @@ MUTANTS = [
         "        _registered.clear()",
         "forked_child_that_exits",
     ),
+    (
+        "asyncio: the cleanup's wrapper keeps its cancellation callback once begun",
+        "_begins_anyway.py",
+        "            self._on_cancel = _not_told\n",
+        "            pass\n",
+        "freed_without_the_cycle",
+    ),
 ]
 
 
