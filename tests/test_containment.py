@@ -1743,19 +1743,16 @@ LEAVES_THE_GROUP_ON_CUE = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("containment", ["cgroup", "subreaper"])
-async def test_a_member_that_leaves_the_group_in_the_instant_before_its_stop_signal_misses_it(
-    tracked: Tracked, containment: str
-) -> None:
-    # What the README's limit says: the leader has exited, so the members are listed
-    # before the group's signal; one that leaves the group (setsid) after that listing's
-    # last look and before the signal misses it, and is stopped by SIGKILL at the grace's
-    # end. It cannot be told from one that left just after taking it, which must not get
-    # it twice (the next test). helper-104 saw it in 1 tree in 400 to 1,000 of
-    # `sh -c 'setsid sleep 30 & exit 0'`; here the member leaves on cue in that instant.
-    available(containment)
+async def run_with_a_member_leaving_the_group_on_cue(
+    tracked: Tracked, containment: str, member_script: str, *, after_the_signal: bool
+) -> tuple[ProcessTree, int, bytes]:
+    """Run ``sh -c 'MEMBER & exit 0'`` (grace 0.3) to its end and its cleanup, the leader
+    exited first; the member leaves the tree's group on cue in the instant before the
+    group's SIGTERM goes, or just after it (once it has said it had it). The tree, the
+    member's pid, and all the member said on its pipe."""
     reading, writing = os.pipe()
-    member = shlex.join([*procs.python(), "-c", LEAVES_THE_GROUP_ON_CUE, str(writing)])
+    member = shlex.join([*procs.python(), "-c", member_script, str(writing)])
+    said = b""
     try:
         async with open_process_tree(
             ["sh", "-c", f"{member} & exit 0"],
@@ -1771,17 +1768,45 @@ async def test_a_member_that_leaves_the_group_in_the_instant_before_its_stop_sig
             group = tree._core.containment._group  # type: ignore[attr-defined]
             real_signal = group.signal_pinned
 
-            def leaving_first(sig: int, **kwargs: Any) -> None:
-                if sig == signal.SIGTERM and procs.alive(pid):
+            def leaving_on_cue(sig: int, **kwargs: Any) -> None:
+                nonlocal said
+                if after_the_signal:
+                    real_signal(sig, **kwargs)
+                if sig == signal.SIGTERM and b"x" not in said:
                     os.kill(pid, signal.SIGUSR1)  # (ours: the tree's member)
-                    assert select.select([reading], [], [], 10)[0] == [reading]
-                    os.read(reading, 1)  # it has left the group
-                real_signal(sig, **kwargs)
+                    # Until it has left the group (and, after the signal, has had it).
+                    while b"x" not in said or (after_the_signal and b"t" not in said):
+                        assert select.select([reading], [], [], 10)[0] == [reading]
+                        said += os.read(reading, 10)
+                if not after_the_signal:
+                    real_signal(sig, **kwargs)
 
-            group.signal_pinned = leaving_first
+            group.signal_pinned = leaving_on_cue
+        os.close(writing)
+        writing = -1
+        while chunk := os.read(reading, 10):  # (to its end: the member is gone)
+            said += chunk
     finally:
         os.close(reading)
-        os.close(writing)
+        if writing >= 0:
+            os.close(writing)
+    return tree, pid, said
+
+
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper"])
+async def test_a_member_that_leaves_the_group_in_the_instant_before_its_stop_signal_misses_it(
+    tracked: Tracked, containment: str
+) -> None:
+    # What the README's limit says: the leader has exited, so the members are listed
+    # before the group's signal; one that leaves the group (setsid) after that listing's
+    # last look and before the signal misses it, and is stopped by SIGKILL at the grace's
+    # end. It cannot be told from one that left just after taking it, which must not get
+    # it twice (the next test). helper-104 saw it in 1 tree in 400 to 1,000 of
+    # `sh -c 'setsid sleep 30 & exit 0'`; here the member leaves on cue in that instant.
+    available(containment)
+    tree, pid, _ = await run_with_a_member_leaving_the_group_on_cue(
+        tracked, containment, LEAVES_THE_GROUP_ON_CUE, after_the_signal=False
+    )
     assert tree.outcome is not None
     assert tree.outcome.grace_expired  # (its SIGTERM would have ended it at once)
     assert not procs.alive(pid)  # (the hard stop's)
@@ -1806,42 +1831,9 @@ async def test_a_known_member_that_leaves_the_group_after_its_stop_signal_never_
     # that left just before it (the test above). Here it left just after the signal.
     available(containment)
     assert "signal.SIGTERM" in CATCHES_TERM_AND_LEAVES_ON_CUE
-    reading, writing = os.pipe()
-    member = shlex.join([*procs.python(), "-c", CATCHES_TERM_AND_LEAVES_ON_CUE, str(writing)])
-    said = b""
-    try:
-        async with open_process_tree(
-            ["sh", "-c", f"{member} & exit 0"],
-            grace=0.3,
-            stdout=subprocess.PIPE,
-            pass_fds=(writing,),
-            containment=containment,
-            env=tracked.env,
-        ) as tree:
-            assert tree.stdout is not None
-            [pid] = await read_pids(tree.stdout, 1)
-            await tree.wait()
-            group = tree._core.containment._group  # type: ignore[attr-defined]
-            real_signal = group.signal_pinned
-
-            def leaving_after(sig: int, **kwargs: Any) -> None:
-                nonlocal said
-                real_signal(sig, **kwargs)
-                if sig == signal.SIGTERM and b"x" not in said:
-                    os.kill(pid, signal.SIGUSR1)  # (ours: the tree's member)
-                    while b"t" not in said or b"x" not in said:  # it had it, and left
-                        assert select.select([reading], [], [], 10)[0] == [reading]
-                        said += os.read(reading, 10)
-
-            group.signal_pinned = leaving_after
-        os.close(writing)
-        writing = -1
-        while chunk := os.read(reading, 10):  # (to its end: the member is gone)
-            said += chunk
-    finally:
-        os.close(reading)
-        if writing >= 0:
-            os.close(writing)
+    tree, _, said = await run_with_a_member_leaving_the_group_on_cue(
+        tracked, containment, CATCHES_TERM_AND_LEAVES_ON_CUE, after_the_signal=True
+    )
     assert said.count(b"t") == 1, said
     assert tree.outcome is not None
     assert tree.outcome.grace_expired  # (it ignored its SIGTERM: SIGKILL ended it)
