@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import trio
 
-from trio_proctree import ContainmentUnavailable, _cgroupfs
+from trio_proctree import ContainmentUnavailable, _cgroupfs, _watchdog
 from trio_proctree._choose import choose_containment
 from trio_proctree._core import open_trees
 from trio_proctree._exec_check import binfmt_misc_handlers
@@ -34,6 +34,15 @@ class Tracked:
 
     def survivors(self) -> list[int]:
         return procs.survivors(self.token)
+
+    def mark_this_process(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Put the token in this process's own environment, for a tree given no ``env``.
+
+        The watchdog is started first: started by the test's first tree, it would carry
+        the token and count as the test's survivor (red when such a test was the first on
+        its xdist worker to open a tree: ``pytest -n 4 tests/test_popen_parity.py``)."""
+        _watchdog.ensure_started()
+        monkeypatch.setenv(procs.TOKEN_VAR, self.token)
 
 
 @pytest.fixture(autouse=True)

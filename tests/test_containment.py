@@ -1399,7 +1399,7 @@ async def test_with_no_env_given_a_tree_gets_this_process_environment(
     # Ours, entry for entry (text that is not ASCII too), plus only what a containment
     # needs (the subreaper's marker): as Popen passes it when env is not given. (The
     # subreaper passes one: os.environ's, without what C code set behind its back.)
-    monkeypatch.setenv(procs.TOKEN_VAR, tracked.token)  # (so the tree is tracked)
+    tracked.mark_this_process(monkeypatch)  # (so the tree is tracked)
     monkeypatch.setenv("TRIO_PROCTREE_TEST_TEXT", "café ü")
     libc = ctypes.CDLL(None)
     libc.setenv(b"TRIO_PROCTREE_SET_IN_C", b"1", 1)  # behind os.environ's back, as C code may

@@ -60,8 +60,9 @@ async def test_the_inherited_environment_reaches_the_command_unchanged(
     # imports it: this test failed run from a terminal.)
     for name, value in procs.set_behind_os_environs_back().items():
         monkeypatch.setenv(name, value)
-    for name, value in {**SHELL_MANGLED[variables], procs.TOKEN_VAR: tracked.token}.items():
+    for name, value in SHELL_MANGLED[variables].items():
         monkeypatch.setenv(name, value)
+    tracked.mark_this_process(monkeypatch)
     result = await run_process_tree(
         ["/usr/bin/env", "-0"], capture_stdout=True, containment=contained["containment"]
     )
@@ -106,7 +107,7 @@ async def test_a_removed_working_directory_adds_nothing_popen_would_not_show(
         if variables == "inherited":
             for name, value in procs.set_behind_os_environs_back().items():
                 monkeypatch.setenv(name, value)  # (as the test of the inherited one above)
-            monkeypatch.setenv(procs.TOKEN_VAR, tracked.token)
+            tracked.mark_this_process(monkeypatch)
             env = None
         else:
             env = {**contained["env"], **SHELL_MANGLED.get(variables, {})}
