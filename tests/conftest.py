@@ -147,6 +147,43 @@ kernel_refuses = pytest.mark.skipif(
 )
 
 
+#: The parameters through which tests are run once per containment.
+CONTAINMENT_PARAMETERS = {"contained", "containment", "strong", "inner"}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--only-containments",
+        metavar="NAMES",
+        help="run the tests that are run once per containment only for these (comma-"
+        "separated, e.g. cgroup,auto); every other test runs as usual",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``--only-containments``: deselect the runs of the other containments (the suite
+    under another C library changes only how a leader enters its cgroup)."""
+    option = config.getoption("only_containments")
+    if option is None:
+        return
+    wanted = set(option.split(","))
+    unknown = wanted - {*CONTAINMENTS, "auto"}
+    if unknown:
+        raise pytest.UsageError(f"--only-containments: no such containment: {sorted(unknown)}")
+    kept: list[pytest.Item] = []
+    deselected: list[pytest.Item] = []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        chosen = {
+            value
+            for name, value in (callspec.params.items() if callspec else ())
+            if name in CONTAINMENT_PARAMETERS
+        }
+        (deselected if chosen - wanted else kept).append(item)
+    config.hook.pytest_deselected(items=deselected)
+    items[:] = kept
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Give the tests the Ctrl-C, SIGQUIT and SIGHUP a shell gives a command it runs in the
     foreground, whatever this run inherited: a command a script starts in the background
