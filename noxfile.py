@@ -62,10 +62,30 @@ def interpreters(session: nox.Session) -> None:
         session.error(f"required interpreters not found: {', '.join(required)}")
 
 
+#: Compiles the session's installed packages, then the directories it is given.
+_COMPILE = (
+    "import compileall, sys, sysconfig\n"
+    "for folder in [sysconfig.get_path('purelib'), *sys.argv[1:]]:\n"
+    "    compileall.compile_dir(folder, quiet=2, workers=0)"  # (a file that fails is left)
+)
+
+
+def _install_for_tests(session: nox.Session) -> None:
+    """The package and the test tools, compiled to bytecode.
+
+    The suite starts some 500 Pythons a session that import trio and trio_proctree, and
+    four workers that import pytest and the rest. Where PYTHONDONTWRITEBYTECODE is set (it
+    is on the machine CI runs on here) none of them writes what it compiles, and every one
+    compiled it all from source again: ``import trio_proctree`` took 0.33 s instead of
+    0.15 s, and the suite took 270 s of CPU instead of 200 s (one run each)."""
+    session.install("-e", ".[anyio]", *TEST_TOOLS)
+    session.run("python", "-c", _COMPILE, "trio_proctree", "tests", silent=True)
+
+
 @nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
     """The test suite with real processes; pass pytest arguments after ``--``."""
-    session.install("-e", ".[anyio]", *TEST_TOOLS)
+    _install_for_tests(session)
     session.run("pytest", "-n", str(WORKERS), *session.posargs)
 
 
@@ -85,7 +105,7 @@ def tests_glibc(session: nox.Session) -> None:
     only: how a leader enters its cgroup is all that library changes, and the process
     group's and subreaper's runs took ~45% of the session's tests for nothing new."""
     loader, library = _debian_glibc(session)
-    session.install("-e", ".[anyio]", *TEST_TOOLS)
+    _install_for_tests(session)
     # The workers run under that C library (their children under the machine's own).
     # (Not in session.create_tmp(): that makes it TMPDIR, inside this project, and pytest
     # would give the test files that tests write this project's pytest configuration.)
