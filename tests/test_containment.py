@@ -2023,6 +2023,66 @@ async def test_a_lost_watchdog_is_replaced_with_every_registration(
     assert tracked.survivors() == []
 
 
+# Registers a process group of its own (as a tree does), then forks in C (no fork
+# handlers run) a child that registers one, SIGKILLs the watchdog it started, and
+# registers another: that finds the watchdog gone and starts a replacement. The parent
+# says the child's pid; the child says its two groups'; both then wait to be killed.
+C_FORKED_CHILD_LOSES_ITS_WATCHDOG = textwrap.dedent(
+    """
+    import ctypes, os, select, signal, subprocess
+    from trio_proctree import _watchdog
+
+    def registered_group():
+        leader = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        with open(f"/proc/{leader.pid}/stat") as stat:
+            start = int(stat.read().rsplit(")", 1)[1].split()[19])
+        _watchdog.register(f"group {leader.pid} {start} {start}")
+        return leader.pid
+
+    registered_group()
+    child = ctypes.CDLL(None).fork()
+    if child == 0:
+        first = registered_group()
+        (watchdog,) = _watchdog.running()
+        pidfd = os.pidfd_open(watchdog.pid)
+        os.kill(watchdog.pid, signal.SIGKILL)
+        select.select([pidfd], [], [])
+        print(first, registered_group(), flush=True)
+    else:
+        print(child, flush=True)
+    while True:
+        signal.pause()
+    """
+)
+
+
+async def test_a_child_forked_in_c_has_its_replacement_watchdog_told_of_its_first_group(
+    tracked: Tracked,
+) -> None:
+    # Red before: the child's first registration was counted, then dropped with the
+    # parent's as the child found it had been forked in C; the watchdog that replaced
+    # its lost one was not told of it, and the child's SIGKILL left that group running.
+    program = subprocess.Popen(  # noqa: ASYNC220 - it starts at once
+        [sys.executable, "-c", C_FORKED_CHILD_LOSES_ITS_WATCHDOG],
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+    )
+    with program:
+        try:
+            assert program.stdout is not None
+            said = [[int(word) for word in program.stdout.readline().split()] for _ in "12"]
+            [(child,), (first, second)] = sorted(said, key=len)  # (in either order)
+            for pid in (child, first, second):
+                procs.remember(pid)
+            os.kill(child, signal.SIGKILL)
+            await until_gone([first, second], within=1.0)
+            assert [pid for pid in (first, second) if procs.alive(pid)] == []
+        finally:
+            program.kill()
+    await until_none_survive(tracked, within=1.0)
+    assert tracked.survivors() == []
+
+
 # While no watchdog can start (the interpreter it runs is not there), ends trees and
 # opens another (in a kept cgroup, under cgroup containment); then one more tree starts a
 # watchdog. Says both leaders' pids and how many unregistrations were kept, and holds.

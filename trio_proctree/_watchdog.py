@@ -762,6 +762,9 @@ def register(*entries: str) -> None:
     ``home PATH``) killed or removed should this process die before `unregister`;
     written at once."""
     with _lock:
+        # First: in a child forked in C, forgetting the parent's registrations then would
+        # drop these too, and a watchdog that replaced a lost one would not know them.
+        _forget_if_forked_in_c()
         _registered.update(entries)
         try:
             _write(_started(), ("+" + entry for entry in entries))

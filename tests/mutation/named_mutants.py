@@ -3522,6 +3522,13 @@ MUTANTS = [
         "            pass\n",
         "freed_without_the_cycle",
     ),
+    (
+        "watchdog: a child forked in C drops its first registration with its parent's",
+        "_watchdog.py",
+        "        _forget_if_forked_in_c()\n        _registered.update(entries)",
+        "        _registered.update(entries)",
+        "replacement_watchdog_told_of_its_first_group",
+    ),
 ]
 
 
