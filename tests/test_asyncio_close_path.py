@@ -7,6 +7,7 @@ under ``anyio.run(backend="asyncio")`` (the ``run`` fixture), with real processe
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import inspect
 import logging
@@ -865,6 +866,35 @@ def test_a_writer_draining_as_cleanup_drops_its_input_is_told_it_was_not_sent(
                 os.close(held)
 
     run(main)
+    assert tracked.survivors() == []
+
+
+def test_a_writer_draining_as_the_tree_stops_reading_is_told_what_happened(
+    run: Callable[..., Any], tracked: Tracked
+) -> None:
+    # A writer waiting in drain() when the tree closes its stdin's reading end (here: the
+    # leader, its only reader, exits). Red before: under asyncio's own loop, whose pipe
+    # transport raises BrokenPipeError() with no arguments, the writer got an error that
+    # said nothing at all (str() empty, no errno). uvloop says "[Errno 32] Broken pipe".
+    async def main() -> BrokenPipeError:
+        async with open_process_tree(
+            ["sh", "-c", "read line; echo read"],
+            grace=0.2,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=tracked.env,
+        ) as tree:
+            assert tree.stdin is not None and tree.stdout is not None
+            tree.stdin.write(b"first\n" + b"y" * 300_000)  # more than the pipe takes
+            draining = asyncio.ensure_future(tree.stdin.drain())
+            assert await tree.stdout.readline() == b"read\n"  # (then the leader exits)
+            with pytest.raises(BrokenPipeError) as raised:
+                await asyncio.wait_for(draining, 5)
+            return raised.value
+
+    error = run(main)
+    assert error.errno == errno.EPIPE
+    assert "stdin" in str(error) or str(error) == "[Errno 32] Broken pipe"  # (the latter: uvloop)
     assert tracked.survivors() == []
 
 

@@ -877,6 +877,14 @@ class _StdinProtocol(asyncio.StreamReaderProtocol):
                 errno.EPIPE,
                 f"the tree has ended: {self.dropped} bytes written to its stdin were never sent",
             )
+        elif isinstance(exc, BrokenPipeError) and not exc.args:
+            # asyncio's pipe transport, finding the reading end closed with data still
+            # buffered, says nothing at all: a writer in drain() got ``BrokenPipeError()``.
+            exc = BrokenPipeError(
+                errno.EPIPE,
+                "the tree no longer reads its stdin (the pipe's reading end is closed): "
+                "what was written to it and not yet sent was dropped",
+            )
         super().connection_lost(exc)
 
 
