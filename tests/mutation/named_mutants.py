@@ -3529,6 +3529,13 @@ MUTANTS = [
         "        _registered.update(entries)",
         "replacement_watchdog_told_of_its_first_group",
     ),
+    (
+        "asyncio: a writer in drain() whose tree stopped reading told nothing",
+        "asyncio.py",
+        "        elif isinstance(exc, BrokenPipeError) and not exc.args:",
+        "        elif False:",
+        "writer_draining_as_the_tree_stops_reading",
+    ),
 ]
 
 
