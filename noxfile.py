@@ -29,9 +29,11 @@ nox.options.default_venv_backend = "uv|virtualenv"
 RUFF = "ruff==0.17.6"
 MYPY = "mypy==2.4.1"
 PYRIGHT = "pyright==1.1.414"
-#: pytest-xdist workers per test session: twice the cores of a small CI machine, as the
-#: suite waits on real processes far more than it computes (115 s with 2 here, 78 s with 4).
-WORKERS = 4
+#: pytest-xdist workers per test session: three per core of a small CI machine, as the
+#: suite waits on real processes more than it computes. On 2 cores (2026-12-07, the
+#: packages compiled): 127-130 s with 4, 108-116 s with 6, 118 s with 8 (more CPU spent
+#: contending than waiting saved).
+WORKERS = 6
 TEST_TOOLS = ["pytest", "pytest-trio", "pytest-timeout", "pytest-xdist", "hypothesis", "uvloop"]
 
 
@@ -74,7 +76,7 @@ def _install_for_tests(session: nox.Session) -> None:
     """The package and the test tools, compiled to bytecode.
 
     The suite starts some 500 Pythons a session that import trio and trio_proctree, and
-    four workers that import pytest and the rest. Where PYTHONDONTWRITEBYTECODE is set (it
+    workers that import pytest and the rest. Where PYTHONDONTWRITEBYTECODE is set (it
     is on the machine CI runs on here) none of them writes what it compiles, and every one
     compiled it all from source again: ``import trio_proctree`` took 0.33 s instead of
     0.15 s, and the suite took 270 s of CPU instead of 200 s (one run each)."""
