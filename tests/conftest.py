@@ -160,16 +160,27 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def only_containments(config: pytest.Config) -> set[str] | None:
+    """The containments ``--only-containments`` names (None: every one): a name that is
+    no containment is a usage error."""
+    option = config.getoption("only_containments")
+    if option is None:
+        return None
+    wanted = {name.strip() for name in option.split(",") if name.strip()}
+    unknown = wanted - {*CONTAINMENTS, "auto"}
+    if unknown or not wanted:
+        raise pytest.UsageError(
+            f"--only-containments {option!r}: names no containment of {[*CONTAINMENTS, 'auto']}"
+        )
+    return wanted
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """``--only-containments``: deselect the runs of the other containments (the suite
     under another C library changes only how a leader enters its cgroup)."""
-    option = config.getoption("only_containments")
-    if option is None:
+    wanted = only_containments(config)
+    if wanted is None:
         return
-    wanted = set(option.split(","))
-    unknown = wanted - {*CONTAINMENTS, "auto"}
-    if unknown:
-        raise pytest.UsageError(f"--only-containments: no such containment: {sorted(unknown)}")
     kept: list[pytest.Item] = []
     deselected: list[pytest.Item] = []
     for item in items:
@@ -190,6 +201,7 @@ def pytest_configure(config: pytest.Config) -> None:
     (``cmd &``) has SIGINT and SIGQUIT ignored, one started by ``nohup`` SIGHUP, which its
     children inherit (and the run tool keeps ignored, by design). The tests of what such a
     signal does to the tool then failed (10; 2 under nohup, helper-48), some by hanging."""
+    only_containments(config)  # (checked before collection: a usage error, said once)
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     for ignored_by_the_caller in (signal.SIGQUIT, signal.SIGHUP):
