@@ -69,6 +69,12 @@ def next_pid_after(pid: int) -> Iterator[None]:
                 f.write(str(was))
 
 
+#: How often a test tries to have a pid recycled before it gives up (skips). The other
+#: workers' forks take the pid first in the ~1 ms a Popen takes to fork: 50 tries all
+#: lost so in 3 of 12 full runs today (at 4 and 6 workers). A try costs ~3 ms.
+RECYCLE_TRIES = 500
+
+
 def start_stranger(env: dict[str, str]) -> subprocess.Popen[bytes]:
     """A process outside every tree, in a session (and group) of its own."""
     return subprocess.Popen(["sleep", "60"], start_new_session=True, env=env)
@@ -259,7 +265,7 @@ async def test_recycled_pgid_is_never_signalled(
     async with open_process_tree(["sleep", "60"], **contained) as tree:
         pass
     old_pgid = tree.pid
-    for _ in range(50):  # another process on the machine may take the pid first
+    for _ in range(RECYCLE_TRIES):  # another process on the machine may take the pid first
         with next_pid_after(old_pgid - 1):
             stranger = start_stranger(tracked.env)
         if stranger.pid == old_pgid:
@@ -379,7 +385,7 @@ async def test_a_leader_reaped_before_its_pidfd_opened_never_lends_its_group_a_s
     async with open_process_tree(["true"], env=tracked.env, containment="group"):
         pass  # (the watchdog runs from now on)
     strangers: list[int | None] = []
-    for _ in range(50):  # another process on the machine may take the pid first
+    for _ in range(RECYCLE_TRIES):  # another process on the machine may take the pid first
         with contextlib.ExitStack() as holding:
             strangers.clear()
             reap_the_next_leader_as_its_pidfd_opens(
@@ -585,7 +591,7 @@ async def test_a_leader_reaped_before_its_pidfd_opened_and_its_pid_a_threads_is_
     # leaking the tree's pipe ends).
     async with open_process_tree(["true"], env=tracked.env, containment="group"):
         pass  # (the watchdog runs from now on)
-    for _ in range(50):  # another process on the machine may take the pid first
+    for _ in range(RECYCLE_TRIES):  # another process on the machine may take the pid first
         with procs.killed_on_failure(
             subprocess.Popen(  # noqa: ASYNC220 - it starts at once
                 [sys.executable, "-c", THREAD_AT], stdin=subprocess.PIPE, stdout=subprocess.PIPE
@@ -1451,7 +1457,7 @@ async def test_a_zombie_at_a_pid_another_zombie_had_is_read_again(tracked: Track
     # code reaps its zombie, that pid may come back as a zombie of one of our trees, and
     # the kept stat (another group's) must not make cleanup leave it unreaped.
     become_subreaper()  # (process-wide, as the first subreaper tree makes it)
-    for _ in range(50):  # another process on the machine may take the pid first
+    for _ in range(RECYCLE_TRIES):  # another process on the machine may take the pid first
         foreign = adopt_an_orphan(tracked.env)
         os.waitid(os.P_PID, foreign, os.WEXITED | os.WNOWAIT)  # noqa: ASYNC222 - at once
         await run_process_tree(["true"], env=tracked.env, containment="subreaper")
@@ -1498,7 +1504,7 @@ async def test_a_reaped_leaders_pid_reused_by_another_tree_is_left_alone(
     # Tree A's leader is reaped by someone else; tree B's leader then gets the same pid
     # (and so the same process group id), as our own child. A's cleanup must not take B
     # for a part of A: not through its pid, nor its group, nor as its parent.
-    for _ in range(50):  # another process on the machine may take the pid first
+    for _ in range(RECYCLE_TRIES):  # another process on the machine may take the pid first
         async with open_process_tree(
             ["sh", "-c", "echo $$; exit 0"],
             stdout=subprocess.PIPE,
