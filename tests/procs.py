@@ -233,7 +233,11 @@ def with_token(pid: int, token: str, *, patient: bool = False) -> bool:
             break
         time.sleep(0.0005)
         environment = read_environ(pid)
-    return environment is not None and f"{TOKEN_VAR}={token}".encode() in environment.split(b"\0")
+    return environment is not None and _carries(environment, token)
+
+
+def _carries(environment: bytes, token: str) -> bool:
+    return f"{TOKEN_VAR}={token}".encode() in environment.split(b"\0")
 
 
 #: Seconds a process whose environment shows empty for now (in the middle of its exec) is
@@ -268,28 +272,31 @@ def read_environ(pid: int) -> bytes | None:
     A process whose main thread has exited shows none at /proc/PID/environ; a live
     thread's task entry shows it (so such a survivor is still found by its token).
     """
-    found = _read_main_environ(pid)
+    try:
+        found = _read_environ_file(f"/proc/{pid}/environ")
+    except PermissionError:
+        return None  # (nor are its threads' entries ours: the same check, the same memory)
     if found:
         return found
     tasks: list[str] = []
     with contextlib.suppress(OSError):
         tasks = os.listdir(f"/proc/{pid}/task")
     for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/environ", "rb") as f:
-                found = f.read()
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            continue
+        with contextlib.suppress(PermissionError):
+            read = _read_environ_file(f"/proc/{pid}/task/{tid}/environ")
+            found = found if read is None else read
         if found:
             break
     return found
 
 
-def _read_main_environ(pid: int) -> bytes | None:
+def _read_environ_file(path: str) -> bytes | None:
+    """The bytes of an environ file of /proc, or None once its process (or thread) is
+    gone: its main thread's ended (ESRCH), or it is reaped."""
     try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
+        with open(path, "rb") as f:
             return f.read()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
+    except (FileNotFoundError, ProcessLookupError):
         return None
 
 
@@ -300,18 +307,22 @@ def survivors(token: str) -> list[int]:
     none is looked at again a while (kernel threads, which never show one, are not).
     """
     found = []
-    entry_of_token = f"{TOKEN_VAR}={token}".encode()
     for entry in os.listdir("/proc"):
         if entry.isdigit() and int(entry) != os.getpid():
             pid = int(entry)
             # Read once where the main thread shows it (most processes: this scan runs a
             # few times a test, and once read everything twice: ~6% of the suite's CPU).
-            environment = _read_main_environ(pid)
+            try:
+                environment = _read_environ_file(f"/proc/{pid}/environ")
+            except PermissionError:
+                continue  # (not ours to read: as read_environ says, nor are its threads')
             if environment:
-                carries = entry_of_token in environment.split(b"\0")
-            elif environment is None or kernel_thread(pid):
+                carries = _carries(environment, token)
+            elif kernel_thread(pid):
                 continue
             else:
+                # Empty or unreadable: gone, in the middle of an exec, or its main thread
+                # ended (ESRCH; its threads' entries show the environment).
                 carries = with_token(pid, token, patient=True)
             # (Not `alive`: a leaked process in a pid that the test remembered for another
             # would go unseen. The token says whose it is.)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -112,6 +113,38 @@ def test_a_shell_is_reading_only_once_it_sleeps_in_read() -> None:
             reading.kill()
             waiting.kill()
     assert not procs.wait_reading(reading.pid)  # gone: reaped by the `with`
+
+
+# Ends its main thread (exit(2) of that thread alone) while another thread sleeps on;
+# says its pid once that thread runs.
+MAIN_THREAD_ENDS_FIRST = (
+    "import ctypes, os, threading, time\n"
+    "threading.Thread(target=time.sleep, args=(60,)).start()\n"
+    "print(os.getpid(), flush=True)\n"
+    "ctypes.CDLL(None).syscall(60, 0)\n"
+)
+
+
+def test_a_survivor_whose_main_thread_ended_is_still_found_by_its_token() -> None:
+    # Its /proc/PID/environ then fails (ESRCH) and only its thread's entry shows the
+    # environment. Red before: the faster scan took the failed read for a process gone.
+    token = procs.new_token()
+    with subprocess.Popen(
+        [sys.executable, "-c", MAIN_THREAD_ENDS_FIRST],
+        stdout=subprocess.PIPE,
+        env={**os.environ, procs.TOKEN_VAR: token},
+    ) as survivor:
+        try:
+            assert survivor.stdout is not None
+            pid = int(survivor.stdout.readline())
+            deadline = time.monotonic() + 5
+            while procs.state(pid) != "Z" and time.monotonic() < deadline:
+                time.sleep(0.001)  # (its main thread's end: no event to wait on)
+            assert procs.state(pid) == "Z"  # (the main thread, as /proc/PID/stat shows)
+            assert procs.survivors(token) == [pid]
+        finally:
+            survivor.kill()
+    assert procs.survivors(token) == []
 
 
 def pidfds_unique() -> bool:
