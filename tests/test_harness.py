@@ -121,13 +121,17 @@ MAIN_THREAD_ENDS_FIRST = (
     "import ctypes, os, threading, time\n"
     "threading.Thread(target=time.sleep, args=(60,)).start()\n"
     "print(os.getpid(), flush=True)\n"
-    "ctypes.CDLL(None).syscall(60, 0)\n"
+    "libc = ctypes.CDLL(None)\n"
+    "libc.syscall.argtypes = [ctypes.c_long, ctypes.c_long]\n"
+    "libc.syscall({'x86_64': 60, 'aarch64': 93}[os.uname().machine], 0)\n"  # SYS_exit
 )
 
 
 def test_a_survivor_whose_main_thread_ended_is_still_found_by_its_token() -> None:
     # Its /proc/PID/environ then fails (ESRCH) and only its thread's entry shows the
     # environment. Red before: the faster scan took the failed read for a process gone.
+    if os.uname().machine not in ("x86_64", "aarch64"):  # pragma: no cover
+        pytest.skip("the exit system call's number is known here for x86_64 and aarch64")
     token = procs.new_token()
     with subprocess.Popen(
         [sys.executable, "-c", MAIN_THREAD_ENDS_FIRST],
