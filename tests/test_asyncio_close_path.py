@@ -869,6 +869,11 @@ def test_a_writer_draining_as_cleanup_drops_its_input_is_told_it_was_not_sent(
     assert tracked.survivors() == []
 
 
+#: A leader that exits at SIGUSR1, and waits for it with nothing holding its stdin.
+EXITS_ON_USR1 = "trap 'exit 0' USR1; "
+WAITS_FOR_USR1 = "while :; do sleep 5 </dev/null & wait $!; done"
+
+
 def test_a_writer_draining_as_the_tree_stops_reading_is_told_what_happened(
     run: Callable[..., Any], tracked: Tracked
 ) -> None:
@@ -876,9 +881,12 @@ def test_a_writer_draining_as_the_tree_stops_reading_is_told_what_happened(
     # leader, its only reader, exits). Red before: under asyncio's own loop, whose pipe
     # transport raises BrokenPipeError() with no arguments, the writer got an error that
     # said nothing at all (str() empty, no errno). uvloop says "[Errno 32] Broken pipe".
+    # The leader exits on our cue, once drain() waits: exiting on its own after "read", it
+    # could beat drain()'s first step, which then met a connection already lost, and
+    # asyncio's ConnectionResetError (seen once under uvloop, six workers).
     async def main() -> BrokenPipeError:
         async with open_process_tree(
-            ["sh", "-c", "read line; echo read"],
+            ["sh", "-c", EXITS_ON_USR1 + "read line; echo read; " + WAITS_FOR_USR1],
             grace=0.2,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -887,7 +895,9 @@ def test_a_writer_draining_as_the_tree_stops_reading_is_told_what_happened(
             assert tree.stdin is not None and tree.stdout is not None
             tree.stdin.write(b"first\n" + b"y" * 300_000)  # more than the pipe takes
             draining = asyncio.ensure_future(tree.stdin.drain())
-            assert await tree.stdout.readline() == b"read\n"  # (then the leader exits)
+            assert await tree.stdout.readline() == b"read\n"
+            assert not draining.done()  # (waiting: the pipe is full, and still read from)
+            tree.send_signal(signal.SIGUSR1)  # (the leader, its only reader, exits)
             with pytest.raises(BrokenPipeError) as raised:
                 await asyncio.wait_for(draining, 5)
             return raised.value
