@@ -568,6 +568,30 @@ def _set_event() -> trio.Event:
 
 _FLOW_TASK = "trio_proctree: reading the output of a stopping tree"
 
+#: Each trio run's spawns in flight at once (`_spawn_slots`).
+_SPAWN_SLOTS: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar(
+    "trio_proctree spawn slots"
+)
+
+
+def _spawn_slots() -> trio.CapacityLimiter:
+    """How many spawns run at once, each in a worker thread: one per CPU this process may
+    use, two at least. A spawn is mostly Python, run with the GIL held; more threads at it
+    than cores only take the GIL from each other. 100 trees started at once in trio's
+    default 40 threads cost our process ~1.05 ms of CPU each, and ~0.6 ms two at a time,
+    on two cores (bench/HISTORY.md). Waiting for a slot forks nothing: a cancellation
+    there is taken at once."""
+    try:
+        return _SPAWN_SLOTS.get()
+    except LookupError:
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):  # pragma: no cover - (not on Linux)
+            cpus = os.cpu_count() or 2
+        slots = trio.CapacityLimiter(max(2, cpus))
+        _SPAWN_SLOTS.set(slots)
+        return slots
+
 
 class _TreeScope:
     """The async context manager `open_process_tree` returns."""
@@ -591,7 +615,7 @@ class _TreeScope:
             # Not abandoned on cancel: a cancellation that arrives while the worker thread
             # forks waits for the spawn, so the process is never lost...
             spawned, containment = await trio.to_thread.run_sync(
-                _start_tree_in_worker, self._plan, self._containment
+                _start_tree_in_worker, self._plan, self._containment, limiter=_spawn_slots()
             )
             core = TreeCore(spawned, containment, self._plan, self._policy)
             tree = self._tree = ProcessTree(core, spawned)
