@@ -165,7 +165,7 @@ async def main(rounds: int, trees: int) -> None:
         sides: dict[str, Callable[[], Awaitable[float]]] = {
             "killpg": lambda: killpg_many(trees),
             "helper-born": lambda: helper_born_many(helper, trees),
-            "sh-join": lambda: joined_killpg_many(trees),
+            "sh-join": lambda: joined_killpg_many(trees, None),
         }
         times = await interleaved(rounds, sides)
     finally:

@@ -23,7 +23,7 @@ from contextlib import asynccontextmanager
 import trio
 import trio.testing
 
-from trio_proctree import ContainmentUnavailable, open_process_tree
+from trio_proctree import ContainmentUnavailable, _joiner, open_process_tree
 from trio_proctree import _spawn_into_cgroup as direct_spawn
 from trio_proctree._cgroup_home import cgroup_home
 from trio_proctree._choose import choose_containment
@@ -259,25 +259,30 @@ async def killpg_many(count: int) -> float:
     return time.perf_counter() - started
 
 
-async def joined_killpg_many(count: int) -> float:
+async def joined_killpg_many(count: int, joiner: str | None) -> float:
     """The baseline with its leaders started as ours are where the C library cannot
-    start a process in a cgroup: through ``/bin/sh``, which joins a cgroup of its own
-    (taken from, and given back to, trio_proctree's own pool) and then execs the command.
+    start a process in a cgroup: through the ``joiner`` given (else ``/bin/sh``), which
+    joins a cgroup of its own (taken from, and given back to, trio_proctree's own pool)
+    and then execs the command.
 
-    The floor of the spawn benchmark through ``/bin/sh``: one exec and one join per tree
-    that no design with that wrapper avoids, and nothing of trio_proctree's own.
+    The floor of the spawn benchmark through that wrapper: one exec and one join per tree
+    that no design with it avoids, and nothing of trio_proctree's own.
     """
     home = cgroup_home()
     started = time.perf_counter()
     procs = []
     for _ in range(count):
         cgroup, _reused = home.take_tree()
+        procs_file = f"{cgroup}/cgroup.procs"
+        if joiner is None:
+            command = ["/bin/sh", "-c", JOIN_AND_EXEC, procs_file, "sleep", "60"]
+        else:
+            command = _joiner.command(procs_file, "sleep", ["sleep", "60"], env=None, settled=None)
         procs.append(
             (
                 cgroup,
                 await trio.lowlevel.open_process(
-                    ["/bin/sh", "-c", JOIN_AND_EXEC, f"{cgroup}/cgroup.procs", "sleep", "60"],
-                    start_new_session=True,
+                    command, executable=joiner, start_new_session=True
                 ),
             )
         )
@@ -444,11 +449,14 @@ async def main(rounds: int, many: int, grace: float) -> None:
         "killpg": lambda: killpg_many(many),
         "ours": lambda: proctree_many(many),
     }
-    through_sh = floor and not direct_spawn.available()
+    through_wrapper = floor and not direct_spawn.available()
+    joiner = _joiner.path()
     if floor:
         spawn_sides["moved"] = lambda: moved_killpg_many(many)
-    if through_sh:
-        spawn_sides["floor"] = lambda: joined_killpg_many(many)
+    if through_wrapper:
+        spawn_sides["floor"] = lambda: joined_killpg_many(many, joiner)
+        if joiner is not None:
+            spawn_sides["sh floor"] = lambda: joined_killpg_many(many, None)
     times = await interleaved(max(3, rounds // 10), spawn_sides)
     name = f"{many} concurrent trees, spawn + teardown"
     print(row(name, times["killpg"], times["ours"], target="<= 1.1x"))
@@ -457,14 +465,19 @@ async def main(rounds: int, many: int, grace: float) -> None:
         # made by a thread beside the spawns, nothing of trio_proctree's.
         name = "  killpg, each leader moved into a cgroup"
         print(row(name, times["killpg"], times["moved"], target="(no target)"))
-    if through_sh:
-        # The same baseline, its leaders through the /bin/sh join ours take here (this C
+    if through_wrapper:
+        # The same baseline, its leaders through the wrapper ours take here (this C
         # library cannot start a process in a cgroup): no design with that wrapper gets
         # below it, and the ratio of ours to it is trio_proctree's own share.
-        name = "  floor: killpg, leaders via the /bin/sh join"
+        way = "the joiner" if joiner is not None else "the /bin/sh join"
+        name = f"  floor: killpg, leaders via {way}"
         print(row(name, times["killpg"], times["floor"], target="(no target)"))
         name = "  ours against that floor"
         print(row(name, times["floor"], times["ours"], target="(no target)"))
+        if joiner is not None:
+            # Where the joiner cannot run, leaders join through /bin/sh: what that costs.
+            name = "  floor: killpg, leaders via the /bin/sh join"
+            print(row(name, times["killpg"], times["sh floor"], target="(no target)"))
     cpu, wall = await grace_cpu(grace)
     name = f"CPU during a {grace:g} s grace wait"
     print(f"{name:<44} {cpu * 1e3:>9.2f} ms of CPU in {wall:.2f} s    target < 20 ms")

@@ -15,6 +15,7 @@ import pytest
 import trio
 
 from trio_proctree import open_process_tree, run_process_tree
+from trio_proctree._cgroupfs import own_cgroup
 from trio_proctree._spawn import MARKER_PREFIX, joining_first
 
 from . import procs
@@ -335,28 +336,29 @@ def test_a_leader_that_cannot_join_its_cgroup_in_its_preexec_fn_ends_as_the_wrap
     assert result.stderr == b"trio_proctree: cannot join cgroup /dev\n"
 
 
-def cgroup_of(pid: int) -> bytes:
-    return Path(f"/proc/{pid}/cgroup").read_bytes()
-
-
-async def test_a_command_named_apart_runs_the_programs_preexec_fn_in_its_cgroup(
-    tracked: Tracked,
-) -> None:
+@pytest.mark.parametrize("named", ["as its file", "apart"])
+async def test_a_programs_preexec_fn_runs_in_its_cgroup(tracked: Tracked, named: str) -> None:
     # The join comes first in the child, then the program's own preexec_fn, as a leader
-    # started directly in its cgroup runs it there.
+    # started directly in its cgroup runs it there: what it forks is in the tree. Red
+    # before for a command named as its file, whose wrapper joined after the preexec_fn.
     available("cgroup")
+    command, executable = (
+        (["sleep", "60"], None) if named == "as its file" else (["named apart", "60"], "/bin/sleep")
+    )
     said, told = os.pipe()
     try:
         async with open_process_tree(
-            ["named apart", "60"],
-            executable="/bin/sleep",
+            command,
+            executable=executable,
             preexec_fn=lambda: os.write(told, Path("/proc/self/cgroup").read_bytes()),
             env=tracked.env,
             containment="cgroup",
         ) as tree:
             os.close(told)
             told = -1
-            assert os.read(said, 4096) == cgroup_of(tree.pid)
+            seen = own_cgroup(os.read(said, 4096).decode())
+            tree_cgroup = tree._core.containment._relative  # type: ignore[attr-defined]
+            assert seen == tree_cgroup  # (not the leader's now: a wrapper may still join)
     finally:
         os.close(said)
         if told != -1:

@@ -7,11 +7,13 @@ The leader is placed in its cgroup before the user's program runs, without Pytho
 between fork and exec where it can be (with a ``preexec_fn``, Popen forks where it would
 vfork and runs every library's fork handlers in the child, which may wait on a lock held
 by another thread at the fork: trio spawns from worker threads): with glibc 2.41 or
-newer it is created there (`._spawn_into_cgroup`); elsewhere the command is started
-through ``/bin/sh``, which writes its own pid into the cgroup and then ``exec``\\ s the
-command, or, for a command that ``executable=`` names apart from its file (which sh's
-exec cannot do), joins in a ``preexec_fn`` of one ``write``. A process moved into a
-cgroup after it forked would leave its existing children outside.
+newer it is created there (`._spawn_into_cgroup`); elsewhere the joiner starts in its
+place (`._joiner`), a program of a few hundred bytes that writes itself into the cgroup
+and then ``exec``\\ s the command. Where the joiner cannot run, the command is started
+through ``/bin/sh``, which does the same, or, for a command that ``executable=`` names
+apart from its file (which sh's exec cannot do), joins in a ``preexec_fn`` of one
+``write``. A process moved into a cgroup after it forked would leave its existing
+children outside.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 import attrs
 
 from . import _cgroupfs as cgroupfs
+from . import _joiner as joiner
 from . import _spawn_into_cgroup as direct_spawn
 from ._cgroup_home import CgroupHome
 from ._containment import NEED_SCAN, RETRY_LATER, RETRY_PAUSE, Pending, signal_leader_alone
@@ -63,7 +66,8 @@ class CgroupContainment(MemberTracking):
     #: The leader is waited on by itself, not tracked with the members.
     watches_leader = False
     #: cgroup.kill reaches every member, in the group or not, and the watchdog removes the
-    #: cgroup after it, so that a leader still joining through /bin/sh cannot get in.
+    #: cgroup after it, so that a leader still on its way in (through the joiner or
+    #: /bin/sh) cannot get in.
     backstop_needs_group = False
 
     #: Listings per signal: after the escapees a listing found are signalled, the cgroup is
@@ -102,7 +106,7 @@ class CgroupContainment(MemberTracking):
         #: Cleanup's first step has thawed the cgroup (`_thaw_once`).
         self._thawed = False
         #: When the leader was taken in charge: it has joined its cgroup by then, or (through
-        #: /bin/sh) is about to, so the join's change notice is about this old.
+        #: the joiner or /bin/sh) is about to, so the join's change notice is about this old.
         self._attached_at = 0.0
 
     def prepare(self, plan: SpawnPlan) -> SpawnPlan:
@@ -121,8 +125,20 @@ class CgroupContainment(MemberTracking):
         named_apart = not shell and executable is not None and argv[0] != executable
         if executable is not None:
             argv[0] = executable
+        starts_directly = direct_spawn.can_start(options)
+        preexec = options.get("preexec_fn") is not None
+        program = None if preexec else joiner.path()
         found, path, settled = plan.resolved, None, None
-        if found is not None and found.path is not None and os.sep not in os.fsdecode(argv[0]):
+        # Where Popen's search settles: for a direct start and for /bin/sh, not for the
+        # joiner alone, which searches as Popen's child does (looking costs a stat for
+        # each PATH entry before it, ~0.1 ms a spawn on a busy machine).
+        looks = starts_directly or program is None
+        if (
+            looks
+            and found is not None
+            and found.path is not None
+            and os.sep not in os.fsdecode(argv[0])
+        ):
             if found.remembered and not nothing_came_before(found):
                 # Something appeared on PATH before it since the last search, and sh
                 # searches on its own: looked for afresh, as Popen's exec would.
@@ -136,20 +152,36 @@ class CgroupContainment(MemberTracking):
                 # one there, even one judged not to run, is the exec's own to judge.
                 if found.remembered or nothing_came_before(found):
                     settled = _on_path(found, plan.program, options.get("env"))
-        # Where the C library can, the leader starts in the cgroup itself, with no /bin/sh;
-        # the command through /bin/sh stays as the way there if it cannot after all.
+        # Where the C library can, the leader starts in the cgroup itself, with no wrapper;
+        # the command through a wrapper stays as the way there if it cannot after all.
         direct = None
-        if direct_spawn.can_start(options):
+        if starts_directly:
             direct = IntoCgroup(
                 self.path, plan.program, leader_argv, reused=self._reused, settled=settled
             )
             self._direct = True
         procs = os.path.join(self.path, "cgroup.procs")
-        if named_apart:
-            # Popen itself starts it, as the caller asked, with one write of ours in its
-            # child before the exec (`_spawn.joining_first`): the cost is a fork where
-            # Popen would vfork, for this option alone.
+        # With a preexec_fn, Popen itself starts the program, as the caller asked, with one
+        # write of ours in its child before the exec (`_spawn.joining_first`) and before
+        # the preexec_fn, whose code must run in the cgroup (what it forked would stay
+        # outside a cgroup joined after it): Popen forks for a preexec_fn anyway, where it
+        # would vfork. So too a command named apart, where there is no joiner (sh's exec
+        # cannot name it apart): that costs the fork.
+        if preexec or (named_apart and program is None):
             return attrs.evolve(super().prepare(plan), into_cgroup=direct, joins=procs)
+        if program is not None:
+            # Popen starts the joiner in its place, which joins the cgroup and then execs
+            # the command (`._joiner`): the command named apart too, as it asked.
+            command = joiner.command(
+                procs, plan.program, leader_argv, env=options.get("env"), settled=settled
+            )
+            if direct is None and direct_spawn.can_start_joiner(options):
+                direct = IntoCgroup(self.path, plan.program, command, joiner=program)
+            options["executable"] = program
+            plan = super().prepare(plan)
+            return attrs.evolve(
+                plan, command=command, options=options, into_cgroup=direct, through_wrapper=True
+            )
         command, wrapper_env = wrapped(
             procs,
             argv,
@@ -164,7 +196,7 @@ class CgroupContainment(MemberTracking):
             command=command,
             options=options,
             into_cgroup=direct,
-            through_sh=True,
+            through_wrapper=True,
             command_env=wrapper_env,
         )
 
@@ -176,7 +208,7 @@ class CgroupContainment(MemberTracking):
         super().attach(leader)
         self._attached_at = time.monotonic()
         if self._direct and leader.popen is not None:
-            # Asked to start directly, started through /bin/sh: perhaps because a member
+            # Asked to start directly, started by Popen: perhaps because a member
             # of the cgroup's last tree wrote cgroup.kill (the direct start died at birth).
             self._killed = True
 

@@ -129,8 +129,8 @@ class SpawnPlan:
     #: The program to run, as Popen will look for it: ``executable``, else the command's
     #: first argument (``/bin/sh`` with ``shell``).
     program: Any = ""
-    #: Where the containment would have the leader start directly, when it can be
-    #: (``command`` is then the fallback that gets there through ``/bin/sh``).
+    #: Where the containment would have the leader start without `subprocess.Popen`, when
+    #: it can be (``command`` is then the fallback, which Popen starts).
     into_cgroup: IntoCgroup | None = None
     #: The command as the caller gave it (a tuple, a path, ...), which ``args``,
     #: ``CompletedProcess.args`` and ``CalledProcessError.cmd`` show, as `subprocess` does.
@@ -140,9 +140,10 @@ class SpawnPlan:
     changes_user: bool = False
     #: Where Popen's search for ``program`` settles (None until it was looked for).
     resolved: Resolved | None = None
-    #: Whether ``command`` runs the program through /bin/sh's exec (`CgroupContainment`),
-    #: whose own search would not settle where Popen's does when the kernel refuses a file.
-    through_sh: bool = False
+    #: Whether ``command`` runs the program by a wrapper's exec (`CgroupContainment`: the
+    #: joiner's, or /bin/sh's), which cannot raise the exec's error as Popen does: what the
+    #: files say of it is raised before (`_refuse_what_the_wrapper_would_run_anyway`).
+    through_wrapper: bool = False
     #: The environment ``command`` starts with, where not ``options``' own (the wrapper
     #: that passes the environment on in its arguments starts with none).
     command_env: Mapping[Any, Any] | None = None
@@ -691,7 +692,7 @@ def spawn(plan: SpawnPlan) -> Spawned:
         pid = _start_in_cgroup(plan, stdio)
         popen = None
         if pid is None:
-            _refuse_what_sh_would_run_as_a_script(plan)
+            _refuse_what_the_wrapper_would_run_anyway(plan)
             popen = _popen(plan, stdio)
             pid = popen.pid
         started_within = (before, boot_ticks())
@@ -794,6 +795,8 @@ def _start_in_cgroup(plan: SpawnPlan, stdio: Mapping[str, Any]) -> int | None:
     fds = direct.stdio_fds(stdio["stdin"], stdio["stdout"], stdio["stderr"])
     if fds is None:
         return None
+    if plan.into_cgroup.joiner is not None:
+        _refuse_what_the_wrapper_would_run_anyway(plan)
     try:
         return direct.start(plan.into_cgroup, plan.options, fds)
     except direct.Refused:
@@ -801,8 +804,8 @@ def _start_in_cgroup(plan: SpawnPlan, stdio: Mapping[str, Any]) -> int | None:
 
 
 def _popen(plan: SpawnPlan, stdio: Mapping[str, Any]) -> subprocess.Popen[bytes]:
-    """The leader, started by Popen as ``plan`` says (through /bin/sh, or joining its
-    cgroup in a preexec_fn, where the containment asks)."""
+    """The leader, started by Popen as ``plan`` says (through the joiner or /bin/sh, or
+    joining its cgroup in a preexec_fn, where the containment asks)."""
     options = dict(plan.options)
     if plan.command_env is not None:
         options["env"] = plan.command_env
@@ -812,9 +815,9 @@ def _popen(plan: SpawnPlan, stdio: Mapping[str, Any]) -> subprocess.Popen[bytes]
                 "subprocess.Popen[bytes]", subprocess.Popen(plan.command, **stdio, **options)
             )
     except OSError as exc:
-        if plan.through_sh and exc.errno == errno.E2BIG:
+        if plan.through_wrapper and exc.errno == errno.E2BIG:
             # The wrapper's exec (its arguments are the command's, and a few hundred bytes
-            # of its own): named so, it blamed "/bin/sh" (helper-70).
+            # of its own): named so, it blamed "/bin/sh" or the joiner (helper-70).
             raise OSError(exc.errno, exc.strerror, plan.program) from None
         raise
 
@@ -852,10 +855,11 @@ def joining_first(procs: str | None, options: dict[str, Any]) -> Generator[None]
         os.close(fd)
 
 
-def _refuse_what_sh_would_run_as_a_script(plan: SpawnPlan) -> None:
-    """Raise ENOEXEC, as Popen's exec would, for a program that its command would have
-    /bin/sh's exec run (as a script: sh's way with a file the kernel refuses)."""
-    if plan.through_sh and plan.resolved is not None and plan.resolved.refused is not None:
+def _refuse_what_the_wrapper_would_run_anyway(plan: SpawnPlan) -> None:
+    """Raise ENOEXEC, as Popen's exec would, for a program of no format the kernel runs,
+    that a wrapper would start all the same (/bin/sh runs it as a script), or report only
+    in its exit status (the joiner)."""
+    if plan.through_wrapper and plan.resolved is not None and plan.resolved.refused is not None:
         raise plan.resolved.refused
 
 

@@ -1,15 +1,17 @@
-"""Starting a leader directly inside its cgroup, with no extra ``exec``: glibc's
-``posix_spawn`` with ``POSIX_SPAWN_SETCGROUP`` (glibc 2.41 or newer, Linux 5.7 or newer).
+"""Starting a leader without `subprocess.Popen`, through the C library's ``posix_spawn``:
+directly inside its cgroup, with no extra ``exec``, where ``POSIX_SPAWN_SETCGROUP`` is
+(glibc 2.41 or newer, Linux 5.7 or newer); elsewhere (glibc 2.34 or newer) the joiner
+(`._joiner`), which joins the cgroup and then ``exec``\\ s the command.
 
 ``posix_spawn`` creates the child with ``clone3(CLONE_INTO_CGROUP)`` the way `subprocess`
 creates one with ``vfork``: the child shares our memory until it calls ``exec`` (no page
-tables are copied) and is in its cgroup from its first instruction. Elsewhere the leader
-is started through ``/bin/sh``, which joins the cgroup and then ``exec``\\ s the command:
-one more ``exec`` per tree (~0.35 ms on the development machine).
+tables are copied) and is in its cgroup from its first instruction. The joiner costs one
+more ``exec``, of a program with no loader and no C library (a few microseconds).
 
 Only what this module does exactly as `subprocess.Popen` does is taken here; a request
 with any other option (``preexec_fn``, ``user=``, ``pass_fds``, ``umask``, ...) is started
-through ``/bin/sh`` instead. `ctypes` is enough: no Python code runs in the child.
+by Popen instead (through the joiner, or ``/bin/sh``). `ctypes` is enough: no Python code
+runs in the child.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ _SETSID = 0x80
 _SETCGROUP = 0x100
 
 #: Options taken here, with the values for which `subprocess.Popen` does what this module
-#: does (``None``: any value). Anything else goes through ``/bin/sh``.
+#: does (``None``: any value). Anything else goes through Popen.
 _SUPPORTED: Mapping[str, tuple[Any, ...] | None] = {
     "cwd": None,
     "env": None,
@@ -73,14 +75,23 @@ class IntoCgroup:
     #: exec it (the PATH entry joined to the name), checked when the spawn was planned:
     #: tried alone first, then, should its exec fail, the whole search as Popen's.
     settled: bytes | None = None
+    #: Where this C library cannot create the leader in its cgroup: the joiner to exec
+    #: in its place (`._joiner`), ``argv`` being the joiner's arguments, started as
+    #: leaders created in their cgroup are (no `subprocess.Popen`, whose Python in the
+    #: spawn's thread cost more than the joiner saves: 100 trees 1.4x the killpg
+    #: baseline, against ~1.1x so).
+    joiner: str | None = None
 
 
 class _Glibc:
-    """The ``posix_spawn`` functions of the C library, typed for `ctypes`."""
+    """The ``posix_spawn`` functions of the C library, typed for `ctypes` (glibc 2.34 or
+    newer: ``posix_spawn_file_actions_addclosefrom_np``)."""
 
     def __init__(self, libc: ctypes.CDLL) -> None:
         p, i = ctypes.c_void_p, ctypes.c_int
         self.libc = libc
+        #: Whether it can create a child in a cgroup (glibc 2.41 or newer).
+        self.sets_cgroup = hasattr(libc, "posix_spawnattr_setcgroup_np")
         for name, argtypes in {
             "posix_spawnattr_init": [p],
             "posix_spawnattr_destroy": [p],
@@ -98,6 +109,8 @@ class _Glibc:
             "sigemptyset": [p],
             "sigaddset": [p, i],
         }.items():
+            if name == "posix_spawnattr_setcgroup_np" and not self.sets_cgroup:
+                continue
             function = getattr(libc, name)
             function.argtypes = argtypes
             function.restype = i
@@ -106,12 +119,9 @@ class _Glibc:
 
 @functools.cache
 def _glibc() -> _Glibc | None:
-    """The C library's ``posix_spawn``, if it can place a child in a cgroup."""
+    """The C library's ``posix_spawn``, where it does all that Popen's child does."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if not hasattr(libc, "posix_spawnattr_setcgroup_np"):
-            return None
-        return _Glibc(libc)
+        return _Glibc(ctypes.CDLL(None, use_errno=True))
     except (OSError, AttributeError, ValueError):  # not glibc, or a partial one
         return None
 
@@ -119,7 +129,7 @@ def _glibc() -> _Glibc | None:
 #: Set when leaders cannot be started in their cgroup after all: the kernel refused
 #: ``clone3`` (too old, or a seccomp filter says ENOSYS), or the first child started so
 #: was killed at birth (see `_first_child_lives`). From then on every leader goes through
-#: ``/bin/sh``.
+#: a wrapper that joins its cgroup (the joiner, or ``/bin/sh``).
 _refused = False
 #: Whether `_first_child_lives` has answered yes in this process.
 _proven = False
@@ -129,13 +139,21 @@ renewed_in_forked_child(globals(), "_proving")
 
 def available() -> bool:
     """Whether leaders can be started directly in their cgroup here."""
-    return not _refused and _glibc() is not None
+    glibc = _glibc()
+    return not _refused and glibc is not None and glibc.sets_cgroup
 
 
 def can_start(options: Mapping[str, Any]) -> bool:
     """Whether a request with these `subprocess.Popen` options (stdio aside) is taken here."""
-    if not available():
-        return False
+    return available() and _takes(options)
+
+
+def can_start_joiner(options: Mapping[str, Any]) -> bool:
+    """Whether a joiner with these `subprocess.Popen` options (stdio aside) is taken here."""
+    return _glibc() is not None and _takes(options)
+
+
+def _takes(options: Mapping[str, Any]) -> bool:
     for key, value in options.items():
         if key not in _SUPPORTED:
             return False
@@ -156,6 +174,9 @@ class KilledAtBirth(Refused):
     ran, and the child is reaped; start it another way (/bin/sh can still join)."""
 
 
+#: The real-time signals glibc keeps for itself on Linux (``__SIGRTMIN``, ``+ 1``).
+_GLIBC_SIGNALS = (32, 33)
+
 # Buffers larger than glibc's structures on any architecture (336 and 80 bytes on x86-64),
 # 8-byte aligned; the init functions fill in what they need.
 _Opaque = ctypes.c_uint64 * 64
@@ -174,6 +195,10 @@ def start(request: IntoCgroup, options: Mapping[str, Any], stdio: Sequence[int |
     """
     glibc = _glibc()
     assert glibc is not None, "can_start() said yes"
+    if request.joiner is not None:
+        # (Not created in the cgroup: it joins it as /bin/sh would, and nothing here
+        # kills it at birth.)
+        return _posix_spawn(glibc, request, options, stdio)
     if not _proven:
         _prove(glibc, request)
     pid = _posix_spawn(glibc, request, options, stdio)
@@ -277,11 +302,15 @@ def _posix_spawn(
     cwd = options.get("cwd")
     c_env: Any = glibc.environ.value if env is None else _environment(env)
     attr, actions, defaults = _Opaque(), _Opaque(), _SigSet()
-    cgroup = os.open(request.cgroup, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    cgroup = (
+        os.open(request.cgroup, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        if request.joiner is None
+        else None  # (the joiner joins it itself)
+    )
     try:
         _check(libc.posix_spawnattr_init(attr))
     except BaseException:
-        os.close(cgroup)
+        _close(cgroup)
         raise
     try:
         _check(libc.posix_spawn_file_actions_init(actions))
@@ -305,7 +334,10 @@ def _posix_spawn(
                 return last_error, saved_error
 
             last_error, saved_error = errno.ENOENT, 0
-            if request.settled is not None:
+            if request.joiner is not None:
+                # (Its own search, of the paths it is given, is Popen's.)
+                last_error, saved_error = search([os.fsencode(request.joiner)])
+            elif request.settled is not None:
                 # Where the planned search settled: PATH is not searched again (one stat
                 # per entry, ~10 a spawn). Popen would run the same file, the entries
                 # before it having been looked at by then.
@@ -317,8 +349,8 @@ def _posix_spawn(
             libc.posix_spawn_file_actions_destroy(actions)
     finally:
         libc.posix_spawnattr_destroy(attr)
-        os.close(cgroup)
-    if last_error == errno.ENOSYS:
+        _close(cgroup)
+    if last_error == errno.ENOSYS and cgroup is not None:
         _refused = True
         logger.debug("clone3 is refused here; leaders will join their cgroup through /bin/sh")
         raise Refused
@@ -327,26 +359,59 @@ def _posix_spawn(
     return pid.value
 
 
+@functools.cache
+def _glibc_signals_not_ignored() -> tuple[int, ...]:
+    """glibc's own signals that this process does not ignore. Read once, from the kernel
+    (Python's `signal.getsignal` cannot tell: glibc refuses it these): no Python code can
+    change them, and a fork keeps them."""
+    try:
+        status = read_file("/proc/thread-self/status")
+    except OSError:  # pragma: no cover - (/proc is there, or nothing here would work)
+        return _GLIBC_SIGNALS
+    for line in status.splitlines():
+        if line.startswith(b"SigIgn:"):
+            ignored = int(line.split()[1], 16)
+            return tuple(n for n in _GLIBC_SIGNALS if not ignored >> (n - 1) & 1)
+    return _GLIBC_SIGNALS  # pragma: no cover - (every Linux says it)
+
+
+def _close(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)
+
+
 def _set_attributes(
-    libc: ctypes.CDLL, attr: Any, defaults: Any, options: Mapping[str, Any], cgroup: int
+    libc: ctypes.CDLL, attr: Any, defaults: Any, options: Mapping[str, Any], cgroup: int | None
 ) -> None:
-    """The spawn attributes: cgroup, session or group, and signals Popen restores."""
-    flags = _SETCGROUP
+    """The spawn attributes: cgroup (unless None), session or group, and signals Popen
+    restores."""
+    flags = 0 if cgroup is None else _SETCGROUP
     if options.get("start_new_session", False):
         flags |= _SETSID
     elif options.get("process_group") == 0:
         flags |= _SETPGROUP
         _check(libc.posix_spawnattr_setpgroup(attr, 0))
+    flags |= _SETSIGDEF
+    _check(libc.sigemptyset(defaults))
     if options.get("restore_signals", True):
         # As Popen does: what Python ignores for itself, the program gets back.
-        flags |= _SETSIGDEF
-        _check(libc.sigemptyset(defaults))
         for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ"):
             if hasattr(signal, name):
                 _check(libc.sigaddset(defaults, getattr(signal, name)))
-        _check(libc.posix_spawnattr_setsigdefault(attr, defaults))
+    # glibc's own signals (SIGCANCEL, SIGSETXID), which it handles itself: where
+    # posix_spawn cannot have the kernel reset the child's handlers (a clone without
+    # clone3's CLONE_CLEAR_SIGHAND, glibc before 2.41 here), it sets those it handles to
+    # "ignore", and the program would keep that through its exec, where Popen's vfork
+    # child gets the default (or ours, if we ignore them: a process started by Python
+    # 3.13's own posix_spawn does). Set bit by bit: sigaddset refuses them.
+    bits = ctypes.sizeof(ctypes.c_ulong) * 8
+    words = ctypes.cast(defaults, ctypes.POINTER(ctypes.c_ulong))
+    for number in _glibc_signals_not_ignored():
+        words[(number - 1) // bits] |= 1 << ((number - 1) % bits)
+    _check(libc.posix_spawnattr_setsigdefault(attr, defaults))
     _check(libc.posix_spawnattr_setflags(attr, flags))
-    _check(libc.posix_spawnattr_setcgroup_np(attr, cgroup))
+    if cgroup is not None:
+        _check(libc.posix_spawnattr_setcgroup_np(attr, cgroup))
 
 
 def _set_actions(

@@ -106,7 +106,7 @@ def main_thread_gone(path):
     return found
 
 def remove_cgroups(paths):
-    # A leader that joins through /bin/sh may still be on its way in (it writes
+    # A leader that joins through the joiner or /bin/sh may still be on its way in (it writes
     # cgroup.procs after its exec, a write that can wait tens of ms), and the cgroup.kill
     # above missed it. So each cgroup goes: a removed cgroup cannot be joined, and the
     # wrapper exits without running the command. Until then, whoever made it in is killed

@@ -2886,7 +2886,7 @@ MUTANTS = [
     (
         "spawn: an argument list too long through /bin/sh blamed on the wrapper",
         "_spawn.py",
-        "        if plan.through_sh and exc.errno == errno.E2BIG:\n",
+        "        if plan.through_wrapper and exc.errno == errno.E2BIG:\n",
         "        if False:\n",
         "argument_list_too_long",
     ),
@@ -3535,6 +3535,34 @@ MUTANTS = [
         "        elif isinstance(exc, BrokenPipeError) and not exc.args:",
         "        elif False:",
         "writer_draining_as_the_tree_stops_reading",
+    ),
+    (
+        "joiner: a joiner that cannot run is used unproven",
+        "_joiner.py",
+        "                answer = _prove()\n",
+        "                answer = str(PROGRAMS / _BY_MACHINE[os.uname().machine])\n",
+        "joiner_that_cannot_run",
+    ),
+    (
+        "cgroup: a program's preexec_fn runs before the wrapper joins",
+        "_cgroup.py",
+        "        if preexec or (named_apart and program is None):\n",
+        "        if named_apart and program is None:\n",
+        "preexec_fn_runs_in_its_cgroup",
+    ),
+    (
+        "spawn: glibc's own signals stay as posix_spawn leaves them",
+        "_spawn_into_cgroup.py",
+        "    for number in _glibc_signals_not_ignored():\n",
+        "    for number in ():\n",
+        "glibcs_own_signals",
+    ),
+    (
+        "trio: spawns run in as many threads as trio gives",
+        "_trio.py",
+        "_start_tree_in_worker, self._plan, self._containment, limiter=_spawn_slots()",
+        "_start_tree_in_worker, self._plan, self._containment",
+        "spawns_run_one_per_cpu or waiting_for_a_slot",
     ),
 ]
 

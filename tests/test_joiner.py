@@ -1,0 +1,287 @@
+"""The joiner: the program that writes itself into a tree's cgroup, then execs the command
+as Popen's child would (where the C library cannot start a process in a cgroup).
+
+Its behaviour as a tree's leader (the environment, argv[0], the search of PATH, signal
+dispositions, ...) is pinned by the whole suite's parity tests, which run through it on
+this machine's C library; these pin the program itself, and when it is used.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from trio_proctree import ContainmentUnavailable, _joiner, open_process_tree, run_process_tree
+from trio_proctree._cgroupfs import own_cgroup
+from trio_proctree._choose import choose_containment
+
+from . import procs
+from .conftest import Tracked
+
+JOINER = _joiner.PROGRAMS / "join-x86_64"
+SOURCE = _joiner.PROGRAMS / "x86_64.S"
+
+on_x86_64 = pytest.mark.skipif(
+    os.uname().machine != "x86_64", reason="the joiner is built for x86-64 only"
+)
+
+
+@pytest.fixture
+def needs_cgroup() -> None:
+    try:
+        choose_containment("cgroup")
+    except ContainmentUnavailable as exc:  # pragma: no cover - on machines without cgroups
+        pytest.skip(str(exc))
+
+
+def in_a_tree_cgroup(line: bytes) -> bool:
+    """Whether a ``0::`` line of /proc/PID/cgroup names a tree's cgroup of ours."""
+    return line.startswith(b"0::/") and os.path.basename(line.strip()).startswith(b"tree-")
+
+
+def cgroup_of(pid: int) -> str | None:
+    with open(f"/proc/{pid}/cgroup") as f:
+        return own_cgroup(f.read())
+
+
+def run_joiner(
+    *args: bytes | str | Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        ["trio_proctree-join", *args], executable=JOINER, capture_output=True, env=env, check=False
+    )
+
+
+def _code_of(program: Path, where: Path) -> bytes:
+    """The bytes of the program's code (its .text section), as objcopy extracts them."""
+    out = where / f"{program.name}.text"
+    subprocess.run(["objcopy", "-O", "binary", "-j", ".text", program, out], check=True)
+    return out.read_bytes()
+
+
+@on_x86_64
+@pytest.mark.skipif(
+    not all(shutil.which(tool) for tool in ("as", "ld", "objcopy")),
+    reason="GNU binutils (as, ld, objcopy) are not installed",
+)
+def test_the_committed_joiner_is_built_from_its_source(tmp_path: Path) -> None:
+    # The commands its source names; the code must be byte for byte the committed file's.
+    subprocess.run(["as", "-o", tmp_path / "join.o", SOURCE], check=True)
+    subprocess.run(
+        ["ld", "-static", "-nostdlib", "--build-id=none", "-z", "noseparate-code",
+         "-z", "noexecstack", "-o", tmp_path / "join-x86_64", tmp_path / "join.o"],
+        check=True,
+    )  # fmt: skip
+    built = _code_of(tmp_path / "join-x86_64", tmp_path)
+    assert len(built) > 100
+    assert built == _code_of(JOINER, tmp_path)
+
+
+@on_x86_64
+def test_the_joiner_is_executable_and_needs_no_loader() -> None:
+    assert os.access(JOINER, os.X_OK)
+    header = JOINER.read_bytes()
+    assert header[:4] == b"\x7fELF"
+    assert b"ld-linux" not in header  # static: no program interpreter to load
+
+
+@on_x86_64
+@pytest.mark.usefixtures("needs_cgroup")
+def test_the_joiner_joins_then_runs_the_first_path_that_execs(
+    tracked: Tracked, tmp_path: Path
+) -> None:
+    not_executable = tmp_path / "not-executable"
+    not_executable.write_text("#!/bin/sh\n")
+    shows = 'printf "%s|%s|%s" "$0" "$TOKEN_SEEN" "$(grep ^0:: /proc/self/cgroup)"'
+    with procs.cgroup_in_ours(f"joiner-{tracked.token}") as cgroup:
+        ran = run_joiner(
+            f"{cgroup}/cgroup.procs",
+            tmp_path / "missing",
+            not_executable,
+            "/bin/sh",
+            "",
+            "named apart",
+            "-c",
+            shows,
+            env={**tracked.env, "TOKEN_SEEN": "as given"},
+        )
+    assert ran.returncode == 0, ran.stderr
+    argv0, seen, line = ran.stdout.decode().split("|")
+    assert (argv0, seen) == ("named apart", "as given")
+    assert line.startswith("0::/") and cgroup.endswith(line[3:])  # (the mount, then it)
+    assert tracked.survivors() == []
+
+
+@on_x86_64
+def test_the_joiner_says_127_when_no_path_is_there_and_126_when_none_runs(
+    tmp_path: Path,
+) -> None:
+    not_executable = tmp_path / "not-executable"
+    not_executable.write_text("")
+    missing = run_joiner(os.devnull, tmp_path / "missing", "", "the command")
+    refused = run_joiner(os.devnull, tmp_path / "missing", not_executable, "", "the command")
+    assert (missing.returncode, missing.stderr) == (
+        _joiner.NOT_FOUND,
+        b"trio_proctree: cannot run the command\n",
+    )
+    assert (refused.returncode, refused.stderr) == (
+        _joiner.NOT_RUN,
+        b"trio_proctree: cannot run the command\n",
+    )
+
+
+@on_x86_64
+def test_the_joiner_says_125_and_runs_nothing_when_it_cannot_join(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    ran = run_joiner(tmp_path / "no-cgroup" / "cgroup.procs", "/bin/touch", "", "touch", marker)
+    assert ran.returncode == _joiner.CANNOT_JOIN
+    assert (
+        ran.stderr
+        == f"trio_proctree: cannot join the cgroup of {tmp_path}/no-cgroup/cgroup.procs\n".encode()
+    )
+    assert not marker.exists()
+
+
+@on_x86_64
+def test_the_joiner_refuses_arguments_without_the_end_of_its_paths() -> None:
+    assert run_joiner(os.devnull, "/bin/true").returncode == 2
+    assert run_joiner(os.devnull, "").returncode == 2  # (no command after it)
+
+
+def _leader_started_by(containment: Any) -> Any:
+    """What the cgroup containment asks Popen to start for ``true``."""
+    from trio_proctree._spawn import plan_spawn  # noqa: PLC0415
+
+    plan = plan_spawn(["true"], {})
+    return containment.prepare(plan)
+
+
+@on_x86_64
+@pytest.mark.usefixtures("needs_cgroup")
+async def test_leaders_join_through_the_joiner_unless_it_is_switched_off(
+    tracked: Tracked, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(_joiner.SWITCH, raising=False)
+    tracked.mark_this_process(monkeypatch)
+    for switched_off in (False, True):
+        if switched_off:
+            monkeypatch.setenv(_joiner.SWITCH, "1")
+        async with open_process_tree(
+            ["sh", "-c", "echo up; exec sleep 60"], containment="cgroup", stdout=subprocess.PIPE
+        ) as tree:
+            assert tree.stdout is not None
+            assert await tree.stdout.receive_some() == b"up\n"  # (joined, and running)
+            cgroup = tree._core.containment.path  # type: ignore[attr-defined]
+            plan = _leader_started_by(tree._core.containment)
+            through = "/bin/sh" if switched_off else str(JOINER)
+            assert os.fsencode(plan.command[0]) == (
+                b"/bin/sh" if switched_off else b"trio_proctree-join"
+            )
+            assert plan.options.get("executable", "/bin/sh") == through
+            joined = cgroup_of(tree.pid)
+            assert joined is not None and joined != "/" and cgroup.endswith(joined)
+    assert tracked.survivors() == []
+
+
+@on_x86_64
+@pytest.mark.usefixtures("needs_cgroup")
+async def test_a_joiner_that_cannot_run_leaves_the_leaders_to_sh(
+    tracked: Tracked, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A copy that lost its mode, as an installer may leave it: the first tree still starts
+    # in its cgroup, through /bin/sh, and so do the next.
+    monkeypatch.delenv(_joiner.SWITCH, raising=False)
+    shutil.copyfile(JOINER, tmp_path / "join-x86_64")  # (without its mode)
+    monkeypatch.setattr(_joiner, "PROGRAMS", tmp_path)
+    monkeypatch.setattr(_joiner, "_proven", None)
+    monkeypatch.setattr(_joiner, "_refused", False)
+    for _ in range(2):
+        result = await run_process_tree(
+            ["sh", "-c", "grep ^0:: /proc/self/cgroup"],
+            capture_stdout=True,
+            containment="cgroup",
+            env=tracked.env,
+        )
+        assert in_a_tree_cgroup(result.stdout)
+    assert _joiner.path() is None
+    assert _joiner._refused
+    assert tracked.survivors() == []
+
+
+@pytest.mark.usefixtures("needs_cgroup")
+async def test_a_setsid_escapee_of_a_leader_started_by_the_joiner_is_killed(
+    tracked: Tracked, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # (The suite's containment tests do this for every shape; one here, so that this file
+    # alone says the joiner's leaders are contained.) The escapee has started by the time
+    # the leader exits (setsid -f forks it first); its environment carries the token.
+    monkeypatch.delenv(_joiner.SWITCH, raising=False)
+    with trio.fail_after(10):
+        result = await run_process_tree(
+            ["sh", "-c", "setsid -f sleep 60; exec grep ^0:: /proc/self/cgroup"],
+            capture_stdout=True,
+            containment="cgroup",
+            env=tracked.env,
+        )
+    assert in_a_tree_cgroup(result.stdout)
+    assert tracked.survivors() == []
+
+
+# Prints the SigIgn line of a leader started by trio_proctree, then of one by Popen.
+IGNORES_AS_POPEN = """
+import trio
+from trio_proctree import run_process_tree
+
+async def main():
+    command = ["grep", "SigIgn", "/proc/self/status"]
+    ours = await run_process_tree(command, capture_stdout=True, containment="cgroup")
+    popen = await trio.run_process(command, capture_stdout=True)
+    print(ours.stdout.decode().split()[1], popen.stdout.decode().split()[1])
+
+trio.run(main)
+"""
+
+
+@pytest.mark.usefixtures("needs_cgroup")
+@pytest.mark.parametrize("started_by", ["fork", "posix_spawn"])
+def test_a_leader_ignores_glibcs_own_signals_where_a_popen_child_does(
+    tracked: Tracked, started_by: str
+) -> None:
+    # glibc's posix_spawn (before 2.41) leaves the signals glibc handles itself (32, 33)
+    # ignored in the child: a Python it starts ignores them, and so do Popen's children
+    # there; one forked handles them, and Popen's children get the default.
+    # A leader gets what Popen's child gets in both. Red before: ignored in the first;
+    # then, with them always set back to the default, not ignored in the second.
+    argv = [*procs.python(), "-c", IGNORES_AS_POPEN]
+    read, write = os.pipe()
+    try:
+        child = None
+        if started_by == "fork":
+            # (A preexec_fn: forked, never started by posix_spawn, as Python 3.13's
+            # subprocess would.)
+            child = subprocess.Popen(argv, stdout=write, env=tracked.env, preexec_fn=os.getpid)  # noqa: PLW1509
+        else:
+            actions = [(os.POSIX_SPAWN_DUP2, write, 1)]
+            pid = os.posix_spawn(argv[0], argv, tracked.env, file_actions=actions)
+        os.close(write)
+        write = -1
+        with os.fdopen(read, "rb") as output:
+            read = -1
+            said = output.read().decode().split()
+        code = child.wait() if child else os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    finally:
+        for fd in (read, write):
+            if fd != -1:
+                os.close(fd)
+    assert code == 0
+    ours, popen = (int(mask, 16) for mask in said)
+    assert ours == popen
+    glibcs = 0b11 << 31  # (32 and 33: the second only once glibc has handled it)
+    assert bool(popen & glibcs) == (started_by == "posix_spawn")
+    assert tracked.survivors() == []
