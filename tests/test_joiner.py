@@ -9,6 +9,7 @@ this machine's C library; these pin the program itself, and when it is used.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import shutil
 import subprocess
@@ -19,7 +20,13 @@ from typing import Any
 import pytest
 import trio
 
-from trio_proctree import ContainmentUnavailable, _joiner, open_process_tree, run_process_tree
+from trio_proctree import (
+    ContainmentUnavailable,
+    _joiner,
+    _spawn_into_cgroup,
+    open_process_tree,
+    run_process_tree,
+)
 from trio_proctree._cgroupfs import own_cgroup
 from trio_proctree._choose import choose_containment
 
@@ -169,6 +176,8 @@ def _leader_started_by(containment: Any) -> Any:
 async def test_leaders_join_through_the_joiner_unless_it_is_switched_off(
     tracked: Tracked, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    if _spawn_into_cgroup.available():
+        pytest.skip("leaders start in their cgroup here (glibc 2.41+): no joiner")
     monkeypatch.delenv(_joiner.SWITCH, raising=False)
     tracked.mark_this_process(monkeypatch)
     for switched_off in (False, True):
@@ -297,4 +306,68 @@ def test_a_leader_ignores_glibcs_own_signals_only_where_we_do(tracked: Tracked, 
     assert bool(mine & GLIBCS) == (ours == "ignored")  # (as the test set them)
     assert leaders & GLIBCS == mine & GLIBCS
     assert leaders & ~GLIBCS == popens & ~GLIBCS
+    assert tracked.survivors() == []
+
+
+@on_x86_64
+@pytest.mark.usefixtures("needs_cgroup")
+def test_the_joiner_writes_nothing_more_into_the_cgroup_with_stderr_closed(
+    tracked: Tracked,
+) -> None:
+    # With fd 2 closed, cgroup.procs opens as 2: a message said there would move the
+    # process its argv[0] names into the cgroup. Red before (helper-107): the sleep here,
+    # named as the command, was moved into the joiner's cgroup.
+    with procs.cgroup_in_ours(f"stderr-{tracked.token}") as cgroup:
+        sleeper = subprocess.Popen(["sleep", "60"], env=tracked.env)
+        try:
+            before = cgroup_of(sleeper.pid)
+            ran = subprocess.run(
+                ["trio_proctree-join", f"{cgroup}/cgroup.procs", "", str(sleeper.pid)],
+                executable=JOINER,
+                preexec_fn=functools.partial(os.close, 2),
+                check=False,
+            )
+            assert ran.returncode == _joiner.NOT_FOUND
+            assert cgroup_of(sleeper.pid) == before
+        finally:
+            sleeper.kill()
+            sleeper.wait()
+    assert tracked.survivors() == []
+
+
+@on_x86_64
+@pytest.mark.usefixtures("needs_cgroup")
+@pytest.mark.parametrize("started_by", ["posix_spawn", "Popen"])
+async def test_a_joiner_gone_since_it_was_proven_starts_nothing_uncontained(
+    tracked: Tracked, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, started_by: str
+) -> None:
+    # Removed after it was proven (a package upgraded under a running program): the tree
+    # does not start, with an error that says why, and the next ones join through
+    # /bin/sh. Red before (helper-107): posix_spawn then started the program itself, in
+    # no cgroup of ours (and under the joiner's arguments).
+    if _spawn_into_cgroup.available():
+        pytest.skip("leaders start in their cgroup here (glibc 2.41+): no joiner")
+    monkeypatch.delenv(_joiner.SWITCH, raising=False)
+    copy = tmp_path / "join-x86_64"
+    shutil.copy(JOINER, copy)
+    monkeypatch.setattr(_joiner, "_proven", str(copy))
+    monkeypatch.setattr(_joiner, "_refused", False)
+    copy.unlink()
+    options: dict[str, Any] = {} if started_by == "posix_spawn" else {"umask": 0o22}
+    marker = tmp_path / "ran"
+    with pytest.raises(FileNotFoundError, match="joiner cannot run any more") as raised:
+        await run_process_tree(
+            ["touch", str(marker)], containment="cgroup", env=tracked.env, **options
+        )
+    assert raised.value.filename == str(copy)
+    assert not marker.exists()
+    assert _joiner.path() is None
+    result = await run_process_tree(
+        ["sh", "-c", "grep ^0:: /proc/self/cgroup"],
+        capture_stdout=True,
+        containment="cgroup",
+        env=tracked.env,
+        **options,
+    )
+    assert in_a_tree_cgroup(result.stdout)
     assert tracked.survivors() == []

@@ -67,6 +67,7 @@ async def test_a_spawn_cancelled_while_waiting_for_a_slot_forks_nothing(
     # and its cancellation ends it at once, with nothing started (nothing carries the
     # token but the held spawns' trees, which go once let through).
     release = threading.Event()
+    lock = threading.Lock()
     holding = 0
     held_all = trio.Event()
     token = trio.lowlevel.current_trio_token()
@@ -78,9 +79,10 @@ async def test_a_spawn_cancelled_while_waiting_for_a_slot_forks_nothing(
         if args[0].command == ["sleep", "60"]:
             reached.append(args)
             return start(*args)
-        holding += 1
-        if holding == slots_here():
-            token.run_sync_soon(held_all.set)
+        with lock:
+            holding += 1
+            if holding == slots_here():
+                token.run_sync_soon(held_all.set)
         release.wait(10)
         return start(*args)
 

@@ -127,7 +127,9 @@ class CgroupContainment(MemberTracking):
             argv[0] = executable
         starts_directly = direct_spawn.can_start(options)
         preexec = options.get("preexec_fn") is not None
-        program = None if preexec else joiner.path()
+        # (Not where the leader starts in its cgroup: the joiner is not proven there, and
+        # a start that cannot be made so goes through /bin/sh.)
+        program = None if preexec or starts_directly else joiner.path()
         found, path, settled = plan.resolved, None, None
         # Where Popen's search settles: for a direct start and for /bin/sh, not for the
         # joiner alone, which searches as Popen's child does (looking costs a stat for
@@ -180,7 +182,12 @@ class CgroupContainment(MemberTracking):
             options["executable"] = program
             plan = super().prepare(plan)
             return attrs.evolve(
-                plan, command=command, options=options, into_cgroup=direct, through_wrapper=True
+                plan,
+                command=command,
+                options=options,
+                into_cgroup=direct,
+                through_wrapper=True,
+                joiner=program,
             )
         command, wrapper_env = wrapped(
             procs,

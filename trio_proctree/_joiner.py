@@ -34,7 +34,7 @@ logger = logging.getLogger("trio_proctree")
 
 #: The joiners shipped, by the kernel's machine name (`os.uname`): the kernel runs the
 #: program whatever our own interpreter's word size.
-PROGRAMS = Path(__file__).with_name("_joiner_programs")
+PROGRAMS = Path(__file__).resolve().with_name("_joiner_programs")  # (absolute: cwd= moves)
 _BY_MACHINE = {"x86_64": "join-x86_64"}
 
 #: What turns the joiner off (any non-empty value): leaders then join through /bin/sh.
@@ -98,9 +98,10 @@ def _prove() -> str | bool | None:
         return False
     if ran.returncode == NOT_FOUND:
         return program
-    if ran.returncode == 0:
-        # Reaped by other code (a waitpid(-1) in the program): no answer yet. This leader
-        # goes through /bin/sh; the next spawn asks again.
+    if ran.returncode == 0 or ran.returncode < 0:
+        # Reaped by other code (a waitpid(-1) in the program), or killed by a signal (a
+        # Ctrl-C to the terminal's group): no answer yet. This leader goes through
+        # /bin/sh; the next spawn asks again.
         return None
     logger.debug(
         "the joiner %s exited with status %d where 127 was due; leaders join through /bin/sh",
@@ -108,6 +109,27 @@ def _prove() -> str | bool | None:
         ran.returncode,
     )
     return False
+
+
+def lost(error: int, program: str) -> OSError:
+    """The error for a tree whose joiner could not be started after all (gone or changed
+    since it was proven: a package upgraded under a running program, say): that tree is
+    not started (the program, run in the joiner's place, would be in no cgroup of ours),
+    and the next join through /bin/sh."""
+    global _proven, _refused
+    with _proving:
+        _proven, _refused = None, True
+    logger.warning(
+        "the joiner %s cannot run any more (%s); trees join their cgroup through /bin/sh",
+        program,
+        os.strerror(error),
+    )
+    return OSError(
+        error,
+        f"trio_proctree's joiner cannot run any more ({os.strerror(error)}); the tree was "
+        "not started, and later trees join their cgroup through /bin/sh",
+        program,
+    )
 
 
 def command(

@@ -28,6 +28,7 @@ import trio
 
 from . import _spawn_into_cgroup as direct
 from ._exec_check import EXECUTABLE, MISSING, NOT_EXECUTABLE, look_at, refusal
+from ._joiner import lost as joiner_lost
 from ._leader import LOST
 from ._pidfd import open_pidfd
 from ._spawn_into_cgroup import IntoCgroup
@@ -144,6 +145,8 @@ class SpawnPlan:
     #: joiner's, or /bin/sh's), which cannot raise the exec's error as Popen does: what the
     #: files say of it is raised before (`_refuse_what_the_wrapper_would_run_anyway`).
     through_wrapper: bool = False
+    #: The joiner ``command`` starts in the program's place (`._joiner`), if any.
+    joiner: str | None = None
     #: The environment ``command`` starts with, where not ``options``' own (the wrapper
     #: that passes the environment on in its arguments starts with none).
     command_env: Mapping[Any, Any] | None = None
@@ -815,6 +818,13 @@ def _popen(plan: SpawnPlan, stdio: Mapping[str, Any]) -> subprocess.Popen[bytes]
                 "subprocess.Popen[bytes]", subprocess.Popen(plan.command, **stdio, **options)
             )
     except OSError as exc:
+        if (
+            plan.joiner is not None
+            and exc.errno not in (None, errno.E2BIG)
+            and exc.filename == plan.joiner
+        ):
+            # The joiner's own exec failed (gone or changed since it was proven).
+            raise joiner_lost(exc.errno, plan.joiner) from None
         if plan.through_wrapper and exc.errno == errno.E2BIG:
             # The wrapper's exec (its arguments are the command's, and a few hundred bytes
             # of its own): named so, it blamed "/bin/sh" or the joiner (helper-70).

@@ -31,6 +31,7 @@ from typing import Any
 import attrs
 
 from ._after_fork import renewed_in_forked_child
+from ._joiner import lost as joiner_lost
 from ._procfs import read_file
 
 logger = logging.getLogger("trio_proctree")
@@ -335,8 +336,13 @@ def _posix_spawn(
 
             last_error, saved_error = errno.ENOENT, 0
             if request.joiner is not None:
-                # (Its own search, of the paths it is given, is Popen's.)
-                last_error, saved_error = search([os.fsencode(request.joiner)])
+                # (Its own search, of the paths it is given, is Popen's.) Should the joiner
+                # not exec (gone or changed since it was proven), nothing else is started
+                # here: the program, started in its place, would run in no cgroup of ours
+                # (helper-107).
+                last_error, _ = search([os.fsencode(request.joiner)])
+                if last_error:
+                    raise joiner_lost(last_error, request.joiner)
             elif request.settled is not None:
                 # Where the planned search settled: PATH is not searched again (one stat
                 # per entry, ~10 a spawn). Popen would run the same file, the entries

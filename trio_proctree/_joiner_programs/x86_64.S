@@ -22,18 +22,23 @@ _start:
         mov     rbx, rsp                # [rbx]: argc, [rbx+8]: argv[0], ...
         cmp     qword ptr [rbx], 3      # the least: our name, PROCS, ""
         jb      usage
-        mov     rdi, [rbx+16]           # open(PROCS, O_WRONLY | O_CLOEXEC): the
-        mov     esi, 0x80001            # descriptor goes with the exec
+        mov     rdi, [rbx+16]           # open(PROCS, O_WRONLY | O_CLOEXEC)
+        mov     esi, 0x80001
         mov     eax, 2
         syscall
         test    rax, rax
         js      cannot_join
+        mov     rbp, rax
         mov     rdi, rax                # write(fd, "0", 1)
         lea     rsi, [rip + zero]
         mov     edx, 1
         mov     eax, 1
         syscall
-        cmp     rax, 1
+        mov     r12, rax
+        mov     rdi, rbp                # close(fd): with stderr closed, the descriptor
+        mov     eax, 3                  # is 2, where a message would go into the
+        syscall                         # cgroup.procs (helper-107)
+        cmp     r12, 1
         jne     cannot_join
         lea     r12, [rbx+24]           # r12: the next candidate
         mov     r13, r12                # r13: the empty argument that ends them
