@@ -371,3 +371,25 @@ async def test_a_joiner_gone_since_it_was_proven_starts_nothing_uncontained(
     )
     assert in_a_tree_cgroup(result.stdout)
     assert tracked.survivors() == []
+
+
+@on_x86_64
+@pytest.mark.usefixtures("needs_cgroup")
+def test_a_spawn_that_fails_for_the_command_leaves_the_joiner_in_use(
+    tracked: Tracked, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # posix_spawn says which error, not which step: a directory gone between the plan and
+    # the spawn reads as the joiner's own ENOENT. Red before: taken for a joiner gone, it
+    # failed the tree as such and sent every later tree through /bin/sh.
+    if not _spawn_into_cgroup.can_start_joiner({}):
+        pytest.skip("glibc's posix_spawn does not start the joiner here")
+    monkeypatch.setattr(_joiner, "_proven", str(JOINER))
+    monkeypatch.setattr(_joiner, "_refused", False)
+    gone = tmp_path / "gone"
+    argv = _joiner.command(os.devnull, "true", ["true"], env=None, settled=None)
+    request = _spawn_into_cgroup.IntoCgroup(str(tmp_path), "true", argv, joiner=str(JOINER))
+    with pytest.raises(FileNotFoundError) as raised:
+        _spawn_into_cgroup.start(request, {"cwd": str(gone)}, [None, None, None])
+    assert raised.value.filename == str(gone)
+    assert _joiner.path() == str(JOINER)
+    assert tracked.survivors() == []

@@ -340,15 +340,17 @@ def _posix_spawn(
                 # not exec (gone or changed since it was proven), nothing else is started
                 # here: the program, started in its place, would run in no cgroup of ours
                 # (helper-107).
-                last_error, _ = search([os.fsencode(request.joiner)])
-                if last_error:
+                last_error, saved_error = search([os.fsencode(request.joiner)])
+                if last_error and not _runs(request.joiner):
                     raise joiner_lost(last_error, request.joiner)
+                # (Else the command's: its arguments too long, its cwd gone, a fork
+                # refused: posix_spawn says which error, not which step.)
             elif request.settled is not None:
                 # Where the planned search settled: PATH is not searched again (one stat
                 # per entry, ~10 a spawn). Popen would run the same file, the entries
                 # before it having been looked at by then.
                 last_error, saved_error = search([request.settled])
-            if last_error not in (0, errno.ENOSYS):
+            if request.joiner is None and last_error not in (0, errno.ENOSYS):
                 # Gone since, say: the whole search, from the first entry, as Popen's.
                 last_error, saved_error = search(_candidates(request.program, env, cwd))
         finally:
@@ -379,6 +381,11 @@ def _glibc_signals_not_ignored() -> tuple[int, ...]:
             ignored = int(line.split()[1], 16)
             return tuple(n for n in _GLIBC_SIGNALS if not ignored >> (n - 1) & 1)
     return _GLIBC_SIGNALS  # pragma: no cover - (every Linux says it)
+
+
+def _runs(program: str) -> bool:
+    """Whether ``program`` is (still) an executable file."""
+    return os.path.isfile(program) and os.access(program, os.X_OK)
 
 
 def _close(fd: int | None) -> None:

@@ -1173,8 +1173,8 @@ MUTANTS = [
     (
         "direct start: the planned path alone, no search if it fails [glibc]",
         "_spawn_into_cgroup.py",
-        "            if last_error not in (0, errno.ENOSYS):\n                # Gone since",
-        "            if request.settled is None:\n                # Gone since",
+        "            if request.joiner is None and last_error not in (0, errno.ENOSYS):\n                # Gone since",
+        "            if request.joiner is None and request.settled is None:\n                # Gone since",
         "gone_from_where_the_plan_found_it",
     ),
     (
