@@ -383,6 +383,7 @@ def test_a_spawn_that_fails_for_the_command_leaves_the_joiner_in_use(
     # failed the tree as such and sent every later tree through /bin/sh.
     if not _spawn_into_cgroup.can_start_joiner({}):
         pytest.skip("glibc's posix_spawn does not start the joiner here")
+    monkeypatch.delenv(_joiner.SWITCH, raising=False)
     monkeypatch.setattr(_joiner, "_proven", str(JOINER))
     monkeypatch.setattr(_joiner, "_refused", False)
     gone = tmp_path / "gone"
