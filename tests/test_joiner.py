@@ -54,6 +54,19 @@ def in_a_tree_cgroup(line: bytes) -> bool:
     return line.startswith(b"0::/") and os.path.basename(line.strip()).startswith(b"tree-")
 
 
+async def cgroup_line(tracked: Tracked, first: str = "", **options: Any) -> bytes:
+    """The ``0::`` line of /proc/PID/cgroup of a leader started under cgroup containment,
+    after the shell commands ``first``."""
+    result = await run_process_tree(
+        ["sh", "-c", first + "exec grep ^0:: /proc/self/cgroup"],
+        capture_stdout=True,
+        containment="cgroup",
+        env=tracked.env,
+        **options,
+    )
+    return result.stdout
+
+
 def cgroup_of(pid: int) -> str | None:
     with open(f"/proc/{pid}/cgroup") as f:
         return own_cgroup(f.read())
@@ -213,13 +226,7 @@ async def test_a_joiner_that_cannot_run_leaves_the_leaders_to_sh(
     monkeypatch.setattr(_joiner, "_proven", None)
     monkeypatch.setattr(_joiner, "_refused", False)
     for _ in range(2):
-        result = await run_process_tree(
-            ["sh", "-c", "grep ^0:: /proc/self/cgroup"],
-            capture_stdout=True,
-            containment="cgroup",
-            env=tracked.env,
-        )
-        assert in_a_tree_cgroup(result.stdout)
+        assert in_a_tree_cgroup(await cgroup_line(tracked))
     assert _joiner.path() is None
     assert _joiner._refused
     assert tracked.survivors() == []
@@ -234,13 +241,8 @@ async def test_a_setsid_escapee_of_a_leader_started_by_the_joiner_is_killed(
     # the leader exits (setsid -f forks it first); its environment carries the token.
     monkeypatch.delenv(_joiner.SWITCH, raising=False)
     with trio.fail_after(10):
-        result = await run_process_tree(
-            ["sh", "-c", "setsid -f sleep 60; exec grep ^0:: /proc/self/cgroup"],
-            capture_stdout=True,
-            containment="cgroup",
-            env=tracked.env,
-        )
-    assert in_a_tree_cgroup(result.stdout)
+        line = await cgroup_line(tracked, "setsid -f sleep 60; ")
+    assert in_a_tree_cgroup(line)
     assert tracked.survivors() == []
 
 
@@ -362,14 +364,7 @@ async def test_a_joiner_gone_since_it_was_proven_starts_nothing_uncontained(
     assert raised.value.filename == str(copy)
     assert not marker.exists()
     assert _joiner.path() is None
-    result = await run_process_tree(
-        ["sh", "-c", "grep ^0:: /proc/self/cgroup"],
-        capture_stdout=True,
-        containment="cgroup",
-        env=tracked.env,
-        **options,
-    )
-    assert in_a_tree_cgroup(result.stdout)
+    assert in_a_tree_cgroup(await cgroup_line(tracked, **options))
     assert tracked.survivors() == []
 
 

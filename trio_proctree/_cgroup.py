@@ -171,39 +171,32 @@ class CgroupContainment(MemberTracking):
         # cannot name it apart): that costs the fork.
         if preexec or (named_apart and program is None):
             return attrs.evolve(super().prepare(plan), into_cgroup=direct, joins=procs)
+        wrapper_env = None
         if program is not None:
-            # Popen starts the joiner in its place, which joins the cgroup and then execs
-            # the command (`._joiner`): the command named apart too, as it asked.
-            command = joiner.command(
+            # The joiner starts in its place, which joins the cgroup and then execs the
+            # command (`._joiner`): the command named apart too, as it asked.
+            command: list[Any] = joiner.command(
                 procs, plan.program, leader_argv, env=options.get("env"), settled=settled
             )
             if direct is None and direct_spawn.can_start_joiner(options):
                 direct = IntoCgroup(self.path, plan.program, command, joiner=program)
             options["executable"] = program
-            plan = super().prepare(plan)
-            return attrs.evolve(
-                plan,
-                command=command,
-                options=options,
-                into_cgroup=direct,
-                through_wrapper=True,
-                joiner=program,
+        else:
+            command, wrapper_env = wrapped(
+                procs,
+                argv,
+                env=options.get("env"),
+                found=path,
+                passed_over=found is not None and found.passed_over,
+                cwd=options.get("cwd"),
             )
-        command, wrapper_env = wrapped(
-            procs,
-            argv,
-            env=options.get("env"),
-            found=path,
-            passed_over=found is not None and found.passed_over,
-            cwd=options.get("cwd"),
-        )
-        plan = super().prepare(plan)
         return attrs.evolve(
-            plan,
+            super().prepare(plan),
             command=command,
             options=options,
             into_cgroup=direct,
             through_wrapper=True,
+            joiner=program,
             command_env=wrapper_env,
         )
 

@@ -8,8 +8,8 @@ in the leader's place, with every option as given: it writes ``0`` into the cgro
 ``cgroup.procs`` and execs the command, trying the paths Popen's child would try, in the
 same order, with the environment and ``argv[0]`` it got. It has no C library and no
 loader (source: ``_joiner_programs/x86_64.S``): its exec costs a few microseconds where
-``/bin/sh``, the way in before it, cost ~0.2 ms of CPU a spawn, and took 100 trees from
-within the bound of the killpg baseline to 1.2-1.5x of it (``bench/HISTORY.md``).
+``/bin/sh``, the way in before it, cost ~0.2 ms of CPU a spawn: the killpg baseline
+through it alone came to 1.2-1.4x the plain one (``bench/HISTORY.md``).
 
 Where there is no joiner for the machine (only x86-64 has one), where it cannot be run
 (a file system mounted ``noexec``, an installer that dropped its mode, a policy that
@@ -109,6 +109,13 @@ def _prove() -> str | bool | None:
         ran.returncode,
     )
     return False
+
+
+def runs(program: str) -> bool:
+    """Whether the joiner at ``program`` is (still) an executable file: where its exec
+    failed and it is, the error is the command's (its arguments too long, its cwd gone:
+    posix_spawn says which error, not which step)."""
+    return os.path.isfile(program) and os.access(program, os.X_OK)
 
 
 def lost(error: int, program: str) -> OSError:

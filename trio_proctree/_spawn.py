@@ -29,6 +29,7 @@ import trio
 from . import _spawn_into_cgroup as direct
 from ._exec_check import EXECUTABLE, MISSING, NOT_EXECUTABLE, look_at, refusal
 from ._joiner import lost as joiner_lost
+from ._joiner import runs as joiner_runs
 from ._leader import LOST
 from ._pidfd import open_pidfd
 from ._spawn_into_cgroup import IntoCgroup
@@ -820,8 +821,9 @@ def _popen(plan: SpawnPlan, stdio: Mapping[str, Any]) -> subprocess.Popen[bytes]
     except OSError as exc:
         if (
             plan.joiner is not None
-            and exc.errno not in (None, errno.E2BIG)
+            and exc.errno is not None
             and exc.filename == plan.joiner
+            and not joiner_runs(plan.joiner)
         ):
             # The joiner's own exec failed (gone or changed since it was proven).
             raise joiner_lost(exc.errno, plan.joiner) from None

@@ -32,6 +32,7 @@ import attrs
 
 from ._after_fork import renewed_in_forked_child
 from ._joiner import lost as joiner_lost
+from ._joiner import runs as joiner_runs
 from ._procfs import read_file
 
 logger = logging.getLogger("trio_proctree")
@@ -341,10 +342,8 @@ def _posix_spawn(
                 # here: the program, started in its place, would run in no cgroup of ours
                 # (helper-107).
                 last_error, saved_error = search([os.fsencode(request.joiner)])
-                if last_error and not _runs(request.joiner):
+                if last_error and not joiner_runs(request.joiner):
                     raise joiner_lost(last_error, request.joiner)
-                # (Else the command's: its arguments too long, its cwd gone, a fork
-                # refused: posix_spawn says which error, not which step.)
             elif request.settled is not None:
                 # Where the planned search settled: PATH is not searched again (one stat
                 # per entry, ~10 a spawn). Popen would run the same file, the entries
@@ -381,11 +380,6 @@ def _glibc_signals_not_ignored() -> tuple[int, ...]:
             ignored = int(line.split()[1], 16)
             return tuple(n for n in _GLIBC_SIGNALS if not ignored >> (n - 1) & 1)
     return _GLIBC_SIGNALS  # pragma: no cover - (every Linux says it)
-
-
-def _runs(program: str) -> bool:
-    """Whether ``program`` is (still) an executable file."""
-    return os.path.isfile(program) and os.access(program, os.X_OK)
 
 
 def _close(fd: int | None) -> None:
