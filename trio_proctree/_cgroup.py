@@ -33,7 +33,7 @@ import attrs
 from . import _cgroupfs as cgroupfs
 from . import _joiner as joiner
 from . import _spawn_into_cgroup as direct_spawn
-from ._cgroup_home import CgroupHome
+from ._cgroup_home import CgroupHome, backstop_entry
 from ._containment import NEED_SCAN, RETRY_LATER, RETRY_PAUSE, Pending, signal_leader_alone
 from ._leader import Leader
 from ._member_tracking import MemberTracking
@@ -202,7 +202,13 @@ class CgroupContainment(MemberTracking):
 
     @property
     def backstop(self) -> list[str]:
-        return [f"cgroup {self.path}"]
+        return [backstop_entry(self.path)]
+
+    def _arm_backstop(self) -> None:
+        pass  # (registered by the home since it made the cgroup: `CgroupHome.take_tree`)
+
+    def _disarm_backstop(self) -> None:
+        pass  # (by the home, once the cgroup leaves it: `CgroupHome.give_back`)
 
     def attach(self, leader: Leader) -> None:
         super().attach(leader)
@@ -617,6 +623,7 @@ class CgroupContainment(MemberTracking):
         # Emptied is known from pending(); nothing re-enters an empty cgroup by itself. One
         # not known to be empty stays, for the watchdog.
         if self._removed:
+            self._home.forget(self.path)
             return
         if not (emptied and self._emptied):
             logger.warning("cgroup %s may not be empty; it goes once it is", self.path)

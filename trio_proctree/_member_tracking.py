@@ -85,8 +85,16 @@ class MemberTracking:
         # Registered before the leader starts: if this process is SIGKILLed between the
         # fork and attach(), the watchdog must already know the tree (a process group is
         # only known once its leader runs; that window is the group containment's).
-        watchdog.register(*self.backstop)
+        self._arm_backstop()
         return plan
+
+    def _arm_backstop(self) -> None:
+        """Register `backstop` with the watchdog, before the leader starts."""
+        watchdog.register(*self.backstop)
+
+    def _disarm_backstop(self) -> None:
+        """Unregister `backstop`: the tree is known to be empty."""
+        watchdog.unregister(*self.backstop)
 
     #: Whether the leader is tracked (and waited on) with the members.
     watches_leader = True
@@ -536,4 +544,4 @@ class MemberTracking:
             return
         reap_orphans(self._leader.pid, self._ours, parent_thread=self._leader.parent_thread)
         if emptied:
-            watchdog.unregister(*self.backstop)
+            self._disarm_backstop()

@@ -1152,15 +1152,15 @@ MUTANTS = [
     (
         "direct start: a killed tree's cgroup reused [glibc]",
         "_cgroup_home.py",
-        "            if not (killed and direct_spawn.available()):",
-        "            if True:",
+        "        reusable = not (killed and direct_spawn.available())",
+        "        reusable = True",
         "starts_after_the_one_before_was_killed",
     ),
     (
         "direct start: no emptied cgroup reused [glibc]",
         "_cgroup_home.py",
-        "            if not (killed and direct_spawn.available()):",
-        "            if not direct_spawn.available():",
+        "        reusable = not (killed and direct_spawn.available())",
+        "        reusable = not direct_spawn.available()",
         "emptied_without_a_kill",
     ),
     (
@@ -3563,6 +3563,20 @@ MUTANTS = [
         "_start_tree_in_worker, self._plan, self._containment, limiter=_spawn_slots()",
         "_start_tree_in_worker, self._plan, self._containment",
         "spawns_run_one_per_cpu or waiting_for_a_slot",
+    ),
+    (
+        "watchdog: a kept cgroup forgotten as it is given back",
+        "_cgroup_home.py",
+        "                return  # (still registered: it serves again)",
+        "                self.forget(tree)\n                return",
+        "in_a_kept_cgroup",
+    ),
+    (
+        "watchdog: a cgroup made for a tree not registered",
+        "_cgroup_home.py",
+        "            watchdog.register(backstop_entry(path))\n",
+        "",
+        "in_a_kept_cgroup_writes_nothing or parent_killed_with_sigkill_takes_its_trees_along",
     ),
 ]
 
