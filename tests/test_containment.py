@@ -3350,6 +3350,53 @@ async def test_a_cgroup_whose_settings_a_member_changed_never_serves_again(
     assert tracked.survivors() == []
 
 
+async def test_a_tree_that_empties_at_its_stop_signal_is_not_thawed(
+    tracked: Tracked, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Nothing in it was frozen: the write to cgroup.freeze, made at every first step
+    # before, is left out (the thaw comes with the escalation's listing, which a tree that
+    # empties at once never needs). A frozen tree is thawed by that listing (below, and
+    # test_a_tree_whose_member_froze_its_cgroup_still_stops_gracefully).
+    available("cgroup")
+    thawed: list[str] = []
+    thaw = trio_proctree._cgroupfs.thaw
+
+    def counted(cgroup: str) -> None:
+        thawed.append(cgroup)
+        thaw(cgroup)
+
+    monkeypatch.setattr(trio_proctree._cgroupfs, "thaw", counted)
+    # The listing put off for long: a leader slow to exit on a loaded machine (or still
+    # joining its cgroup) would bring it, and its thaw, about.
+    delay = CgroupContainment.SURVEY_DELAY
+    monkeypatch.setattr(CgroupContainment, "SURVEY_DELAY", 30.0)
+    async with open_process_tree(
+        ["sleep", "60"], grace=5.0, env=tracked.env, containment="cgroup"
+    ) as tree:
+        pass
+    monkeypatch.setattr(CgroupContainment, "SURVEY_DELAY", delay)
+    assert tree.outcome is not None
+    assert tree.outcome.signals[0] == signal.SIGTERM  # (the premise: a step was taken)
+    assert not tree.outcome.grace_expired
+    assert thawed == []
+    # (A handler: a signal whose default is to die kills a frozen process all the same.)
+    async with open_process_tree(
+        ["sh", "-c", 'trap "exit 0" TERM; echo ready; while :; do sleep 0.05; done'],
+        grace=5.0,
+        stdout=subprocess.PIPE,
+        env=tracked.env,
+        containment="cgroup",
+    ) as frozen:
+        assert frozen.stdout is not None
+        assert await frozen.stdout.receive_some() == b"ready\n"
+        cgroup = frozen._core.containment.path  # type: ignore[attr-defined]
+        await freeze(cgroup)
+    assert frozen.outcome is not None
+    assert not frozen.outcome.grace_expired
+    assert thawed == [cgroup]
+    assert tracked.survivors() == []
+
+
 @pytest.mark.parametrize("frozen", ["the_tree_cgroup", "a_cgroup_inside_it"])
 async def test_a_tree_whose_member_froze_its_cgroup_still_stops_gracefully(
     tracked: Tracked, tmp_path: Path, frozen: str

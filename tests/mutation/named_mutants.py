@@ -2900,8 +2900,8 @@ MUTANTS = [
     (
         "cgroup: an escalation's listing thaws nothing inside the tree's cgroup",
         "_cgroup.py",
-        "        if track:\n            self._thaw_inside()\n",
-        "",
+        "            self._thaw_once()\n            self._thaw_inside()\n",
+        "            self._thaw_once()\n",
         "froze",
     ),
     (
@@ -3577,6 +3577,13 @@ MUTANTS = [
         "            watchdog.register(backstop_entry(path))\n",
         "",
         "in_a_kept_cgroup_writes_nothing or parent_killed_with_sigkill_takes_its_trees_along",
+    ),
+    (
+        "cgroup: the escalation's listing thaws nothing but cgroups inside",
+        "_cgroup.py",
+        "            self._thaw_once()\n            self._thaw_inside()",
+        "            self._thaw_inside()",
+        "froze_its_cgroup_still_stops or not_thawed",
     ),
 ]
 
