@@ -248,11 +248,17 @@ async def floor_teardown() -> float:
 # --- many trees at once: spawn + teardown --------------------------------------------
 
 
+#: The spawn phase of each round of `killpg_many` and `proctree_many` (until every tree
+#: runs), by side: the rest of the round is the teardown.
+SPAWNED: dict[str, list[float]] = {"killpg": [], "ours": []}
+
+
 async def killpg_many(count: int) -> float:
     started = time.perf_counter()
     procs = []
     for _ in range(count):
         procs.append(await trio.lowlevel.open_process(["sleep", "60"], start_new_session=True))
+    SPAWNED["killpg"].append(time.perf_counter() - started)
     async with trio.open_nursery() as nursery:
         for proc in procs:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -371,7 +377,7 @@ async def proctree_many(count: int) -> float:
     reap_baseline_orphans()
     started = time.perf_counter()
     async with trees_running(count, CONTAINMENT):
-        pass
+        SPAWNED["ours"].append(time.perf_counter() - started)
     return time.perf_counter() - started
 
 
@@ -424,6 +430,18 @@ def row(name: str, killpg: list[float], ours: list[float], target: str) -> str:
     )
 
 
+def print_phases(times: dict[str, list[float]]) -> None:
+    """The 100-tree rounds' two halves: the spawns (ours, two at a time, on both cores;
+    the baseline's one by one) and the teardowns (all of it on the event loop's thread)."""
+    spawned = {side: SPAWNED[side][1:] for side in SPAWNED}  # (not the warm-up round)
+    torn = {
+        side: [total - spawn for total, spawn in zip(times[side], spawned[side], strict=True)]
+        for side in SPAWNED
+    }
+    print(row("  the spawns alone", spawned["killpg"], spawned["ours"], target="(no target)"))
+    print(row("  the teardowns alone", torn["killpg"], torn["ours"], target="(no target)"))
+
+
 async def main(rounds: int, many: int, grace: float) -> None:
     print(f"Python {sys.version.split()[0]}, trio {trio.__version__}, {os.cpu_count()} cores")
     print(f"containment: {CONTAINMENT}")
@@ -468,6 +486,7 @@ async def main(rounds: int, many: int, grace: float) -> None:
     times = await interleaved(max(5, rounds // 3), spawn_sides)
     name = f"{many} concurrent trees, spawn + teardown"
     print(row(name, times["killpg"], times["ours"], target="<= 1.1x"))
+    print_phases(times)
     if floor:
         # Where a leader is not created in its cgroup, it is moved there: the move alone,
         # made by a thread beside the spawns, nothing of trio_proctree's.
