@@ -83,20 +83,13 @@ class CgroupHome:
                 if not self._free:
                     break
                 kept = self._free.pop()
-            # A member of its last tree may have made cgroups inside it: they go before it
-            # serves again (they are empty, as that tree was).
-            if not cgroupfs.remove_inner(kept):
-                logger.warning("cgroup %s still has cgroups inside; leaving it", kept)
-                self.forget(kept)
-                continue
-            # Or someone put a process in it since (root, or a member of another tree
-            # moving itself): no tree's, it would be the next tree's member, and stopped.
-            # Or changed its settings: frozen, it would freeze the next leader for good;
-            # with a depth or descendant limit, refuse the next program's own cgroups.
-            # Then it serves no more (a new one is made for the next tree).
+            # Someone may have put a process in it since (root, or a member of another
+            # tree moving itself): no tree's, it would be the next tree's member, and
+            # stopped. Or changed its settings: frozen, it would freeze the next leader
+            # for good; with a depth or descendant limit, refuse the next program's own
+            # cgroups. Then it serves no more (a new one is made instead).
             try:
-                populated = cgroupfs.populated(os.path.join(kept, "cgroup.events"))
-                as_new = cgroupfs.as_new(kept)
+                inside, populated, as_new = cgroupfs.look_at_kept(kept)
             except FileNotFoundError as exc:  # (removed by someone else)
                 logger.warning("cgroup %s cannot be read (%s); leaving it", kept, exc)
                 self.forget(kept)
@@ -108,6 +101,12 @@ class CgroupHome:
                 with self._lock:
                     self._free.append(kept)
                 raise
+            # A member of its last tree may have made cgroups inside it: they go before it
+            # serves again (they are empty, as that tree was).
+            if inside and not cgroupfs.remove_inner(kept):
+                logger.warning("cgroup %s still has cgroups inside; leaving it", kept)
+                self.forget(kept)
+                continue
             if populated:
                 logger.warning("cgroup %s has a process in it no tree started; leaving it", kept)
                 self.forget(kept)  # (not ours to kill should we die)

@@ -45,11 +45,12 @@ def read_text(path: str) -> str:
     return read_file(path).decode()
 
 
-def populated(events: str) -> bool:
-    """Whether a cgroup holds a live process, from its ``cgroup.events`` file (the path)."""
+def populated(events: str, *, dir_fd: int | None = None) -> bool:
+    """Whether a cgroup holds a live process, from its ``cgroup.events`` file (the path,
+    relative to ``dir_fd`` if given)."""
     # One short read: the file is two short lines, ``populated`` the first (read_file's
     # loop and its 64 KiB buffer cost more than the answer, on the path that ends a tree).
-    fd = os.open(events, os.O_RDONLY | os.O_CLOEXEC)
+    fd = os.open(events, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
         return os.read(fd, 64).startswith(b"populated 1")
     finally:
@@ -98,16 +99,31 @@ NEW_CGROUP_SETTINGS = {
 }
 
 
-def as_new(cgroup: str) -> bool:
-    """Whether an emptied cgroup's settings are still those of a new one."""
+def as_new(cgroup: str, *, dir_fd: int | None = None) -> bool:
+    """Whether an emptied cgroup's settings are still those of a new one (``cgroup``: its
+    path, or None with ``dir_fd``, its directory open)."""
     for name, new in NEW_CGROUP_SETTINGS.items():
+        path = name if dir_fd is not None else os.path.join(cgroup, name)
         try:
-            if read_file(os.path.join(cgroup, name), made_whole=True).strip() != new:
+            if read_file(path, dir_fd=dir_fd, made_whole=True).strip() != new:
                 return False
         except FileNotFoundError:
             if name != "cgroup.pressure":
                 return False
     return True
+
+
+def look_at_kept(cgroup: str) -> tuple[bool, bool, bool]:
+    """Whether an emptied cgroup has cgroups inside, whether it holds a live process, and
+    whether its settings are those of a new one: read through one descriptor of its
+    directory, its files found without walking the path for each (~25 us less a tree,
+    with 100 trees starting at once)."""
+    folder = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        inside = os.fstat(folder).st_nlink > 2  # (2 + its subdirectories)
+        return inside, populated("cgroup.events", dir_fd=folder), as_new(cgroup, dir_fd=folder)
+    finally:
+        os.close(folder)
 
 
 def processes_in(cgroup: str) -> list[int]:

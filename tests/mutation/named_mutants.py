@@ -1609,8 +1609,8 @@ MUTANTS = [
     (
         "cgroup: a kept cgroup serves again whatever a member set in it",
         "_cgroup_home.py",
-        "                as_new = cgroupfs.as_new(kept)\n",
-        "                as_new = True\n",
+        "                inside, populated, as_new = cgroupfs.look_at_kept(kept)\n",
+        "                inside, populated, _ = cgroupfs.look_at_kept(kept)\n                as_new = True\n",
         "settings_a_member_changed",
     ),
     (
@@ -3577,6 +3577,13 @@ MUTANTS = [
         "            watchdog.register(backstop_entry(path))\n",
         "",
         "in_a_kept_cgroup_writes_nothing or parent_killed_with_sigkill_takes_its_trees_along",
+    ),
+    (
+        "cgroup: a kept cgroup's link count taken for no cgroups inside",
+        "_cgroupfs.py",
+        "        inside = os.fstat(folder).st_nlink > 2  # (2 + its subdirectories)",
+        "        inside = False",
+        "made_inside_the_trees_is_gone_before_it_serves_again",
     ),
     (
         "cgroup: the escalation's listing thaws nothing but cgroups inside",
