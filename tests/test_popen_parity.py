@@ -16,6 +16,7 @@ import trio
 
 from trio_proctree import open_process_tree, run_process_tree
 from trio_proctree._cgroupfs import own_cgroup
+from trio_proctree._exec_check import exec_path
 from trio_proctree._spawn import MARKER_PREFIX, joining_first
 
 from . import procs
@@ -364,3 +365,18 @@ async def test_a_programs_preexec_fn_runs_in_its_cgroup(tracked: Tracked, named:
         if told != -1:
             os.close(told)
     assert tracked.survivors() == []
+
+
+@pytest.mark.parametrize("path", ["/usr/bin:/bin", "", ":/opt/x::", None])
+def test_our_path_is_read_as_popen_reads_it(
+    monkeypatch: pytest.MonkeyPatch, path: str | None
+) -> None:
+    # Read directly (os.get_exec_path enters a warnings filter at each call): the entries
+    # are os.get_exec_path's, with no PATH at all too (its default then).
+    if path is None:
+        monkeypatch.delenv("PATH", raising=False)
+    else:
+        monkeypatch.setenv("PATH", path)
+    assert exec_path(None) == os.get_exec_path(None)
+    given: Any = {"PATH": "/given"} if path is None else {b"PATH": os.fsencode(path)}
+    assert exec_path(given) == os.get_exec_path(given)

@@ -35,6 +35,7 @@ from . import _joiner as joiner
 from . import _spawn_into_cgroup as direct_spawn
 from ._cgroup_home import CgroupHome, backstop_entry
 from ._containment import NEED_SCAN, RETRY_LATER, RETRY_PAUSE, Pending, signal_leader_alone
+from ._exec_check import exec_path
 from ._leader import Leader
 from ._member_tracking import MemberTracking
 from ._pidfd import open_pidfd
@@ -642,7 +643,7 @@ def _on_path(found: Resolved, program: Any, env: Any) -> bytes | None:
     PATH entry ``found`` was found in, joined to the name (relative to the child's cwd if
     the entry is). None if PATH is not the one searched (changed since, in ``env`` or
     `os.environ`): then the child searches it."""
-    entries = os.get_exec_path(env)
+    entries = exec_path(env)
     index = len(found.looked_before)
     if tuple(entries) != found.searched or index >= len(entries):
         return None

@@ -35,6 +35,16 @@ MISSING, NOT_EXECUTABLE, EXECUTABLE = "missing", "not executable", "executable"
 _MAX_DEPTH = 5
 
 
+def exec_path(env: Any) -> list[Any]:
+    """The PATH entries Popen's child searches (`os.get_exec_path`), ``env``'s or ours
+    (None). Ours read directly: `os.get_exec_path` enters a warnings filter at every call
+    (~3 us against ~0.6 us, two or three times a spawn), needed only for an environment
+    whose keys may be bytes."""
+    if env is None:
+        return os.environ.get("PATH", os.defpath).split(os.pathsep)
+    return os.get_exec_path(env)
+
+
 def look_at(path: str) -> str | OSError:
     """Whether ``path`` is missing, there but no executable file, or an executable file;
     or the error the exec would meet on the way to it (EACCES: a directory we may not

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ._after_fork import renewed_in_forked_child
+from ._exec_check import exec_path
 
 logger = logging.getLogger("trio_proctree")
 
@@ -157,7 +158,7 @@ def command(
     if os.path.dirname(name):
         paths = [name]
     else:
-        paths = _on_path(name, tuple(os.get_exec_path(env)))
+        paths = _on_path(name, tuple(exec_path(env)))
         if settled is not None:
             paths = [settled, *paths]
     return [_NAME, os.fsencode(procs), *paths, b"", *argv]

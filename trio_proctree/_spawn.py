@@ -27,7 +27,7 @@ import attrs
 import trio
 
 from . import _spawn_into_cgroup as direct
-from ._exec_check import EXECUTABLE, MISSING, NOT_EXECUTABLE, look_at, refusal
+from ._exec_check import EXECUTABLE, MISSING, NOT_EXECUTABLE, exec_path, look_at, refusal
 from ._joiner import lost as joiner_lost
 from ._joiner import runs as joiner_runs
 from ._leader import LOST
@@ -550,7 +550,7 @@ def resolve_executable(
         if refused.errno == errno.ENOEXEC:
             return Resolved(None, refused=refused)  # (only the exec can be sure of it)
         raise refused
-    search = os.get_exec_path(env)
+    search = exec_path(env)
     key = (name, tuple(search), directory)
     known = _found_before.get(key) if remembered else None
     if (

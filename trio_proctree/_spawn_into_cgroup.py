@@ -31,6 +31,7 @@ from typing import Any
 import attrs
 
 from ._after_fork import renewed_in_forked_child
+from ._exec_check import exec_path
 from ._joiner import lost as joiner_lost
 from ._joiner import runs as joiner_runs
 from ._procfs import read_file
@@ -443,7 +444,7 @@ def _candidates(program: Any, env: Mapping[Any, Any] | None, cwd: Any) -> list[b
     name = os.fsencode(program)
     if os.path.dirname(name):
         return [name]
-    paths = [os.path.join(os.fsencode(entry), name) for entry in os.get_exec_path(env)]
+    paths = [os.path.join(os.fsencode(entry), name) for entry in exec_path(env)]
     # Spawning for a path that is not there costs a clone and a failed exec each: look
     # first, as the kernel will resolve it (from cwd for a relative one).
     base = None if cwd is None else os.fsencode(cwd)
