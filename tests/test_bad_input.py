@@ -508,39 +508,6 @@ async def test_an_executable_file_that_is_no_program_raises_exec_format_error(
     assert not mark.exists()
 
 
-def test_a_program_changed_since_it_was_read_is_read_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # What a program file names is remembered with the file as stat saw it (~10 us less a
-    # spawn): a change to the file, seen in its identity, has it read again.
-    monkeypatch.setattr(_exec_check, "_settled", lambda identity: True)  # (not just written)
-    tool = tmp_path / "tool"
-    tool.write_text("#!/bin/sh\nexit 0\n")
-    tool.chmod(0o755)
-    assert _exec_check.refusal(str(tool), "tool", None) is None
-    assert (str(tool), None) in _exec_check._read_before  # the premise: remembered
-    assert _exec_check.refusal(str(tool), "tool", None) is None  # (and taken from there)
-    tool.write_text("#!/nonexistent/interpreter\nexit 0\n")
-    refused = _exec_check.refusal(str(tool), "tool", None)
-    assert isinstance(refused, FileNotFoundError)
-    assert "/nonexistent/interpreter" in str(refused)
-
-
-def test_a_program_written_just_now_is_not_remembered(tmp_path: Path) -> None:
-    # Linux stamps a change with a coarse clock: a file rewritten at its old size within
-    # the tick of its last change keeps its identity, and what it named then would be
-    # taken for what it names now. A file changed so lately is read at every spawn.
-    tool = tmp_path / "tool"
-    tool.write_text("#!/bin/sh\nexit 0\n")
-    tool.chmod(0o755)
-    assert _exec_check.refusal(str(tool), "tool", None) is None
-    assert (str(tool), None) not in _exec_check._read_before
-    shell = shutil.which("sh")
-    assert shell is not None
-    assert _exec_check.refusal(shell, "sh", None) is None  # an installed program: it is
-    assert (shell, None) in _exec_check._read_before
-
-
 def test_a_registered_binfmt_misc_handler_leaves_the_file_to_the_exec(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -15,7 +15,6 @@ import functools
 import os
 import stat
 import struct
-import time
 from typing import Any
 
 #: Where Linux lists the binfmt_misc handlers, when that file system is mounted.
@@ -73,33 +72,12 @@ def refusal(path: str, name: str, cwd: Any, *, _depth: int = 0) -> OSError | Non
     same for an interpreter, as deep as Linux follows them. A file we may not read is
     left to the exec.
     """
-    named = _what_it_names(path, name, cwd)
-    if not isinstance(named, tuple):
-        return named  # refused, or not ours to read (None: the exec will say what it says)
-    interpreter, named_by = named
-    if interpreter is None:
-        return None  # (a statically linked program)
-    return _interpreter_refusal(
-        interpreter, named_by=named_by, path=path, name=name, cwd=cwd, depth=_depth
-    )
-
-
-def _what_it_names(path: str, name: str, cwd: Any) -> tuple[str | None, str] | OSError | None:
-    """The interpreter the file at ``path`` names (None: static) and how; or the error
-    the file itself makes the exec fail with; or None, if it cannot be read."""
-    identity = _identity(path)
-    read_before = _read_before.get((path, cwd)) if identity is not None else None
-    if read_before is not None and read_before[0] == identity:
-        # The same file as when it was read and found to run (its inode, size and
-        # change time unchanged): what it names is looked at again, not the file
-        # (~10 us less a spawn, of the event loop's time).
-        return read_before[1], read_before[2]
     try:
         with open(path, "rb") as program:
             head = program.read(256)  # (the kernel reads no more of a #! line either)
             loader = _elf_interpreter(program.fileno(), head)
     except OSError:
-        return None
+        return None  # not ours to read: the exec will say what it says
     if head.startswith(_ELF_MAGIC):
         interpreter, named_by = loader, "the ELF program interpreter"
     elif head.startswith(b"#!"):
@@ -111,41 +89,11 @@ def _what_it_names(path: str, name: str, cwd: Any) -> tuple[str | None, str] | O
         # The formats Linux runs itself are ELF and #! scripts (a.out went in 6.1);
         # anything else runs only through a binfmt_misc handler.
         return _unless_handled(OSError(errno.ENOEXEC, os.strerror(errno.ENOEXEC), name))
-    if identity is not None and _settled(identity):
-        if len(_read_before) >= 256:  # (bounded: programs are few)
-            _read_before.clear()
-        _read_before[path, cwd] = (identity, interpreter, named_by)
-    return interpreter, named_by
-
-
-#: What `refusal` read off each file that runs as far as the file says (by its path and
-#: the working directory its interpreter is found from): the file as stat saw it then,
-#: and the interpreter it names (None: static), and how.
-_read_before: dict[tuple[str, Any], tuple[tuple[int, ...], str | None, str]] = {}
-
-
-def _identity(path: str) -> tuple[int, ...] | None:
-    """The file at ``path`` as stat sees it: any write to it, a chmod, or another file
-    put in its place changes this (its change time cannot be set back), once the clock
-    that stamps it has moved on (`_settled`). None if it cannot be looked at."""
-    try:
-        st = os.stat(path)
-    except (OSError, ValueError):
-        return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
-
-
-#: How long after its last change a file's identity says all (nanoseconds): Linux stamps
-#: changes with a coarse clock (a tick, up to 10 ms, on file systems without fine-grained
-#: stamps), and a file rewritten within the tick of its last change, at its old size,
-#: would keep its identity.
-_SETTLED_AFTER = 100_000_000
-
-
-def _settled(identity: tuple[int, ...]) -> bool:
-    """Whether the file this identity is of changed long enough ago that any change since
-    shows in it (its change time, the fifth field, well in the past)."""
-    return time.time_ns() - identity[4] > _SETTLED_AFTER
+    if interpreter is None:
+        return None  # (a statically linked program)
+    return _interpreter_refusal(
+        interpreter, named_by=named_by, path=path, name=name, cwd=cwd, depth=_depth
+    )
 
 
 def _unless_handled(error: OSError) -> OSError | None:

@@ -3586,20 +3586,6 @@ MUTANTS = [
         "made_inside_the_trees_is_gone_before_it_serves_again",
     ),
     (
-        "exec check: a file written just now remembered",
-        "_exec_check.py",
-        "    return time.time_ns() - identity[4] > _SETTLED_AFTER",
-        "    return True",
-        "written_just_now_is_not_remembered",
-    ),
-    (
-        "exec check: a remembered file taken as it was, whatever changed",
-        "_exec_check.py",
-        "    if read_before is not None and read_before[0] == identity:",
-        "    if read_before is not None:",
-        "changed_since_it_was_read_is_read_again",
-    ),
-    (
         "cgroup: the escalation's listing thaws nothing but cgroups inside",
         "_cgroup.py",
         "            self._thaw_once()\n            self._thaw_inside()",
