@@ -193,11 +193,12 @@ class CgroupHome:
             if reusable and len(self._free) < self.KEEP:
                 self._free.append(tree)
                 return  # (still registered: it serves again)
-        self.forget(tree)  # (empty, serving no more: nothing in it for the watchdog to kill)
-        with self._lock:
-            if not reusable and len(self._retired) < self.KEEP:
+            retired = not reusable and len(self._retired) < self.KEEP
+            if retired:
                 self._retired[tree] = []
-                return
+        self.forget(tree)  # (empty, serving no more: nothing in it for the watchdog to kill)
+        if retired:
+            return
         if not cgroupfs.remove_inner(tree):
             logger.warning("cgroup %s still has cgroups inside; leaving it", tree)
             return

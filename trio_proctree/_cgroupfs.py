@@ -99,13 +99,12 @@ NEW_CGROUP_SETTINGS = {
 }
 
 
-def as_new(cgroup: str, *, dir_fd: int | None = None) -> bool:
-    """Whether an emptied cgroup's settings are still those of a new one (``cgroup``: its
-    path, or None with ``dir_fd``, its directory open)."""
+def as_new(folder: int) -> bool:
+    """Whether an emptied cgroup's settings are still those of a new one (``folder``: its
+    directory, open)."""
     for name, new in NEW_CGROUP_SETTINGS.items():
-        path = name if dir_fd is not None else os.path.join(cgroup, name)
         try:
-            if read_file(path, dir_fd=dir_fd, made_whole=True).strip() != new:
+            if read_file(name, dir_fd=folder, made_whole=True).strip() != new:
                 return False
         except FileNotFoundError:
             if name != "cgroup.pressure":
@@ -121,7 +120,7 @@ def look_at_kept(cgroup: str) -> tuple[bool, bool, bool]:
     folder = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         inside = os.fstat(folder).st_nlink > 2  # (2 + its subdirectories)
-        return inside, populated("cgroup.events", dir_fd=folder), as_new(cgroup, dir_fd=folder)
+        return inside, populated("cgroup.events", dir_fd=folder), as_new(folder)
     finally:
         os.close(folder)
 
