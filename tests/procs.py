@@ -489,24 +489,53 @@ def remove_emptied(cgroup: str) -> None:
             os.rmdir(inner)
 
 
+def until_emptied(cgroup: str, within: float = 5.0) -> bool:
+    """Wait, at most ``within`` seconds, until the kernel counts nothing in ``cgroup``
+    (``populated 0``); whether it did. That count lags /proc: a process already gone from
+    cgroup.procs, shown as a zombie or reaped, can keep its cgroup populated, and an rmdir
+    of it refused with EBUSY, for tens of ms on a loaded machine (CI failed so once: the
+    test had seen nothing left running, and the cgroup read "populated 1" with no member
+    listed, then "populated 0" 28 ms later)."""
+    events = os.open(os.path.join(cgroup, "cgroup.events"), os.O_RDONLY)
+    try:
+        poller = select.poll()
+        poller.register(events, select.POLLPRI)  # a change of "populated"
+        deadline = time.monotonic() + within
+        while (still := populated(cgroup)) and (left := deadline - time.monotonic()) > 0:
+            poller.poll(min(left, 0.1) * 1000)  # (the kernel tells of a change per 10 ms)
+        return not still
+    finally:
+        os.close(events)
+
+
 @contextlib.contextmanager
 def cgroup_in_ours(name: str, settings: Mapping[str, str] | None = None) -> Iterator[str]:
     """A cgroup made inside this process's own (cgroup v2), with ``settings`` (file: value)
     written to it, for a child Python to move into. Removed after, with the cgroups made
-    inside it, once its last member (that child's watchdog, say) has gone."""
+    inside it, once its last member (that child's watchdog, say) has gone: an rmdir that
+    fails then fails a test that passed (it left something behind). What a failed test
+    left in it is killed first (all of it the test's), and its removal cannot hide the
+    test's own error."""
     made = cgroup_path_for_a_test(name)
     os.mkdir(made)
+    clean = False
     try:
         for setting, value in (settings or {}).items():
             with open(os.path.join(made, setting), "w") as f:
                 f.write(value)
         yield made
+        clean = True
     finally:
-        deadline = time.monotonic() + 5
-        while populated(made) and time.monotonic() < deadline:
-            time.sleep(0.01)  # a stranger's exit: no event to wait on
+        if not clean and populated(made):
+            with open(os.path.join(made, "cgroup.kill"), "w") as f:
+                f.write("1")
+        until_emptied(made)
         for inner in sorted((d for d, _, _ in os.walk(made)), key=len, reverse=True):
-            os.rmdir(inner)
+            try:
+                os.rmdir(inner)
+            except OSError:
+                if clean:
+                    raise
 
 
 def run_python(

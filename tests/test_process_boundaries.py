@@ -743,7 +743,7 @@ def test_a_parent_killed_before_its_leader_joined_the_cgroup_takes_the_tree_alon
     # (a concurrent test's, say) could stop that orphan first and hide the bug (its
     # mutant once survived so, under load).
     available("cgroup")
-    with private_cgroup() as cgroup:
+    with procs.cgroup_in_ours(f"private-{tracked.token}") as cgroup:
         parent = python_in(cgroup, DIES_BEFORE_THE_JOIN, tracked)
         with parent:
             assert parent.stdout is not None
@@ -786,30 +786,6 @@ HOLDS_A_CGROUP_TREE = textwrap.dedent(
 )
 
 
-@contextlib.contextmanager
-def private_cgroup() -> Iterator[str]:
-    """A cgroup of the test's own beside this process's, removed at the end: a process in
-    it keeps its home there, where no other process's sweep looks."""
-    path = procs.cgroup_path_for_a_test(f"private-{procs.new_token()}")
-    os.mkdir(path)
-    clean = False
-    try:
-        yield path
-        clean = True
-    finally:
-        # What a failed test left in it goes, deepest first; an error here must not hide
-        # the test's own (but fails a test that passed and left something behind). Its
-        # processes are all the test's: a failed test's are killed first.
-        if not clean:
-            _kill_everything_in(path)
-        for folder, _, _ in sorted(os.walk(path), key=lambda entry: -len(entry[0])):
-            try:
-                os.rmdir(folder)
-            except OSError:
-                if clean:
-                    raise
-
-
 def python_in(cgroup: str, code: str, tracked: Tracked) -> subprocess.Popen[bytes]:
     """A Python like this one running ``code``, having joined ``cgroup`` before its exec."""
     join = 'echo $$ > "$0/cgroup.procs" && exec "$@"'
@@ -820,29 +796,13 @@ def python_in(cgroup: str, code: str, tracked: Tracked) -> subprocess.Popen[byte
     )
 
 
-def _kill_everything_in(cgroup: str) -> None:
-    if not procs.populated(cgroup):
-        return
-    with open(os.path.join(cgroup, "cgroup.kill"), "w") as f:
-        f.write("1")
-    events = os.open(os.path.join(cgroup, "cgroup.events"), os.O_RDONLY)
-    try:
-        poller = select.poll()
-        poller.register(events, select.POLLPRI)  # a change of "populated"
-        deadline = time.monotonic() + 5
-        while procs.populated(cgroup) and time.monotonic() < deadline:
-            poller.poll(100)
-    finally:
-        os.close(events)
-
-
 def test_a_parent_killed_with_sigkill_leaves_no_cgroup_behind(tracked: Tracked) -> None:
     # Red before: the watchdog killed and removed the tree's cgroup, but the process's
     # home stayed, an empty cgroup, until another process happened to sweep it. The
     # parent runs in a cgroup of its own, so that no other test's process (an xdist
     # worker's child Python, say) can sweep its home first and hide a home left behind.
     available("cgroup")
-    with private_cgroup() as cgroup:
+    with procs.cgroup_in_ours(f"private-{tracked.token}") as cgroup:
         _run_a_parent_killed_with_sigkill(tracked, cgroup)
 
 
@@ -875,7 +835,7 @@ def test_a_sweep_sweeps_a_dead_owners_home_at_once_where_its_watchdog_is_stopped
     # once, as before homes had locks (red with the first form of the lock: the sweep left
     # it, and its tree ran on, for as long as the watchdog stayed stopped: helper-84).
     available("cgroup")
-    with private_cgroup() as cgroup:
+    with procs.cgroup_in_ours(f"private-{tracked.token}") as cgroup:
         parent = python_in(cgroup, HOLDS_A_CGROUP_TREE, tracked)
         with parent:
             assert parent.stdout is not None
@@ -1084,7 +1044,7 @@ def test_a_watchdog_whose_cgroup_someone_else_removes_does_not_sleep_out_its_bou
     # watchdog that outlived its parent by over a second (a failed spawn's own rmdir had
     # raced the watchdog's, on a cgroup a leader had just been started in).
     available("cgroup")
-    with private_cgroup() as cgroup:
+    with procs.cgroup_in_ours(f"private-{tracked.token}") as cgroup:
         tree = os.path.join(cgroup, "tree")
         os.mkdir(tree)
         watchdog = _watchdog_of(tree, tracked)
@@ -1158,7 +1118,7 @@ def test_a_watchdog_kills_a_process_that_joins_its_killed_cgroup_while_it_emptie
     # unlike the test above, nothing here hangs on the kernel's 10 ms notice timer.
     available("cgroup")
     skip_unless_memory_to_spare(1 << 30)
-    with private_cgroup() as cgroup:
+    with procs.cgroup_in_ours(f"private-{tracked.token}") as cgroup:
         tree = os.path.join(cgroup, "tree")
         os.mkdir(tree)
         watchdog = _watchdog_of(tree, tracked)
@@ -1794,9 +1754,8 @@ def test_in_a_cgroup_namespace_that_hides_our_cgroup_auto_does_not_pick_cgroup(
     if shutil.which("unshare") is None:  # pragma: no cover - util-linux is everywhere
         pytest.skip("needs unshare(1)")
     # The namespace's root must be a cgroup below the mount's root: a cgroup of our own.
-    private = procs.cgroup_path_for_a_test(f"cgroupns-{tracked.token}")
-    os.mkdir(private)
-    try:
+    # (Its watchdog leaves once it has seen the child exit: the removal waits for it.)
+    with procs.cgroup_in_ours(f"cgroupns-{tracked.token}") as private:
         child = subprocess.run(
             [
                 "sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', private,
@@ -1804,12 +1763,6 @@ def test_in_a_cgroup_namespace_that_hides_our_cgroup_auto_does_not_pick_cgroup(
             ],
             capture_output=True, env=tracked.env, timeout=60, check=False,
         )  # fmt: skip
-    finally:
-        deadline = time.monotonic() + 5  # its watchdog leaves once it has seen it exit
-        while procs.populated(private) and time.monotonic() < deadline:
-            time.sleep(0.01)  # a stranger's exit: no event to wait on
-        for inner in sorted(_cgroupfs.all_dirs(private), key=len, reverse=True):
-            os.rmdir(inner)
     if child.returncode != 0 and b"unshare" in child.stderr:  # pragma: no cover - not root
         pytest.skip(f"cannot make a cgroup namespace: {child.stderr!r}")
     assert child.returncode == 0, child.stderr.decode()
@@ -2066,7 +2019,7 @@ def test_a_frozen_watchdog_is_replaced_once_a_write_to_it_runs_out_of_time(
     # before the write, so that bound had no test that did not depend on timing (the
     # mutant without it survived one full run in two).
     available("cgroup")
-    with private_cgroup() as cgroup:
+    with procs.cgroup_in_ours(f"private-{tracked.token}") as cgroup:
         said = procs.run_python(WATCHDOG_FROZEN, cgroup, env=tracked.env).split()
         assert said[:2] == ["True", "True"]
         assert procs.wait_exited(int(said[2]))  # killed, though frozen
