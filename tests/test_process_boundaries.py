@@ -421,7 +421,10 @@ def test_a_home_of_an_ended_pid_namespace_is_swept(
                 assert os.path.isdir(tree)
             finally:
                 moved_in.kill()  # (and waited for, as the with block ends)
-        _cgroup_home._sweep_stale_homes(os.path.dirname(home))  # (empty now: it goes)
+        # Empty now, once the kernel counts it so (that lags the reaping by up to tens of
+        # ms under load: the sweep rightly left it while it read populated).
+        assert procs.until_emptied(tree)
+        _cgroup_home._sweep_stale_homes(os.path.dirname(home))  # (it goes)
         assert not os.path.exists(home)
     assert tracked.survivors() == []
 
