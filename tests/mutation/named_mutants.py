@@ -1114,6 +1114,13 @@ MUTANTS = [
         "stale_cgroup_of_a_dead_owner",
     ),
     (
+        "sweep: this process's own home taken for a former image's",
+        "_cgroup_home.py",
+        "            if owner != os.getpid() or (current is not None and current.path == home):\n",
+        "            if owner != os.getpid():\n",
+        "stale_cgroup_of_a_dead_owner",
+    ),
+    (
         "interrupt: Ctrl-C abandons the cleanup",
         "_trio.py",
         "        except KeyboardInterrupt as interrupt:",
