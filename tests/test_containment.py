@@ -2554,11 +2554,16 @@ GROUP_OUTLIVING_ITS_LEADER = textwrap.dedent(
 )
 
 
-def pidfds_held(pid: int) -> int:
-    held = 0
+def pidfds_held(pid: int) -> set[int]:
+    """The pids of the processes that ``pid`` holds pidfds of (their fdinfo names them)."""
+    held = set()
     for fd in os.listdir(f"/proc/{pid}/fd"):
         with contextlib.suppress(OSError):
-            held += os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:[pidfd]"
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:[pidfd]":
+                with open(f"/proc/{pid}/fdinfo/{fd}") as info:
+                    for line in info:
+                        if line.startswith("Pid:"):
+                            held.add(int(line.split()[1]))
     return held
 
 
@@ -2585,7 +2590,11 @@ def test_the_watchdog_kills_a_group_whose_leader_init_reaped_first(tracked: Trac
         for pid in (member, second):  # (ours: children of ours)
             pinned.append(os.pidfd_open(pid))
         deadline = time.monotonic() + 5
-        while pidfds_held(dog) < 2:  # the registrations have arrived: no event says so
+        # The registrations have arrived: no event says so. (Its leaders' pidfds, by pid: a
+        # count of two can be met by the pidfd of the owner it watches and one it opens for
+        # a moment as it starts, before any registration came; a leader reaped below
+        # before the watchdog read of it has no pidfd, and its group would live on.)
+        while not {leader, second} <= pidfds_held(dog):
             assert time.monotonic() < deadline, "the watchdog never pinned the leaders"
             time.sleep(0.001)
         os.kill(dog, signal.SIGSTOP)  # (our own: our child's child)
