@@ -656,6 +656,21 @@ def killed_on_failure(process: subprocess.Popen[AnyStr]) -> Iterator[subprocess.
             raise
 
 
+def signal_state(pid: int) -> str:
+    """What a process's /proc status says of its state and signals, for a failure message
+    (a process that did not act on a signal: blocked, ignored, pending, never sent?)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            lines = [line.strip() for line in status if line.startswith(_SIGNAL_FIELDS)]
+        lines.append(f"pgid {stat_field(pid, 5)}")
+    except OSError as exc:
+        return f"no status ({exc})"
+    return "; ".join(lines)
+
+
+_SIGNAL_FIELDS = ("State:", "SigQ:", "SigPnd:", "ShdPnd:", "SigBlk:", "SigIgn:", "SigCgt:")
+
+
 def blocked_signals(pid: int, task: int) -> set[int]:
     """The signals thread ``task`` of process ``pid`` blocks (its ``SigBlk``)."""
     with open(f"/proc/{pid}/task/{task}/status") as status:

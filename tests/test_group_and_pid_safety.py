@@ -162,8 +162,11 @@ async def test_a_leader_that_moves_to_another_group_of_the_session_still_gets_th
             assert os.getpgid(tree.pid) == other.pid != tree.pid
             if stopped_by == "send_signal":
                 tree.send_signal(signal.SIGTERM)
-                with trio.fail_after(5):
+                # (Once in CI, 3.10 and subreaper, the leader had not exited 5 s later; not
+                # reproduced since. What it was doing is said, should it happen again.)
+                with trio.move_on_after(5):
                     assert await tree.wait() == 0
+                assert tree.returncode == 0, procs.signal_state(tree.pid)
         assert tree.outcome is not None
         assert tree.outcome.returncode == 0
         assert not tree.outcome.grace_expired
