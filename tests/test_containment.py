@@ -2613,12 +2613,15 @@ def test_the_watchdog_kills_a_group_whose_leader_init_reaped_first(tracked: Trac
             # watchdog under six busy workers took longer once, in CI.)
             assert select.select([fd], [], [], 5.0)[0], "the groups outlived the parent"
     finally:
+        # The parent first: until it is gone (a failure before it was told to die), the
+        # pinned processes are its children, not ours to wait for (ECHILD, which replaced
+        # the failure, helper-109); then they are ours, a subreaper's.
+        parent.stdin.close()
+        parent.wait()
         for fd in pinned:
             signal.pidfd_send_signal(fd, signal.SIGKILL)  # (if it still runs)
             os.waitid(os.P_PIDFD, fd, os.WEXITED)
             os.close(fd)
-        parent.stdin.close()
-        parent.wait()
         parent.stdout.close()
         if dog:  # ours once the parent is gone, and unreaped: it exits once its job is done
             os.kill(dog, signal.SIGCONT)  # (in case it is still stopped)
