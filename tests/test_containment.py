@@ -3634,12 +3634,6 @@ def test_own_cgroup_is_read_from_the_unified_line() -> None:
     assert own_cgroup("4:memory:/x\n") is None
 
 
-def moved_into(tree: str, pid: int) -> None:
-    """Move ``pid`` into the cgroup ``tree`` (made if need be) of a stale home."""
-    os.makedirs(tree, exist_ok=True)
-    Path(tree, "cgroup.procs").write_text(str(pid))
-
-
 @pytest.mark.parametrize(
     ("owner", "image"),
     [("dead", ""), ("dead", "-0a1b2c3d"), ("former image", "-0a1b2c3d")],
@@ -3661,9 +3655,7 @@ def test_stale_cgroup_of_a_dead_owner_is_swept_and_its_processes_killed(
     name = f"trio_proctree-{_cgroup_home._pid_namespace()}-{pid}-{start}{image}"
     stale = os.path.join(parent, name)
     tree = os.path.join(stale, "tree-0")
-    # The process starts in a cgroup no sweep looks at, and is moved in once it runs.
-    staging = os.path.join(parent, f"staging-{tracked.token}")
-    os.mkdir(staging)
+    os.makedirs(tree)
     # Slow to die: its 512 MiB take tens of ms to free once SIGKILL lands, so that a
     # sweep that did not wait for the kill meets its cgroup still populated (a `sleep`
     # died within the microseconds before the rmdir often enough: the mutant that skips
@@ -3672,21 +3664,15 @@ def test_stale_cgroup_of_a_dead_owner_is_swept_and_its_processes_killed(
         "import os, time; b = b'x' * (512 << 20); os.write(1, b'ready\\n'); time.sleep(60)"
     )
     leftover = subprocess.Popen(
-        ["/bin/sh", "-c", _through_sh.JOIN_AND_EXEC, f"{staging}/cgroup.procs",
+        ["/bin/sh", "-c", _through_sh.JOIN_AND_EXEC, f"{tree}/cgroup.procs",
          *procs.python(), "-c", slow_to_die],
         env=tracked.env,
         stdout=subprocess.PIPE,
         start_new_session=True,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 5
-        while not _cgroupfs.processes_in(staging):  # the wrapper joins the cgroup as it starts
-            assert time.monotonic() < deadline
-            time.sleep(0.001)
         assert leftover.stdout is not None
-        assert leftover.stdout.readline() == b"ready\n"  # its memory in hand
-        moved_into(tree, leftover.pid)
-        os.rmdir(staging)
+        assert leftover.stdout.readline() == b"ready\n"  # in the tree, its memory in hand
         _cgroup_home._sweep_stale_homes(parent)
         # Gone after one sweep, as a process that starts once after a crash sweeps once.
         # Red before: the sweep removed the killed cgroup before its member had died,
@@ -3699,8 +3685,8 @@ def test_stale_cgroup_of_a_dead_owner_is_swept_and_its_processes_killed(
             leftover.wait()
         if leftover.stdout is not None:
             leftover.stdout.close()
-        if os.path.exists(staging):  # pragma: no cover - only if the join failed
-            remove_cgroup(staging)
+        if os.path.exists(stale):  # pragma: no cover - only if the sweep failed
+            remove_cgroup(stale)
     # This process's own home (this image's, by the same pid and start time) stays when
     # the homes beside it are swept.
     ours = _cgroup_home.cgroup_home().path
@@ -3731,14 +3717,13 @@ def test_a_stale_member_whose_main_thread_exited_is_swept_too(
     parent = aside_from_other_homes  # (swept by this test alone)
     stale = os.path.join(parent, f"trio_proctree-{_cgroup_home._pid_namespace()}-1-999999999")
     tree = os.path.join(stale, "tree-0")
-    staging = os.path.join(parent, f"staging-{tracked.token}")  # (see the test above)
-    os.mkdir(staging)
+    os.makedirs(tree)
     member = subprocess.Popen(
         [
             "/bin/sh",
             "-c",
             _through_sh.JOIN_AND_EXEC,
-            f"{staging}/cgroup.procs",
+            f"{tree}/cgroup.procs",
             sys.executable,
             "-c",
             MAIN_THREAD_GOES_ON_A_LINE,
@@ -3752,8 +3737,6 @@ def test_a_stale_member_whose_main_thread_exited_is_swept_too(
     pidfd = os.pidfd_open(member.pid)
     try:
         assert int(member.stdout.readline()) == member.pid
-        moved_into(tree, member.pid)
-        os.rmdir(staging)
         member.stdin.write(b"\n")
         member.stdin.flush()
         assert procs.wait_main_thread_gone(member.pid)
@@ -3768,7 +3751,7 @@ def test_a_stale_member_whose_main_thread_exited_is_swept_too(
         os.close(pidfd)
         member.stdin.close()
         member.stdout.close()
-        for leftover in (tree, stale, staging):
+        for leftover in (tree, stale):
             if os.path.exists(leftover):  # pragma: no cover - only if the sweep failed
                 remove_cgroup(leftover)
     assert tracked.survivors() == []
