@@ -2026,6 +2026,9 @@ async def test_a_lost_watchdog_is_replaced_with_every_registration(
 # handlers run) a child that registers one, SIGKILLs the watchdog it started, and
 # registers another: that finds the watchdog gone and starts a replacement. The parent
 # says the child's pid; the child says its two groups'; both then wait to be killed.
+# (Each line in one write: they share the pipe, and under PYTHONUNBUFFERED=1 print()
+# writes each word and the newline apart, so a parent preempted between them took the
+# child's line into its own and left an empty one: CI, e848d23.)
 C_FORKED_CHILD_LOSES_ITS_WATCHDOG = textwrap.dedent(
     """
     import ctypes, os, select, signal, subprocess
@@ -2046,9 +2049,9 @@ C_FORKED_CHILD_LOSES_ITS_WATCHDOG = textwrap.dedent(
         pidfd = os.pidfd_open(watchdog.pid)
         os.kill(watchdog.pid, signal.SIGKILL)
         select.select([pidfd], [], [])
-        print(first, registered_group(), flush=True)
+        os.write(1, b"%d %d\\n" % (first, registered_group()))
     else:
-        print(child, flush=True)
+        os.write(1, b"%d\\n" % child)
     while True:
         signal.pause()
     """
@@ -2076,8 +2079,8 @@ async def test_a_child_forked_in_c_has_its_replacement_watchdog_told_of_its_firs
             os.kill(child, signal.SIGKILL)
             # (5 s: the replacement was started just before, and may still be starting,
             # its code and the registrations unread, when its owner dies: what is pinned
-            # here is that it kills the groups at all. The 1 s of the SIGKILL tests, for a
-            # watchdog long started, failed here once under load.)
+            # here is that it kills the groups at all, not the 1 s of the SIGKILL tests,
+            # whose watchdogs are long started.)
             await until_gone([first, second], within=5.0)
             assert [pid for pid in (first, second) if procs.alive(pid)] == []
         finally:
@@ -3808,7 +3811,7 @@ def main_thread_gone_escapee(*, ignores_sigterm: bool = False) -> list[str]:
             if {ignores_sigterm}:
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)
             threading.Thread(target=time.sleep, args=(60,)).start()
-            print(os.getpid(), flush=True)
+            os.write(1, b"%d\\n" % os.getpid())  # (one write: the shell's echo shares fd 1)
             ctypes.CDLL(None).pthread_exit(None)
             """
         ),
