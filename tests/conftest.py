@@ -250,6 +250,14 @@ def aside_from_other_homes() -> Iterator[str]:
         procs.remove_emptied(aside)
 
 
+@pytest.fixture(params=["buffered", "unbuffered"])
+def cli_env(request: pytest.FixtureRequest, tracked: Tracked) -> dict[str, str]:
+    """The tracked environment, with a Python program's output buffered (the default, to a
+    pipe or file) or not (``PYTHONUNBUFFERED=1``, as CI and many containers set): a tool's
+    write to a reader that left fails at once in one, at its exit's flush in the other."""
+    return {**tracked.env, "PYTHONUNBUFFERED": "1" if request.param == "unbuffered" else ""}
+
+
 @pytest.fixture(params=CONTAINMENTS)
 def contained(request: pytest.FixtureRequest, tracked: Tracked) -> dict[str, Any]:
     """Keyword arguments for a tree: the tracked environment and one containment."""

@@ -145,13 +145,15 @@ def test_run_started_with_sigchld_ignored_passes_its_commands_exit_status(
 
 @pytest.mark.parametrize("stderr", ["2>&-", "2>/dev/full"])
 def test_run_that_cannot_say_why_still_exits_with_the_status_that_says_it(
-    tracked: Tracked, stderr: str
+    cli_env: dict[str, str], stderr: str
 ) -> None:
     # Red before (helper-70): with stderr closed, the message's write raised and the tool
-    # exited 1, which a caller takes for the command's own status.
+    # exited 1, which a caller takes for the command's own status. And with stderr full
+    # and buffered (no PYTHONUNBUFFERED), the message stayed in the buffer, whose flush
+    # at exit failed: "Exception ignored", status 120.
     result = subprocess.run(
         ["sh", "-c", f'"$@" {stderr}', "sh", *tool(), "run", "--", "no-such-command-xyz"],
-        capture_output=True, env=tracked.env, timeout=60, check=False,
+        capture_output=True, env=cli_env, timeout=60, check=False,
     )  # fmt: skip
     assert (result.returncode, result.stdout, result.stderr) == (127, b"", b"")
 
@@ -190,7 +192,7 @@ def test_run_an_empty_program_name_exits_127_with_a_message(tracked: Tracked) ->
 
 
 def test_run_whose_stderr_reader_left_and_stdout_is_closed_ends_as_by_sigpipe(
-    tracked: Tracked,
+    tracked: Tracked, cli_env: dict[str, str]
 ) -> None:
     # Red before (helper-62): the handler of the broken pipe failed on the closed stdout,
     # and the tool ended with status 1, a failed command's.
@@ -200,7 +202,7 @@ def test_run_whose_stderr_reader_left_and_stdout_is_closed_ends_as_by_sigpipe(
     try:
         result = subprocess.run(
             ["sh", "-c", f"exec >&-; exec {command}"],
-            stderr=write_end, env=tracked.env, timeout=60, check=False,
+            stderr=write_end, env=cli_env, timeout=60, check=False,
         )  # fmt: skip
     finally:
         os.close(write_end)
@@ -609,6 +611,22 @@ def test_orphans_finds_a_real_reparented_process_and_then_none(tracked: Tracked)
     clean = run_tool("orphans", "--match", f"sleep {marker}", env=tracked.env)
     assert clean.returncode == 0, clean
     assert clean.stdout == "no orphans\n"
+
+
+def test_orphans_whose_reader_left_ends_as_by_sigpipe(cli_env: dict[str, str]) -> None:
+    # Red before, buffered (no PYTHONUNBUFFERED): the write failed only in Python's flush
+    # at exit, which said "Exception ignored ... BrokenPipeError" and exited 120. (Not
+    # --help: argparse drops its own write's error, and exits 0.)
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run(
+            [*tool(), "orphans", "--match", "^$"],
+            stdout=write_end, stderr=subprocess.PIPE, env=cli_env, timeout=60, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert (result.returncode, result.stderr) == (128 + signal.SIGPIPE, b"")
 
 
 def test_orphans_shows_a_newline_in_a_command_line_escaped_not_as_a_row(

@@ -245,7 +245,10 @@ def dying(pid):
 def test_kills_its_process_and_ends():
     # A gigabyte of its own to free makes its exit last tens of ms.
     big = subprocess.Popen(
-        [sys.executable, "-c", "import sys; x = b'1' * (1 << 30); print(); sys.stdin.read()"],
+        [
+            sys.executable, "-c",
+            "import sys; x = b'1' * (1 << 30); print(flush=True); sys.stdin.read()",
+        ],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
     )
     big.stdout.readline()

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
-import os
 import re
 import signal
 import sys
@@ -22,6 +20,7 @@ from ._cmd_run import run as run_command
 from ._demo import Interrupted, compare, render
 from ._escalation import parse_duration, parse_stop_signal
 from ._procfs import foreign_proc
+from ._said import drop_said, flush_said
 
 #: Duration suffixes, as timeout(1) reads them.
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -214,17 +213,21 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        return _main(argv)
+        try:
+            status = _main(argv)
+        except SystemExit:  # (a usage error, said on stderr)
+            flush_said()
+            raise
+        # Flushed here, not at exit, where a reader that left would make the status 120.
+        flush_said()
+        return status
     except BrokenPipeError:
         # A reader that left early (`trio-proctree demo | head -1`): the end a tool killed
         # by SIGPIPE has, not a traceback (helper-61). Its output goes nowhere from here,
         # or Python's flush at exit would fail on it once more (stdout's or stderr's: the
         # one that broke is not told; either may be closed, or None: helper-62).
-        devnull = os.open(os.devnull, os.O_WRONLY)
         for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(AttributeError, OSError, ValueError):
-                os.dup2(devnull, stream.fileno())
-        os.close(devnull)
+            drop_said(stream)
         return 128 + signal.SIGPIPE
 
 

@@ -37,6 +37,7 @@ import trio
 from ._choose import ContainmentUnavailable
 from ._job_control import Terminal, owned_terminal
 from ._outcome import CleanupError
+from ._said import flush_said
 from ._trio import ProcessTree, main_thread_only, open_process_tree, unwrapped
 
 TIMED_OUT = 124
@@ -164,8 +165,7 @@ def end_by(sig: int) -> int:
     # What a normal exit does first: the watchdog told we are done and waited for, the
     # output flushed. (A signal's end runs no atexit hook.)
     atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    flush_said()
     with contextlib.suppress(OSError, ValueError):
         # A command's SIGSEGV or SIGABRT is not this tool's to dump core for.
         resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))

@@ -2593,10 +2593,24 @@ MUTANTS = [
         "path-ending",
     ),
     (
-        "cli: a broken pipe with stdout closed a traceback with status 1",
+        "cli: output flushed only at exit, a reader that left makes it status 120",
         "_cli.py",
-        "            with contextlib.suppress(AttributeError, OSError, ValueError):\n",
-        "            with contextlib.suppress():\n",
+        "        flush_said()\n        return status\n",
+        "        return status\n",
+        "reader_left",
+    ),
+    (
+        "cli: what a full stderr could not take left in its buffer for the exit's flush",
+        "_said.py",
+        "        except (AttributeError, OSError, ValueError):\n            drop_said(stream)\n",
+        "        except (AttributeError, OSError, ValueError):\n            pass\n",
+        "cannot_say_why",
+    ),
+    (
+        "cli: a broken pipe with stdout closed a traceback with status 1",
+        "_said.py",
+        "    if stream is None:  # (its descriptor was closed when we started: nothing to drop)\n",
+        "    if False:\n",
         "stderr_reader_left",
     ),
     (
