@@ -516,7 +516,9 @@ def until_emptied(cgroup: str, within: float = 5.0) -> bool:
 
 
 @contextlib.contextmanager
-def cgroup_in_ours(name: str, settings: Mapping[str, str] | None = None) -> Iterator[str]:
+def cgroup_in_ours(
+    name: str, settings: Mapping[str, str] | None = None, *, emptied_within: float = 5.0
+) -> Iterator[str]:
     """A cgroup made inside this process's own (cgroup v2), with ``settings`` (file: value)
     written to it, for a child Python to move into. Removed after, with the cgroups made
     inside it, once its last member (that child's watchdog, say) has gone: an rmdir that
@@ -533,9 +535,10 @@ def cgroup_in_ours(name: str, settings: Mapping[str, str] | None = None) -> Iter
         yield made
         clean = True
     finally:
-        if clean:
-            until_emptied(made)
-        else:
+        # A test that passed, but left something running in it, fails naming what it left
+        # (a bare EBUSY from the rmdir said nothing of it), which is killed all the same.
+        left = [] if not clean or until_emptied(made, emptied_within) else members_named(made)
+        if left or not clean:
             with contextlib.suppress(OSError):
                 with open(os.path.join(made, "cgroup.kill"), "w") as f:
                     f.write("1")
@@ -544,8 +547,24 @@ def cgroup_in_ours(name: str, settings: Mapping[str, str] | None = None) -> Iter
             try:
                 os.rmdir(inner)
             except OSError:
-                if clean:
+                if clean and not left:
                     raise
+        if left:
+            raise AssertionError(
+                f"{made}: still populated {emptied_within:g} s after its test: {left}"
+            )
+
+
+def members_named(cgroup: str) -> list[str]:
+    """Every process in ``cgroup`` and the cgroups inside it, as "PID: command line"
+    (or "nobody listed", if the kernel counts a member it no longer lists)."""
+    named = []
+    for folder, _, _ in os.walk(cgroup):
+        with contextlib.suppress(OSError), open(os.path.join(folder, "cgroup.procs")) as f:
+            for pid in map(int, f.read().split()):
+                said = (arguments(pid, within=0) or b"").replace(b"\0", b" ")
+                named.append(f"{pid}: {said.decode(errors='replace').strip()}")
+    return named or ["nobody listed"]
 
 
 def run_python(

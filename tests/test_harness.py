@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -272,3 +273,23 @@ def test_a_cgroup_a_gone_test_process_left_is_removed_by_the_next() -> None:
     finally:
         procs.remove_emptied(left)
         procs.remove_emptied(live)
+
+
+def test_a_process_left_in_a_tests_cgroup_fails_it_named_and_is_killed() -> None:
+    # Before: the rmdir's bare EBUSY, naming nothing, and what was left ran on.
+    try:
+        choose_containment("cgroup")
+    except ContainmentUnavailable as exc:  # pragma: no cover - on machines without cgroups
+        pytest.skip(str(exc))
+    marker = f"60.{time.time_ns() % 10**9}"  # a sleep nobody else runs
+    said = rf": still populated 0.5 s after its test: \['{{}}: sleep {marker}'\]"
+    with subprocess.Popen(["sleep", marker]) as left:
+        try:
+            with pytest.raises(AssertionError, match=said.format(left.pid)):  # noqa: SIM117
+                with procs.cgroup_in_ours("left-running", emptied_within=0.5) as cgroup:
+                    with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+                        f.write(str(left.pid))
+            assert left.wait(timeout=5) == -signal.SIGKILL  # (killed by the harness)
+            assert not os.path.exists(cgroup)
+        finally:
+            left.kill()
