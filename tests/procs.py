@@ -588,6 +588,23 @@ def run_python(
 WITHOUT_CAP_KILL = ("setpriv", "--inh-caps=-kill", "--bounding-set=-kill")
 
 
+#: The end of a test program whose signal handlers do its work: it waits for ever, and
+#: each signal's handler runs as it comes. Not ``while True: signal.pause()``: a signal
+#: that lands after the interpreter last looked for one and before pause() has its
+#: handler noted but not run, and pause() sleeps on until another signal comes. The
+#: handler noted also writes to the wakeup descriptor, which the read here is waiting on.
+WAIT_FOR_SIGNALS = textwrap.dedent(
+    """
+    import os as _os, signal as _signal
+    _woken, _wake = _os.pipe()
+    _os.set_blocking(_wake, False)
+    _signal.set_wakeup_fd(_wake)
+    while True:
+        _os.read(_woken, 1)
+    """
+)
+
+
 #: For scripts run by `run_python` that report on processes before they exit: the same
 #: test as `alive` (a zombie is not alive), with nothing to import.
 ALIVE_IN_A_CHILD = textwrap.dedent(

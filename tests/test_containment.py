@@ -1726,8 +1726,9 @@ async def test_parent_killed_while_a_child_it_forked_in_c_lives_takes_its_trees_
 
 # A member that leaves the tree's group (setsid) when told (SIGUSR1), says so on the
 # pipe named by its argument, then waits; its stop signal (SIGTERM) at its default.
-LEAVES_THE_GROUP_ON_CUE = textwrap.dedent(
-    """
+LEAVES_THE_GROUP_ON_CUE = (
+    textwrap.dedent(
+        """
     import os, signal, sys
 
     def leave(*_):
@@ -1736,9 +1737,9 @@ LEAVES_THE_GROUP_ON_CUE = textwrap.dedent(
 
     signal.signal(signal.SIGUSR1, leave)
     print(os.getpid(), flush=True)
-    while True:
-        signal.pause()
     """
+    )
+    + procs.WAIT_FOR_SIGNALS
 )
 
 
@@ -3987,9 +3988,7 @@ async def test_a_leader_running_as_ourselves_keeps_its_cgroup(
 SETSID_ON_USR1 = (
     "import os, signal\n"
     "signal.signal(signal.SIGUSR1, lambda *_: os.setsid())\n"
-    "print(os.getpid(), flush=True)\n"
-    "while True:\n"
-    "    signal.pause()\n"
+    "print(os.getpid(), flush=True)\n" + procs.WAIT_FOR_SIGNALS
 )
 
 
@@ -4060,9 +4059,7 @@ NOTES_SIGTERM_THEN_LEAVES = (
     "        f.write('term\\n')\n"
     "    os.setsid()\n"
     "signal.signal(signal.SIGTERM, on_term)\n"
-    "print(os.getpid(), flush=True)\n"
-    "while True:\n"
-    "    signal.pause()\n"
+    "print(os.getpid(), flush=True)\n" + procs.WAIT_FOR_SIGNALS
 )
 
 

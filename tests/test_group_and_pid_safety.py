@@ -128,15 +128,16 @@ def another_group_of_our_session(tracked: Tracked) -> Iterator[subprocess.Popen[
 #: A leader that moves into the process group given as its argument (one of the caller's
 #: session: its own is not a session leader's, and so may be left), then prints its pid and
 #: waits for SIGTERM, on which it exits 0.
-LEAVES_ITS_GROUP = textwrap.dedent(
-    """
-    import os, signal, sys
-    signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(0))
-    os.setpgid(0, int(sys.argv[1]))
-    print(os.getpid(), flush=True)
-    while True:
-        signal.pause()
-    """
+LEAVES_ITS_GROUP = (
+    textwrap.dedent(
+        """
+        import os, signal, sys
+        signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(0))
+        os.setpgid(0, int(sys.argv[1]))
+        print(os.getpid(), flush=True)
+        """
+    )
+    + procs.WAIT_FOR_SIGNALS
 )
 
 
