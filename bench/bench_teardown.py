@@ -266,6 +266,35 @@ async def killpg_many(count: int) -> float:
     return time.perf_counter() - started
 
 
+async def killpg_tasks_many(count: int) -> float:
+    """The baseline shaped as ours is: a task per tree, started at once (trio spawns them
+    in its worker threads, as many at a time as it has), each cancelled in its wait, and
+    ``os.killpg`` then a shielded ``await proc.wait()`` on the way out."""
+    started = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        ready = 0
+        all_ready = trio.Event()
+
+        async def one() -> None:
+            nonlocal ready
+            proc = await trio.lowlevel.open_process(["sleep", "60"], start_new_session=True)
+            try:
+                ready += 1
+                if ready == count:
+                    all_ready.set()
+                await trio.sleep_forever()
+            finally:
+                with trio.CancelScope(shield=True):
+                    os.killpg(proc.pid, signal.SIGTERM)
+                    await proc.wait()
+
+        for _ in range(count):
+            nursery.start_soon(one)
+        await all_ready.wait()
+        nursery.cancel_scope.cancel()
+    return time.perf_counter() - started
+
+
 async def joined_killpg_many(count: int, joiner: str | None) -> float:
     """The baseline with its leaders started as ours are where the C library cannot
     start a process in a cgroup: through the ``joiner`` given (else ``/bin/sh``), which
@@ -442,6 +471,50 @@ def print_phases(times: dict[str, list[float]]) -> None:
     print(row("  the teardowns alone", torn["killpg"], torn["ours"], target="(no target)"))
 
 
+async def many_trees(rounds: int, many: int, *, floor: bool) -> None:
+    """The rows of ``many`` concurrent trees, spawned and torn down, against the baselines."""
+    spawn_sides: dict[str, Callable[[], Awaitable[float]]] = {
+        "killpg": lambda: killpg_many(many),
+        "ours": lambda: proctree_many(many),
+        "killpg tasks": lambda: killpg_tasks_many(many),
+    }
+    through_wrapper = floor and not direct_spawn.available()
+    joiner = _joiner.path()
+    if floor:
+        spawn_sides["moved"] = lambda: moved_killpg_many(many)
+    if through_wrapper:
+        spawn_sides["floor"] = lambda: joined_killpg_many(many, joiner)
+        if joiner is not None:
+            spawn_sides["sh floor"] = lambda: joined_killpg_many(many, None)
+    times = await interleaved(max(5, rounds // 3), spawn_sides)
+    name = f"{many} concurrent trees, spawn + teardown"
+    print(row(name, times["killpg"], times["ours"], target="<= 1.1x"))
+    print_phases(times)
+    # The baseline above spawns one tree after another from one task and kills them in a
+    # loop; ours start in a task each, two at a time. Shaped as ours, the baseline's
+    # spawns overlap in trio's worker threads, and each task is cancelled as ours are.
+    name = "  against killpg with a task per tree"
+    print(row(name, times["killpg tasks"], times["ours"], target="(no target)"))
+    if floor:
+        # Where a leader is not created in its cgroup, it is moved there: the move alone,
+        # made by a thread beside the spawns, nothing of trio_proctree's.
+        name = "  killpg, each leader moved into a cgroup"
+        print(row(name, times["killpg"], times["moved"], target="(no target)"))
+    if through_wrapper:
+        # The same baseline, its leaders through the wrapper ours take here (this C
+        # library cannot start a process in a cgroup): no design with that wrapper gets
+        # below it, and the ratio of ours to it is trio_proctree's own share.
+        way = "the joiner" if joiner is not None else "the /bin/sh join"
+        name = f"  floor: killpg, leaders via {way}"
+        print(row(name, times["killpg"], times["floor"], target="(no target)"))
+        name = "  ours against that floor"
+        print(row(name, times["floor"], times["ours"], target="(no target)"))
+        if joiner is not None:
+            # Where the joiner cannot run, leaders join through /bin/sh: what that costs.
+            name = "  floor: killpg, leaders via the /bin/sh join"
+            print(row(name, times["killpg"], times["sh floor"], target="(no target)"))
+
+
 async def main(rounds: int, many: int, grace: float) -> None:
     print(f"Python {sys.version.split()[0]}, trio {trio.__version__}, {os.cpu_count()} cores")
     print(f"containment: {CONTAINMENT}")
@@ -471,40 +544,7 @@ async def main(rounds: int, many: int, grace: float) -> None:
     )
     name = "  with a setsid daemon (killpg misses it)"
     print(row(name, times["killpg"], times["ours"], target="(no target)"))
-    spawn_sides: dict[str, Callable[[], Awaitable[float]]] = {
-        "killpg": lambda: killpg_many(many),
-        "ours": lambda: proctree_many(many),
-    }
-    through_wrapper = floor and not direct_spawn.available()
-    joiner = _joiner.path()
-    if floor:
-        spawn_sides["moved"] = lambda: moved_killpg_many(many)
-    if through_wrapper:
-        spawn_sides["floor"] = lambda: joined_killpg_many(many, joiner)
-        if joiner is not None:
-            spawn_sides["sh floor"] = lambda: joined_killpg_many(many, None)
-    times = await interleaved(max(5, rounds // 3), spawn_sides)
-    name = f"{many} concurrent trees, spawn + teardown"
-    print(row(name, times["killpg"], times["ours"], target="<= 1.1x"))
-    print_phases(times)
-    if floor:
-        # Where a leader is not created in its cgroup, it is moved there: the move alone,
-        # made by a thread beside the spawns, nothing of trio_proctree's.
-        name = "  killpg, each leader moved into a cgroup"
-        print(row(name, times["killpg"], times["moved"], target="(no target)"))
-    if through_wrapper:
-        # The same baseline, its leaders through the wrapper ours take here (this C
-        # library cannot start a process in a cgroup): no design with that wrapper gets
-        # below it, and the ratio of ours to it is trio_proctree's own share.
-        way = "the joiner" if joiner is not None else "the /bin/sh join"
-        name = f"  floor: killpg, leaders via {way}"
-        print(row(name, times["killpg"], times["floor"], target="(no target)"))
-        name = "  ours against that floor"
-        print(row(name, times["floor"], times["ours"], target="(no target)"))
-        if joiner is not None:
-            # Where the joiner cannot run, leaders join through /bin/sh: what that costs.
-            name = "  floor: killpg, leaders via the /bin/sh join"
-            print(row(name, times["killpg"], times["sh floor"], target="(no target)"))
+    await many_trees(rounds, many, floor=floor)
     cpu, wall = await grace_cpu(grace)
     name = f"CPU during a {grace:g} s grace wait"
     print(f"{name:<44} {cpu * 1e3:>9.2f} ms of CPU in {wall:.2f} s    target < 20 ms")
