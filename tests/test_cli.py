@@ -130,6 +130,21 @@ def test_a_demo_whose_reader_left_ends_as_by_sigpipe_and_leaves_nothing(
     assert tracked.survivors() == []
 
 
+def test_a_demo_that_cannot_write_its_report_fails_saying_so_and_leaves_nothing(
+    tracked: Tracked, cli_env: dict[str, str]
+) -> None:
+    # Red before (helper-111): into a full disk, buffered, status 0 and nothing said.
+    with open("/dev/full", "wb") as full:
+        demo = subprocess.run(
+            [sys.executable, "-m", "trio_proctree", "demo"],
+            stdout=full, stderr=subprocess.PIPE, text=True, env=cli_env, timeout=60,
+            check=False,
+        )  # fmt: skip
+    said = "trio-proctree: could not write its report: No space left on device\n"
+    assert (demo.returncode, demo.stderr) == (2, said)
+    assert tracked.survivors() == []
+
+
 def test_help_explains_every_command(tracked: Tracked) -> None:
     top = run_cli("--help", env=tracked.env)
     assert top.returncode == 0

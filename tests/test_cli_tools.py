@@ -629,6 +629,19 @@ def test_orphans_whose_reader_left_ends_as_by_sigpipe(cli_env: dict[str, str]) -
     assert (result.returncode, result.stderr) == (128 + signal.SIGPIPE, b"")
 
 
+def test_orphans_that_cannot_write_its_report_fails_saying_so(cli_env: dict[str, str]) -> None:
+    # Red before (helper-111): into a full disk, buffered, the report was lost and the
+    # status 0, a check's "no orphans"; unbuffered, a traceback and status 1, its "found".
+    with open("/dev/full", "wb") as full:
+        result = subprocess.run(
+            [*tool(), "orphans", "--match", "^$"],
+            stdout=full, stderr=subprocess.PIPE, env=cli_env, timeout=60, check=False,
+        )  # fmt: skip
+    said = result.stderr.decode()
+    assert (result.returncode, said) == (2, "trio-proctree: could not write its report: "
+                                            "No space left on device\n")  # fmt: skip
+
+
 def test_orphans_shows_a_newline_in_a_command_line_escaped_not_as_a_row(
     tracked: Tracked,
 ) -> None:

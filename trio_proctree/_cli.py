@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import math
 import re
 import signal
@@ -20,7 +21,7 @@ from ._cmd_run import run as run_command
 from ._demo import Interrupted, compare, render
 from ._escalation import parse_duration, parse_stop_signal
 from ._procfs import foreign_proc
-from ._said import drop_said, flush_said
+from ._said import REPORT_LOST, ReportLost, complain, drop_said, flush_said, say
 
 #: Duration suffixes, as timeout(1) reads them.
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -218,6 +219,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except SystemExit:  # (a usage error, said on stderr)
             flush_said()
             raise
+        except ReportLost as lost:
+            complain(f"could not write its report: {lost}")
+            status = REPORT_LOST
         # Flushed here, not at exit, where a reader that left would make the status 120.
         flush_said()
         return status
@@ -247,7 +251,9 @@ def _main(argv: Sequence[str] | None) -> int:
             # Ended by the signal, as an uncaught one would have ended it: a shell loop
             # running the demo stops at a Ctrl-C only if its command died of SIGINT.
             return end_by(stopped.signal)
-        render(rows, sys.stdout)
+        report = io.StringIO()
+        render(rows, report)
+        say(report.getvalue())
         return 0
     if args.command == "run":
         command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv

@@ -28,6 +28,7 @@ import attrs
 
 from ._orphans import children
 from ._procfs import ProcStat, command_line, is_alive, on_one_line, read_file, read_stat
+from ._said import say
 
 
 @attrs.frozen
@@ -110,5 +111,5 @@ def run(match: str | None, as_json: bool, reapers: Sequence[int] = ()) -> int:
         return 2
     pattern = re.compile(match) if match is not None else None
     orphans = find_orphans(pattern, reapers)
-    sys.stdout.write(report(orphans, as_json=as_json))
+    say(report(orphans, as_json=as_json))
     return 1 if orphans else 0

@@ -28,7 +28,6 @@ import math
 import os
 import resource
 import signal
-import sys
 from collections.abc import AsyncIterator, Generator, Sequence
 
 import attrs
@@ -37,7 +36,7 @@ import trio
 from ._choose import ContainmentUnavailable
 from ._job_control import Terminal, owned_terminal
 from ._outcome import CleanupError
-from ._said import flush_said
+from ._said import complain, flush_said
 from ._trio import ProcessTree, main_thread_only, open_process_tree, unwrapped
 
 TIMED_OUT = 124
@@ -77,7 +76,7 @@ def run(options: RunOptions) -> int:
         # As timeout(1) says it: an empty variable (`run -- "$CMD"`) is no program. Raised
         # by the library as a ValueError, it came out as a traceback with status 1, the
         # status of a command that failed (helper-61).
-        _complain("'': command not found (an empty program name)")
+        complain("'': command not found (an empty program name)")
         return NOT_FOUND
     options = attrs.evolve(options, pass_fds=inherited_descriptors())
     children_reaped_by_us()
@@ -134,29 +133,16 @@ def _warnings_named_as_the_tool() -> Generator[None]:
 def _failed(name: str, exc: Exception) -> int:
     """Say why the command could not run, and the exit status that says so."""
     if isinstance(exc, FileNotFoundError):
-        _complain(f"{name}: command not found ({exc.strerror})")
+        complain(f"{name}: command not found ({exc.strerror})")
         return NOT_FOUND
     # Not executable, found but no program the kernel runs, or a path through a file.
     if isinstance(exc, (PermissionError, NotADirectoryError)) or (
         isinstance(exc, OSError) and exc.errno == errno.ENOEXEC
     ):
-        _complain(f"{name}: {exc.strerror}")
+        complain(f"{name}: {exc.strerror}")
         return NOT_EXECUTABLE
-    _complain(str(exc))
+    complain(str(exc))
     return TOOL_FAILED
-
-
-def _complain(message: str) -> None:
-    # Unsaid where stderr is closed (None) or cannot be written (full): the exit status
-    # still says it. (Raised, it made the status 1, the command's own as far as anyone
-    # could tell: helper-70.) Not a reader that left: that ends us as by SIGPIPE (`main`).
-    try:
-        sys.stderr.write(f"trio-proctree: {message}\n")
-        sys.stderr.flush()
-    except BrokenPipeError:
-        raise
-    except (AttributeError, OSError, ValueError):
-        pass
 
 
 def end_by(sig: int) -> int:

@@ -13,6 +13,43 @@ import os
 import sys
 from typing import TextIO
 
+#: The exit status of a tool whose report could not be written (not to a reader that left:
+#: that ends it as by SIGPIPE). Not 0 nor 1: a check must not take it for its answer.
+REPORT_LOST = 2
+
+
+class ReportLost(Exception):
+    """The tool's report could not be written to its stdout: a full disk, a closed stdout."""
+
+
+def say(report: str) -> None:
+    """Write the tool's report to stdout, now. A reader that left raises `BrokenPipeError`;
+    any other failure `ReportLost` (left to the flush at exit, a lost report went unsaid
+    with status 0 where Python buffers stdout, or with a traceback where it does not)."""
+    try:
+        sys.stdout.write(report)  # (None, a stdout closed when we started: AttributeError)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except (AttributeError, OSError, ValueError) as exc:
+        drop_said(sys.stdout)
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else "stdout is closed"
+        raise ReportLost(why) from exc
+
+
+def complain(message: str) -> None:
+    """Say ``message`` on stderr as the tool's. Unsaid where stderr is closed (None) or
+    cannot be written (full): the exit status still says it. (Raised, it made the status
+    1, the command's own as far as anyone could tell: helper-70.) Not a reader that left:
+    that ends the tool as by SIGPIPE (`main`)."""
+    try:
+        sys.stderr.write(f"trio-proctree: {message}\n")
+        sys.stderr.flush()
+    except BrokenPipeError:
+        raise
+    except (AttributeError, OSError, ValueError):
+        pass  # (what stays in the buffer is dropped by `flush_said`)
+
 
 def flush_said() -> None:
     """Flush stdout and stderr now. A reader that left raises `BrokenPipeError` (the caller

@@ -2593,11 +2593,18 @@ MUTANTS = [
         "path-ending",
     ),
     (
-        "cli: output flushed only at exit, a reader that left makes it status 120",
+        "cli: a report that could not be written passed over as said",
+        "_said.py",
+        "        raise ReportLost(why) from exc\n",
+        "        return\n",
+        "cannot_write_its_report",
+    ),
+    (
+        "cli: a message a full stderr refused left for the exit's flush, status 120",
         "_cli.py",
         "        flush_said()\n        return status\n",
         "        return status\n",
-        "reader_left",
+        "cannot_say_why",
     ),
     (
         "cli: what a full stderr could not take left in its buffer for the exit's flush",
@@ -2885,9 +2892,9 @@ MUTANTS = [
     ),
     (
         "cli run: a message it cannot write turns its status to 1",
-        "_cmd_run.py",
-        "    except (AttributeError, OSError, ValueError):\n        pass\n",
-        "    except ZeroDivisionError:\n        pass\n",
+        "_said.py",
+        "    except (AttributeError, OSError, ValueError):\n        pass  # (what stays",
+        "    except ZeroDivisionError:\n        pass  # (what stays",
         "cannot_say_why",
     ),
     (
