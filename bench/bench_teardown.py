@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import trio
 import trio.testing
@@ -266,32 +266,26 @@ async def killpg_many(count: int) -> float:
     return time.perf_counter() - started
 
 
+@asynccontextmanager
+async def killpg_tree() -> AsyncIterator[None]:
+    """A ``sleep 60`` in a session of its own for the length of the block, ended as a
+    program would hand-roll it: ``os.killpg``, then a shielded ``await proc.wait()``."""
+    proc = await trio.lowlevel.open_process(["sleep", "60"], start_new_session=True)
+    try:
+        yield
+    finally:
+        with trio.CancelScope(shield=True):
+            os.killpg(proc.pid, signal.SIGTERM)
+            await proc.wait()
+
+
 async def killpg_tasks_many(count: int) -> float:
-    """The baseline shaped as ours is: a task per tree, started at once (trio spawns them
-    in its worker threads, as many at a time as it has), each cancelled in its wait, and
-    ``os.killpg`` then a shielded ``await proc.wait()`` on the way out."""
+    """The baseline shaped as ours is (`held_at_once`): a task per tree, started at once
+    (trio spawns them in its worker threads, as many at a time as it has), each cancelled
+    in its wait."""
     started = time.perf_counter()
-    async with trio.open_nursery() as nursery:
-        ready = 0
-        all_ready = trio.Event()
-
-        async def one() -> None:
-            nonlocal ready
-            proc = await trio.lowlevel.open_process(["sleep", "60"], start_new_session=True)
-            try:
-                ready += 1
-                if ready == count:
-                    all_ready.set()
-                await trio.sleep_forever()
-            finally:
-                with trio.CancelScope(shield=True):
-                    os.killpg(proc.pid, signal.SIGTERM)
-                    await proc.wait()
-
-        for _ in range(count):
-            nursery.start_soon(one)
-        await all_ready.wait()
-        nursery.cancel_scope.cancel()
+    async with held_at_once(count, killpg_tree):
+        pass
     return time.perf_counter() - started
 
 
@@ -380,16 +374,18 @@ def _move(cgroup: str, pid: int) -> None:
 
 
 @asynccontextmanager
-async def trees_running(count: int, containment: str) -> AsyncIterator[None]:
-    """``count`` concurrent ``sleep 60`` trees, all running for the length of the block,
-    then all torn down."""
+async def held_at_once(
+    count: int, open_one: Callable[[], AbstractAsyncContextManager[object]]
+) -> AsyncIterator[None]:
+    """``count`` tasks, each in the block ``open_one()`` opens, all of them in theirs for
+    the length of this one; then all cancelled, and so all torn down."""
     async with trio.open_nursery() as nursery:
         ready = 0
         all_ready = trio.Event()
 
         async def one() -> None:
             nonlocal ready
-            async with open_process_tree(["sleep", "60"], containment=containment):
+            async with open_one():
                 ready += 1
                 if ready == count:
                     all_ready.set()
@@ -400,6 +396,12 @@ async def trees_running(count: int, containment: str) -> AsyncIterator[None]:
         await all_ready.wait()
         yield
         nursery.cancel_scope.cancel()
+
+
+def trees_running(count: int, containment: str) -> AbstractAsyncContextManager[None]:
+    """``count`` concurrent ``sleep 60`` trees, all running for the length of the block,
+    then all torn down."""
+    return held_at_once(count, lambda: open_process_tree(["sleep", "60"], containment=containment))
 
 
 async def proctree_many(count: int) -> float:
