@@ -589,10 +589,11 @@ WITHOUT_CAP_KILL = ("setpriv", "--inh-caps=-kill", "--bounding-set=-kill")
 
 
 #: The end of a test program whose signal handlers do its work: it waits for ever, and
-#: each signal's handler runs as it comes. Not ``while True: signal.pause()``: a signal
-#: that lands after the interpreter last looked for one and before pause() has its
-#: handler noted but not run, and pause() sleeps on until another signal comes. The
-#: handler noted also writes to the wakeup descriptor, which the read here is waiting on.
+#: each signal's handler runs as it comes. Not ``while True: signal.pause()`` (nor
+#: ``time.sleep(60)``): a signal that lands after the interpreter last looked for one and
+#: before pause() has its handler noted but not run, and pause() sleeps on until another
+#: signal comes (the sleep, to its end). The handler noted also writes to the wakeup
+#: descriptor, which the read here is waiting on.
 WAIT_FOR_SIGNALS = textwrap.dedent(
     """
     import os as _os, signal as _signal

@@ -1113,9 +1113,9 @@ class _Delegating:
 
 #: A leader alone, that takes 0.2 s to stop once it has SIGTERM, and says when it may get it.
 SLOW_TO_STOP = (
-    "import signal, sys, time; "
-    "signal.signal(signal.SIGTERM, lambda *_: (time.sleep(0.2), sys.exit(0))); "
-    "print('ready', flush=True); time.sleep(60)"
+    "import signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, lambda *_: (time.sleep(0.2), sys.exit(0)))\n"
+    "print('ready', flush=True)\n" + procs.WAIT_FOR_SIGNALS
 )
 
 

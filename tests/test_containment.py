@@ -1022,9 +1022,9 @@ async def test_a_member_that_leaves_the_group_during_cleanup_escapes_it_quietly(
 
 # Outlives the leader; on SIGTERM, leaves the group (setsid) and runs on.
 LEAVES_THE_GROUP_ON_TERM = (
-    "import os, signal, time; "
-    "signal.signal(signal.SIGTERM, lambda *_: os.setsid()); "
-    "print(os.getpid(), flush=True); time.sleep(60)"
+    "import os, signal\n"
+    "signal.signal(signal.SIGTERM, lambda *_: os.setsid())\n"
+    "print(os.getpid(), flush=True)\n" + procs.WAIT_FOR_SIGNALS
 )
 
 
@@ -1035,7 +1035,7 @@ async def test_a_lingering_member_that_escapes_at_its_stop_signal_is_not_counted
     # on the stop signal escapes, as documented. Red before (helper-75): cleanup said it
     # stopped it (``lingering_killed == 1``) while it ran on.
     async with open_process_tree(
-        ["sh", "-c", f'"$0" -c "{LEAVES_THE_GROUP_ON_TERM}" & exit 0', sys.executable],
+        ["sh", "-c", f'"$0" -c {shlex.quote(LEAVES_THE_GROUP_ON_TERM)} & exit 0', sys.executable],
         grace=0.5,
         stdout=subprocess.PIPE,
         env=tracked.env,
@@ -3088,8 +3088,7 @@ def test_a_subreaper_process_is_left_no_zombies_by_its_trees(
 SLOW_TO_EXIT = (
     "import os, signal, sys, time\n"
     "signal.signal(signal.SIGTERM, lambda *_: (time.sleep(0.05), sys.exit(0)))\n"
-    "print(os.getpid(), flush=True)\n"
-    "time.sleep(60)\n"
+    "print(os.getpid(), flush=True)\n" + procs.WAIT_FOR_SIGNALS
 )
 
 
@@ -3153,8 +3152,7 @@ async def test_the_stop_signals_listing_waits_out_its_delay_whatever_wakes_clean
     leader = (
         "import os, signal, sys, time\n"
         "signal.signal(signal.SIGTERM, lambda *_: (time.sleep(0.3), sys.exit(0)))\n"
-        "os.write(1, b'ready\\n')\n"
-        "time.sleep(60)\n"
+        "os.write(1, b'ready\\n')\n" + procs.WAIT_FOR_SIGNALS
     )
     async with open_process_tree(
         [*procs.python(), "-c", leader],

@@ -37,9 +37,9 @@ STOPS_IN_50_MS = [
         import os, signal, sys, time
         signal.signal(signal.SIGTERM, lambda *_: (time.sleep(0.05), sys.exit(0)))
         os.write(1, b"ready\\n")  # (one write: print() may make two, read apart)
-        time.sleep(60)
         """
-    ),
+    )
+    + procs.WAIT_FOR_SIGNALS,
 ]
 
 
