@@ -747,6 +747,20 @@ def test_orphans_with_a_reaper_that_does_not_exist_says_so(tracked: Tracked) -> 
     assert f"no process {no_such_pid}" in result.stderr
 
 
+@pytest.mark.parametrize("stderr", ["2>&-", "2>/dev/full"])
+def test_orphans_with_a_missing_reaper_that_cannot_say_so_still_exits_2(
+    cli_env: dict[str, str], stderr: str
+) -> None:
+    # Red before: the message's write raised with stderr closed or full, and the tool
+    # exited 1 (buffered: 120), which the check's caller reads as "orphans found".
+    no_such_pid = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1
+    result = subprocess.run(
+        ["sh", "-c", f'"$@" {stderr}', "sh", *tool(), "orphans", "--reaper", str(no_such_pid)],
+        capture_output=True, env=cli_env, timeout=60, check=False,
+    )  # fmt: skip
+    assert (result.returncode, result.stdout, result.stderr) == (2, b"", b"")
+
+
 def test_orphans_usage_errors_show_orphans_usage(tracked: Tracked) -> None:
     # Red before (helper-61): the top-level usage, where run's errors show run's.
     result = run_tool("orphans", "--match", "(", env=tracked.env)

@@ -247,7 +247,8 @@ def _main(argv: Sequence[str] | None) -> int:
         try:
             rows = trio.run(compare)
         except Interrupted as stopped:
-            sys.stderr.write("trio-proctree: demo interrupted; nothing it started still runs\n")
+            # (Unsaid where stderr is full or closed: raised, the write made the status 1.)
+            complain("demo interrupted; nothing it started still runs")
             # Ended by the signal, as an uncaught one would have ended it: a shell loop
             # running the demo stops at a Ctrl-C only if its command died of SIGINT.
             return end_by(stopped.signal)
