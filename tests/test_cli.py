@@ -168,6 +168,57 @@ def test_a_demo_that_cannot_write_its_report_fails_saying_so_and_leaves_nothing(
     assert tracked.survivors() == []
 
 
+@pytest.mark.parametrize("asked", [["--help"], ["run", "--help"], ["--version"]])
+def test_help_to_a_reader_that_left_ends_as_by_sigpipe(
+    cli_env: dict[str, str], asked: list[str]
+) -> None:
+    # Red before: argparse (3.11 on) drops its own write errors, so unbuffered the tool
+    # exited 0, buffered 141 (the flush was ours); on 3.10 a traceback, status 1.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "trio_proctree", *asked],
+            stdout=write_end, stderr=subprocess.PIPE, text=True, env=cli_env,
+            timeout=60, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert (result.returncode, result.stderr) == (128 + signal.SIGPIPE, "")
+
+
+@pytest.mark.parametrize("asked", [["--help"], ["--version"]])
+@pytest.mark.parametrize(
+    ("stdout", "why"),
+    [(">/dev/full", "No space left on device"), (">&-", "stdout is closed")],
+)
+def test_help_that_cannot_be_written_fails_saying_so(
+    cli_env: dict[str, str], asked: list[str], stdout: str, why: str
+) -> None:
+    # Red before: into a full disk, status 0 with nothing said (argparse dropped the
+    # error), where the tool's other reports exit 2 and say why; with stdout closed, the
+    # version went to stderr instead.
+    result = subprocess.run(
+        ["sh", "-c", f'"$@" {stdout}', "sh", sys.executable, "-m", "trio_proctree", *asked],
+        capture_output=True, text=True, env=cli_env, timeout=60, check=False,
+    )  # fmt: skip
+    said = f"trio-proctree: could not write its report: {why}\n"
+    assert (result.returncode, result.stdout, result.stderr) == (2, "", said)
+
+
+@pytest.mark.parametrize("stderr", ["2>&-", "2>/dev/full"])
+def test_a_usage_error_that_cannot_be_said_still_exits_2(
+    cli_env: dict[str, str], stderr: str
+) -> None:
+    # Red before on 3.10 (its argparse lets the write error through): status 1, or 120
+    # buffered; on 3.11 and later argparse drops it, and the status was 2 already.
+    result = subprocess.run(
+        ["sh", "-c", f'"$@" {stderr}', "sh", sys.executable, "-m", "trio_proctree", "frobnicate"],
+        capture_output=True, env=cli_env, timeout=60, check=False,
+    )  # fmt: skip
+    assert (result.returncode, result.stdout, result.stderr) == (2, b"", b"")
+
+
 def test_help_explains_every_command(tracked: Tracked) -> None:
     top = run_cli("--help", env=tracked.env)
     assert top.returncode == 0

@@ -10,6 +10,7 @@ import signal
 import sys
 import textwrap
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, NoReturn
 
 import trio
 
@@ -21,7 +22,10 @@ from ._cmd_run import run as run_command
 from ._demo import Interrupted, compare, render
 from ._escalation import parse_duration, parse_stop_signal
 from ._procfs import foreign_proc
-from ._said import REPORT_LOST, ReportLost, complain, drop_said, flush_said, say
+from ._said import REPORT_LOST, ReportLost, complain, drop_said, flush_said, say, say_on_stderr
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
 
 #: Duration suffixes, as timeout(1) reads them.
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -72,15 +76,64 @@ def _signal(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, saying what it says as the tool says the rest: help and version
+    are reports (`say`: a reader that left ends the tool as by SIGPIPE, a full disk or a
+    closed stdout exits `REPORT_LOST` saying so), usage errors are complaints
+    (`say_on_stderr`). argparse drops its own write errors (3.11 on: status 0 with the
+    help lost) or raises them (3.10: a traceback, status 1), and with stderr closed prints
+    the usage on stdout, where a pipeline would read it as the tool's output."""
+
+    def print_help(self, file: SupportsWrite[str] | None = None) -> None:
+        self._print_message(self.format_help(), _REPORT if file is None else file)
+
+    def print_usage(self, file: SupportsWrite[str] | None = None) -> None:
+        self._print_message(self.format_usage(), _REPORT if file is None else file)
+
+    def error(self, message: str) -> NoReturn:
+        self._print_message(self.format_usage(), None)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def _print_message(self, message: str, file: object = None) -> None:
+        if not message:
+            return
+        # argparse passes sys.stdout for the version and sys.stderr for errors, each None
+        # where closed: only the report's None is told apart (`_REPORT`).
+        if file is _REPORT or (file is not None and file is sys.stdout):
+            say(message)
+        elif file is None or file is sys.stderr:
+            say_on_stderr(message)
+        else:  # (a file a caller chose)
+            super()._print_message(message, file)  # type: ignore[arg-type]  # (not _REPORT)
+
+
+class _Version(argparse.Action):
+    """``--version``: a report, as `_Parser` says help (argparse's own passes a closed
+    stdout on as None, which reads as a closed stderr there)."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, *args: object, **kwargs: object
+    ) -> NoReturn:
+        parser._print_message(f"{parser.prog} {__version__}\n", _REPORT)  # type: ignore[arg-type]
+        parser.exit()
+
+
+#: What `_Parser` passes for "stdout, even if closed" (argparse's None for it reads as
+#: a closed stderr in `_Parser._print_message`).
+_REPORT = object()
+
+
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="trio-proctree",
         description=(
             "Run and inspect subprocess trees: the command and everything it starts, "
             "daemons and setsid escapees included."
         ),
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument(
+        "--version", action=_Version, nargs=0, help="show the version number and exit"
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     commands.add_parser(

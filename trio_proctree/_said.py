@@ -42,8 +42,13 @@ def complain(message: str) -> None:
     cannot be written (full): the exit status still says it. (Raised, it made the status
     1, the command's own as far as anyone could tell: helper-70.) Not a reader that left:
     that ends the tool as by SIGPIPE (`main`)."""
+    say_on_stderr(f"trio-proctree: {message}\n")
+
+
+def say_on_stderr(text: str) -> None:
+    """`complain`, for text that says who says it itself (argparse's usage errors)."""
     try:
-        sys.stderr.write(f"trio-proctree: {message}\n")
+        sys.stderr.write(text)
         sys.stderr.flush()
     except BrokenPipeError:
         raise
