@@ -17,7 +17,9 @@ PYTHONS = ["3.10", "3.11", "3.12", "3.13", "3.14"]
 #: on every missing one alike.
 OPTIONAL_PYTHONS = {"3.14"}
 
-nox.options.sessions = ["interpreters", "tests", "tests_glibc", "lint", "typecheck", "docs"]
+nox.options.sessions = [
+    "interpreters", "tests", "tests_glibc", "joiners", "lint", "typecheck", "docs",
+]  # fmt: skip
 nox.options.error_on_missing_interpreters = False
 nox.options.download_python = "never"  # offline machines: find, never fetch, interpreters
 nox.options.reuse_existing_virtualenvs = True
@@ -174,6 +176,62 @@ def _debian_glibc(session: nox.Session) -> tuple[Path, Path]:
     library = next(root.glob("usr/lib/*/libc.so.6")).parent
     loader = next(root.glob("usr/lib*/ld-linux*.so.*"))
     return loader, library
+
+
+#: Debian's package names, by the machine a joiner is built for: the user-mode emulator
+#: that runs it elsewhere, and the cross binutils that build it.
+EMULATORS = "qemu-user-static"
+CROSS_BINUTILS = {"x86_64": "binutils-x86-64-linux-gnu", "aarch64": "binutils-aarch64-linux-gnu"}
+JOINERS_CACHE = Path(".nox", "_joiners").resolve()
+
+
+@nox.session(python="3.11")
+def joiners(session: nox.Session) -> None:
+    """The joiners built for other machines than this one (tests/test_joiner.py), run
+    under qemu's user-mode emulator and checked against their source with the cross
+    binutils, both fetched from Debian on first use. Skipped, and said so, where they
+    cannot be fetched (no apt, not Debian, offline)."""
+    machine = os.uname().machine
+    others = [m for m in CROSS_BINUTILS if m != machine]
+    cache = JOINERS_CACHE
+    bin_dir, lib_dir = cache / "root" / "usr" / "bin", cache / "root" / "usr" / "lib"
+    if not all((bin_dir / f"qemu-{m}-static").exists() for m in others):
+        packages = [EMULATORS, *(CROSS_BINUTILS[m] for m in others)]
+        _apt_download(session, cache, packages)
+        (cache / "root").mkdir(exist_ok=True)
+        for deb in cache.glob("*.deb"):
+            # Of the emulators' package (some 400 MB unpacked), only those needed here.
+            wanted = [f"./usr/bin/qemu-{m}-static" for m in others] if "qemu" in deb.name else []
+            unpacked = subprocess.Popen(["dpkg-deb", "--fsys-tarfile", deb], stdout=subprocess.PIPE)
+            subprocess.run(
+                ["tar", "-x", "-C", cache / "root", *wanted], stdin=unpacked.stdout, check=True
+            )
+            unpacked.stdout.close()  # type: ignore[union-attr]
+            if unpacked.wait() != 0:
+                session.error(f"dpkg-deb could not unpack {deb}")
+            deb.unlink()
+    _install_for_tests(session)
+    libraries = [str(folder) for folder in lib_dir.glob("*-linux-gnu*") if folder.is_dir()]
+    env = {
+        "PATH": os.pathsep.join([str(bin_dir), os.environ.get("PATH", "")]),
+        "LD_LIBRARY_PATH": os.pathsep.join(libraries),
+        "TRIO_PROCTREE_EXPECT_EMULATED_JOINERS": "1",
+    }
+    session.run("pytest", "-n", "2", "tests/test_joiner.py", *session.posargs, env=env)
+
+
+def _apt_download(session: nox.Session, cache: Path, packages: list[str]) -> None:
+    """Fetch Debian 12's ``packages`` (.deb files, not installed) into ``cache``, or skip."""
+    if not (shutil.which("apt-get") and shutil.which("dpkg-deb")):
+        session.skip("skipped: fetching Debian's packages needs apt-get and dpkg-deb")
+    cache.mkdir(parents=True, exist_ok=True)
+    try:
+        subprocess.run(
+            ["apt-get", "-q", "-o", "APT::Sandbox::User=root", "download", *packages],
+            check=True, capture_output=True, cwd=cache,
+        )  # fmt: skip
+    except subprocess.CalledProcessError as exc:
+        session.skip(f"skipped: cannot fetch {' '.join(packages)}: {exc.stderr[-300:]!r}")
 
 
 @nox.session(python="3.11")

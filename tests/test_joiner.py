@@ -15,8 +15,9 @@ import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
+import attrs
 import pytest
 import trio
 
@@ -33,12 +34,70 @@ from trio_proctree._choose import choose_containment
 from . import procs
 from .conftest import Tracked
 
-JOINER = _joiner.PROGRAMS / "join-x86_64"
-SOURCE = _joiner.PROGRAMS / "x86_64.S"
+MACHINE = os.uname().machine
+#: This machine's joiner, where there is one: the one trees start through here.
+JOINER = _joiner.PROGRAMS / _joiner._BY_MACHINE.get(MACHINE, "none")
 
-on_x86_64 = pytest.mark.skipif(
-    os.uname().machine != "x86_64", reason="the joiner is built for x86-64 only"
+with_a_joiner_here = pytest.mark.skipif(
+    MACHINE not in _joiner._BY_MACHINE, reason=f"no joiner is built for {MACHINE}"
 )
+
+#: A committed joiner's machine, as its ELF header says it (e_machine).
+ELF_MACHINES = {"x86_64": 62, "aarch64": 183}
+
+
+@attrs.frozen
+class Joiner:
+    """A committed joiner, and how to run it here: at once on its own machine, else
+    under qemu's user-mode emulator (its system calls are the host's, the cgroup it
+    joins a real one, the command it execs a program of this machine)."""
+
+    machine: str
+    path: Path
+    emulator: str | None
+
+    @property
+    def source(self) -> Path:
+        return self.path.with_name(f"{self.machine}.S")
+
+    def command(self, *args: bytes | str | Path) -> tuple[list[Any], Path | None]:
+        """The arguments to run it with, named as trees name it; and the executable."""
+        if self.emulator is None:
+            return ["trio_proctree-join", *args], self.path
+        return [self.emulator, "-0", "trio_proctree-join", self.path, *args], None
+
+
+def _emulator(machine: str) -> str | None:
+    if machine == MACHINE:
+        return None
+    for name in (f"qemu-{machine}-static", f"qemu-{machine}"):
+        if (found := shutil.which(name)) is not None:
+            return found
+    return None
+
+
+def _not_here(why: str) -> NoReturn:
+    """Skip, saying ``why``; fail where the tools were to be there (``nox -s joiners``)."""
+    if os.environ.get("TRIO_PROCTREE_EXPECT_EMULATED_JOINERS") == "1":
+        pytest.fail(why)
+    pytest.skip(why)
+
+
+@pytest.fixture(params=sorted(_joiner._BY_MACHINE))
+def joiner(request: pytest.FixtureRequest) -> Joiner:
+    """Each committed joiner that can run here (emulated where it is not this machine's)."""
+    machine = request.param
+    emulator = _emulator(machine)
+    if machine != MACHINE and emulator is None:
+        _not_here(f"the {machine} joiner runs here under qemu-{machine}, not installed")
+    return Joiner(machine, _joiner.PROGRAMS / _joiner._BY_MACHINE[machine], emulator)
+
+
+@pytest.fixture(params=sorted(_joiner._BY_MACHINE))
+def committed(request: pytest.FixtureRequest) -> Joiner:
+    """Each committed joiner, whether or not it can run here."""
+    machine = request.param
+    return Joiner(machine, _joiner.PROGRAMS / _joiner._BY_MACHINE[machine], None)
 
 
 @pytest.fixture
@@ -73,56 +132,62 @@ def cgroup_of(pid: int) -> str | None:
 
 
 def run_joiner(
-    *args: bytes | str | Path, env: dict[str, str] | None = None
+    joiner: Joiner, *args: bytes | str | Path, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        ["trio_proctree-join", *args], executable=JOINER, capture_output=True, env=env, check=False
-    )
+    command, executable = joiner.command(*args)
+    return subprocess.run(command, executable=executable, capture_output=True, env=env, check=False)
 
 
-def _code_of(program: Path, where: Path) -> bytes:
+def _binutils_for(machine: str) -> str:
+    """The prefix of GNU binutils' names for ``machine`` here: none for this machine's,
+    else the cross tools' (Debian's ``binutils-aarch64-linux-gnu``, say)."""
+    return "" if machine == MACHINE else f"{machine}-linux-gnu-"
+
+
+def _code_of(program: Path, where: Path, tools: str) -> bytes:
     """The bytes of the program's code (its .text section), as objcopy extracts them."""
     out = where / f"{program.name}.text"
-    subprocess.run(["objcopy", "-O", "binary", "-j", ".text", program, out], check=True)
+    subprocess.run([f"{tools}objcopy", "-O", "binary", "-j", ".text", program, out], check=True)
     return out.read_bytes()
 
 
-@on_x86_64
-@pytest.mark.skipif(
-    not all(shutil.which(tool) for tool in ("as", "ld", "objcopy")),
-    reason="GNU binutils (as, ld, objcopy) are not installed",
-)
-def test_the_committed_joiner_is_built_from_its_source(tmp_path: Path) -> None:
+def test_the_committed_joiner_is_built_from_its_source(committed: Joiner, tmp_path: Path) -> None:
     # The commands its source names; the code must be byte for byte the committed file's.
-    subprocess.run(["as", "-o", tmp_path / "join.o", SOURCE], check=True)
+    tools = _binutils_for(committed.machine)
+    if not all(shutil.which(f"{tools}{tool}") for tool in ("as", "ld", "objcopy")):
+        _not_here(f"GNU binutils for {committed.machine} ({tools}as, ...) are not installed")
+    built = tmp_path / committed.path.name
+    subprocess.run([f"{tools}as", "-o", tmp_path / "join.o", committed.source], check=True)
     subprocess.run(
-        ["ld", "-static", "-nostdlib", "--build-id=none", "-z", "noseparate-code",
-         "-z", "noexecstack", "-o", tmp_path / "join-x86_64", tmp_path / "join.o"],
+        [f"{tools}ld", "-static", "-nostdlib", "--build-id=none", "-z", "noseparate-code",
+         "-z", "noexecstack", "-o", built, tmp_path / "join.o"],
         check=True,
     )  # fmt: skip
-    built = _code_of(tmp_path / "join-x86_64", tmp_path)
-    assert len(built) > 100
-    assert built == _code_of(JOINER, tmp_path)
+    code = _code_of(built, tmp_path, tools)
+    assert len(code) > 100
+    assert code == _code_of(committed.path, tmp_path, tools)
 
 
-@on_x86_64
-def test_the_joiner_is_executable_and_needs_no_loader() -> None:
-    assert os.access(JOINER, os.X_OK)
-    header = JOINER.read_bytes()
-    assert header[:4] == b"\x7fELF"
+def test_the_committed_joiner_is_an_executable_for_its_machine_needing_no_loader(
+    committed: Joiner,
+) -> None:
+    assert os.access(committed.path, os.X_OK)
+    header = committed.path.read_bytes()
+    assert header[:5] == b"\x7fELF\x02"  # (64-bit)
+    assert int.from_bytes(header[18:20], "little") == ELF_MACHINES[committed.machine]
     assert b"ld-linux" not in header  # static: no program interpreter to load
 
 
-@on_x86_64
 @pytest.mark.usefixtures("needs_cgroup")
 def test_the_joiner_joins_then_runs_the_first_path_that_execs(
-    tracked: Tracked, tmp_path: Path
+    joiner: Joiner, tracked: Tracked, tmp_path: Path
 ) -> None:
     not_executable = tmp_path / "not-executable"
     not_executable.write_text("#!/bin/sh\n")
     shows = 'printf "%s|%s|%s" "$0" "$TOKEN_SEEN" "$(grep ^0:: /proc/self/cgroup)"'
     with procs.cgroup_in_ours(f"joiner-{tracked.token}") as cgroup:
         ran = run_joiner(
+            joiner,
             f"{cgroup}/cgroup.procs",
             tmp_path / "missing",
             not_executable,
@@ -140,14 +205,15 @@ def test_the_joiner_joins_then_runs_the_first_path_that_execs(
     assert tracked.survivors() == []
 
 
-@on_x86_64
 def test_the_joiner_says_127_when_no_path_is_there_and_126_when_none_runs(
-    tmp_path: Path,
+    joiner: Joiner, tmp_path: Path
 ) -> None:
     not_executable = tmp_path / "not-executable"
     not_executable.write_text("")
-    missing = run_joiner(os.devnull, tmp_path / "missing", "", "the command")
-    refused = run_joiner(os.devnull, tmp_path / "missing", not_executable, "", "the command")
+    missing = run_joiner(joiner, os.devnull, tmp_path / "missing", "", "the command")
+    refused = run_joiner(
+        joiner, os.devnull, tmp_path / "missing", not_executable, "", "the command"
+    )
     assert (missing.returncode, missing.stderr) == (
         _joiner.NOT_FOUND,
         b"trio_proctree: cannot run the command\n",
@@ -158,10 +224,12 @@ def test_the_joiner_says_127_when_no_path_is_there_and_126_when_none_runs(
     )
 
 
-@on_x86_64
-def test_the_joiner_says_125_and_runs_nothing_when_it_cannot_join(tmp_path: Path) -> None:
+def test_the_joiner_says_125_and_runs_nothing_when_it_cannot_join(
+    joiner: Joiner, tmp_path: Path
+) -> None:
     marker = tmp_path / "ran"
-    ran = run_joiner(tmp_path / "no-cgroup" / "cgroup.procs", "/bin/touch", "", "touch", marker)
+    procs_file = tmp_path / "no-cgroup" / "cgroup.procs"
+    ran = run_joiner(joiner, procs_file, "/bin/touch", "", "touch", marker)
     assert ran.returncode == _joiner.CANNOT_JOIN
     assert (
         ran.stderr
@@ -170,10 +238,10 @@ def test_the_joiner_says_125_and_runs_nothing_when_it_cannot_join(tmp_path: Path
     assert not marker.exists()
 
 
-@on_x86_64
-def test_the_joiner_refuses_arguments_without_the_end_of_its_paths() -> None:
-    assert run_joiner(os.devnull, "/bin/true").returncode == 2
-    assert run_joiner(os.devnull, "").returncode == 2  # (no command after it)
+def test_the_joiner_refuses_arguments_without_the_end_of_its_paths(joiner: Joiner) -> None:
+    assert run_joiner(joiner, os.devnull, "/bin/true").returncode == 2
+    assert run_joiner(joiner, os.devnull, "").returncode == 2  # (no command after it)
+    assert run_joiner(joiner, os.devnull).returncode == 2  # (not even the end)
 
 
 def _leader_started_by(containment: Any) -> Any:
@@ -184,7 +252,7 @@ def _leader_started_by(containment: Any) -> Any:
     return containment.prepare(plan)
 
 
-@on_x86_64
+@with_a_joiner_here
 @pytest.mark.usefixtures("needs_cgroup")
 async def test_leaders_join_through_the_joiner_unless_it_is_switched_off(
     tracked: Tracked, monkeypatch: pytest.MonkeyPatch
@@ -213,7 +281,7 @@ async def test_leaders_join_through_the_joiner_unless_it_is_switched_off(
     assert tracked.survivors() == []
 
 
-@on_x86_64
+@with_a_joiner_here
 @pytest.mark.usefixtures("needs_cgroup")
 async def test_a_joiner_that_cannot_run_leaves_the_leaders_to_sh(
     tracked: Tracked, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
@@ -221,7 +289,7 @@ async def test_a_joiner_that_cannot_run_leaves_the_leaders_to_sh(
     # A copy that lost its mode, as an installer may leave it: the first tree still starts
     # in its cgroup, through /bin/sh, and so do the next.
     monkeypatch.delenv(_joiner.SWITCH, raising=False)
-    shutil.copyfile(JOINER, tmp_path / "join-x86_64")  # (without its mode)
+    shutil.copyfile(JOINER, tmp_path / JOINER.name)  # (without its mode)
     monkeypatch.setattr(_joiner, "PROGRAMS", tmp_path)
     monkeypatch.setattr(_joiner, "_proven", None)
     monkeypatch.setattr(_joiner, "_refused", False)
@@ -311,10 +379,9 @@ def test_a_leader_ignores_glibcs_own_signals_only_where_we_do(tracked: Tracked, 
     assert tracked.survivors() == []
 
 
-@on_x86_64
 @pytest.mark.usefixtures("needs_cgroup")
 def test_the_joiner_writes_nothing_more_into_the_cgroup_with_stderr_closed(
-    tracked: Tracked,
+    joiner: Joiner, tracked: Tracked
 ) -> None:
     # With fd 2 closed, cgroup.procs opens as 2: a message said there would move the
     # process its argv[0] names into the cgroup. Red before (helper-107): the sleep here,
@@ -323,9 +390,11 @@ def test_the_joiner_writes_nothing_more_into_the_cgroup_with_stderr_closed(
         sleeper = subprocess.Popen(["sleep", "60"], env=tracked.env)
         try:
             before = cgroup_of(sleeper.pid)
+            # (Under qemu too: its own descriptors are above 2, which the joiner gets.)
+            command, executable = joiner.command(f"{cgroup}/cgroup.procs", "", str(sleeper.pid))
             ran = subprocess.run(
-                ["trio_proctree-join", f"{cgroup}/cgroup.procs", "", str(sleeper.pid)],
-                executable=JOINER,
+                command,
+                executable=executable,
                 preexec_fn=functools.partial(os.close, 2),
                 check=False,
             )
@@ -337,7 +406,7 @@ def test_the_joiner_writes_nothing_more_into_the_cgroup_with_stderr_closed(
     assert tracked.survivors() == []
 
 
-@on_x86_64
+@with_a_joiner_here
 @pytest.mark.usefixtures("needs_cgroup")
 @pytest.mark.parametrize("started_by", ["posix_spawn", "Popen"])
 async def test_a_joiner_gone_since_it_was_proven_starts_nothing_uncontained(
@@ -350,7 +419,7 @@ async def test_a_joiner_gone_since_it_was_proven_starts_nothing_uncontained(
     if _spawn_into_cgroup.available():
         pytest.skip("leaders start in their cgroup here (glibc 2.41+): no joiner")
     monkeypatch.delenv(_joiner.SWITCH, raising=False)
-    copy = tmp_path / "join-x86_64"
+    copy = tmp_path / JOINER.name
     shutil.copy(JOINER, copy)
     monkeypatch.setattr(_joiner, "_proven", str(copy))
     monkeypatch.setattr(_joiner, "_refused", False)
@@ -368,7 +437,7 @@ async def test_a_joiner_gone_since_it_was_proven_starts_nothing_uncontained(
     assert tracked.survivors() == []
 
 
-@on_x86_64
+@with_a_joiner_here
 @pytest.mark.usefixtures("needs_cgroup")
 def test_a_spawn_that_fails_for_the_command_leaves_the_joiner_in_use(
     tracked: Tracked, monkeypatch: pytest.MonkeyPatch, tmp_path: Path

@@ -7,14 +7,14 @@ its children would stay outside). glibc 2.41's ``posix_spawn`` creates it there
 in the leader's place, with every option as given: it writes ``0`` into the cgroup's
 ``cgroup.procs`` and execs the command, trying the paths Popen's child would try, in the
 same order, with the environment and ``argv[0]`` it got. It has no C library and no
-loader (source: ``_joiner_programs/x86_64.S``): its exec costs a few microseconds where
-``/bin/sh``, the way in before it, cost ~0.2 ms of CPU a spawn: the killpg baseline
-through it alone came to 1.2-1.4x the plain one (``bench/HISTORY.md``).
+loader (sources: ``_joiner_programs/x86_64.S`` and ``aarch64.S``): its exec costs a few
+microseconds where ``/bin/sh``, the way in before it, cost ~0.2 ms of CPU a spawn: the
+killpg baseline through it alone came to 1.2-1.4x the plain one (``bench/HISTORY.md``).
 
-Where there is no joiner for the machine (only x86-64 has one), where it cannot be run
-(a file system mounted ``noexec``, an installer that dropped its mode, a policy that
-refuses it) or where ``TRIO_PROCTREE_NO_JOINER`` is set to a non-empty value, leaders
-join through ``/bin/sh`` instead (`._through_sh`), as before.
+Where there is no joiner for the machine (x86-64 and 64-bit Arm have one), where it
+cannot be run (a file system mounted ``noexec``, an installer that dropped its mode, a
+policy that refuses it) or where ``TRIO_PROCTREE_NO_JOINER`` is set to a non-empty value,
+leaders join through ``/bin/sh`` instead (`._through_sh`), as before.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ logger = logging.getLogger("trio_proctree")
 #: The joiners shipped, by the kernel's machine name (`os.uname`): the kernel runs the
 #: program whatever our own interpreter's word size.
 PROGRAMS = Path(__file__).resolve().with_name("_joiner_programs")  # (absolute: cwd= moves)
-_BY_MACHINE = {"x86_64": "join-x86_64"}
+_BY_MACHINE = {"x86_64": "join-x86_64", "aarch64": "join-aarch64"}
 
 #: What turns the joiner off (any non-empty value): leaders then join through /bin/sh.
 SWITCH = "TRIO_PROCTREE_NO_JOINER"

@@ -12,7 +12,7 @@
 # if no candidate was there, 126 if one was but none could be run (sh's statuses).
 #
 # No C library, no loader: one exec of a few hundred bytes (a /bin/sh in its place cost
-# ~0.2 ms of CPU a spawn). Built by tests/test_join_stub.py's commands (as, ld, strip),
+# ~0.2 ms of CPU a spawn). Built by tests/test_joiner.py's commands (as, ld, strip),
 # which also check that the committed file is this source's.
 
         .intel_syntax noprefix
