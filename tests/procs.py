@@ -560,10 +560,17 @@ def members_named(cgroup: str) -> list[str]:
     (or "nobody listed", if the kernel counts a member it no longer lists)."""
     named = []
     for folder, _, _ in os.walk(cgroup):
-        with contextlib.suppress(OSError), open(os.path.join(folder, "cgroup.procs")) as f:
-            for pid in map(int, f.read().split()):
+        try:
+            with open(os.path.join(folder, "cgroup.procs")) as f:
+                pids = [int(pid) for pid in f.read().split()]
+        except OSError:  # (removed meanwhile)
+            continue
+        for pid in pids:  # (one that is gone or cannot be read does not hide the rest)
+            try:
                 said = (arguments(pid, within=0) or b"").replace(b"\0", b" ")
-                named.append(f"{pid}: {said.decode(errors='replace').strip()}")
+            except OSError as exc:
+                said = f"({exc.strerror})".encode()
+            named.append(f"{pid}: {said.decode(errors='replace').strip()}")
     return named or ["nobody listed"]
 
 
