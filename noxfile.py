@@ -148,40 +148,21 @@ def tests_glibc(session: nox.Session) -> None:
 
 def _debian_glibc(session: nox.Session) -> tuple[Path, Path]:
     """Debian 13's dynamic loader and C library directory, fetched with apt on first use."""
-    if not (
-        shutil.which("apt-get") and shutil.which("dpkg-deb") and os.path.exists(DEBIAN_KEYRING)
-    ):
-        session.skip("skipped: fetching Debian's glibc needs apt-get, dpkg-deb and its keyring")
-    cache = GLIBC_CACHE
-    root = cache / "root"
+    root = GLIBC_CACHE / "root"
     if not list(root.glob("usr/lib/*/libc.so.6")):
-        (cache / "lists" / "partial").mkdir(parents=True, exist_ok=True)
-        sources = cache / "sources.list"
-        sources.write_text(f"deb [signed-by={DEBIAN_KEYRING}] {GLIBC_SOURCE}\n")
-        # APT::Sandbox::User=root: as root, apt verifies signatures as the _apt user, in a
-        # temporary file in /tmp, which fails where /tmp is not world-writable (seen).
-        apt = [
-            "apt-get", "-q", "-o", "APT::Sandbox::User=root",
-            "-o", f"Dir::Etc::SourceList={sources}", "-o", "Dir::Etc::SourceParts=-",
-            "-o", f"Dir::State::Lists={cache / 'lists'}", "-o", f"Dir::Cache={cache / 'apt'}",
-        ]  # fmt: skip
-        try:
-            subprocess.run([*apt, "update"], check=True, capture_output=True)
-            subprocess.run([*apt, "download", "libc6"], check=True, capture_output=True, cwd=cache)
-            (package,) = cache.glob("libc6_*.deb")
-            subprocess.run(["dpkg-deb", "-x", package, root], check=True, capture_output=True)
-        except (subprocess.CalledProcessError, ValueError) as exc:
-            details = getattr(exc, "stderr", b"") or b""
-            session.skip(f"skipped: cannot fetch Debian 13's libc6: {exc} {details[-300:]!r}")
+        _fetch_debian(session, GLIBC_CACHE, GLIBC_SOURCE, ["libc6"], what="Debian 13's libc6")
     library = next(root.glob("usr/lib/*/libc.so.6")).parent
     loader = next(root.glob("usr/lib*/ld-linux*.so.*"))
     return loader, library
 
 
-#: Debian's package names, by the machine a joiner is built for: the user-mode emulator
-#: that runs it elsewhere, and the cross binutils that build it.
-EMULATORS = "qemu-user-static"
+#: Where the joiners session fetches its tools: Debian 12, whose ``qemu-user-static``
+#: holds the emulators themselves (Debian 13's is a link to another package's).
+BOOKWORM_SOURCE = "http://deb.debian.org/debian bookworm main"
+#: Debian's cross binutils that build a joiner, by the machine it is for; with the
+#: libraries they need that a slim system may lack (the rest are Debian's required ones).
 CROSS_BINUTILS = {"x86_64": "binutils-x86-64-linux-gnu", "aarch64": "binutils-aarch64-linux-gnu"}
+BINUTILS_LIBRARIES = ["libbinutils", "libjansson4"]
 JOINERS_CACHE = Path(".nox", "_joiners").resolve()
 
 
@@ -189,49 +170,89 @@ JOINERS_CACHE = Path(".nox", "_joiners").resolve()
 def joiners(session: nox.Session) -> None:
     """The joiners built for other machines than this one (tests/test_joiner.py), run
     under qemu's user-mode emulator and checked against their source with the cross
-    binutils, both fetched from Debian on first use. Skipped, and said so, where they
-    cannot be fetched (no apt, not Debian, offline)."""
+    binutils, both fetched from Debian 12 on first use (unpacked here, not installed).
+    Skipped, and said so, where they cannot be fetched (no apt, not Debian, offline)."""
     machine = os.uname().machine
     others = [m for m in CROSS_BINUTILS if m != machine]
-    cache = JOINERS_CACHE
-    bin_dir, lib_dir = cache / "root" / "usr" / "bin", cache / "root" / "usr" / "lib"
-    if not all((bin_dir / f"qemu-{m}-static").exists() for m in others):
-        packages = [EMULATORS, *(CROSS_BINUTILS[m] for m in others)]
-        _apt_download(session, cache, packages)
-        (cache / "root").mkdir(exist_ok=True)
-        for deb in cache.glob("*.deb"):
-            # Of the emulators' package (some 400 MB unpacked), only those needed here.
-            wanted = [f"./usr/bin/qemu-{m}-static" for m in others] if "qemu" in deb.name else []
-            unpacked = subprocess.Popen(["dpkg-deb", "--fsys-tarfile", deb], stdout=subprocess.PIPE)
-            subprocess.run(
-                ["tar", "-x", "-C", cache / "root", *wanted], stdin=unpacked.stdout, check=True
-            )
-            unpacked.stdout.close()  # type: ignore[union-attr]
-            if unpacked.wait() != 0:
-                session.error(f"dpkg-deb could not unpack {deb}")
-            deb.unlink()
+    root = JOINERS_CACHE / "root"
+    needed = [
+        f"usr/bin/{tool}"
+        for m in others
+        for tool in (f"qemu-{m}-static", f"{m}-linux-gnu-as", f"{m}-linux-gnu-ld")
+    ]
+    if not all((root / path).resolve().is_file() for path in needed):
+        packages = ["qemu-user-static", *(CROSS_BINUTILS[m] for m in others)]
+        # Of the emulators' package (some 400 MB unpacked), only those needed here.
+        only = {"qemu-user-static": [f"./usr/bin/qemu-{m}-static" for m in others]}
+        _fetch_debian(
+            session, JOINERS_CACHE, BOOKWORM_SOURCE, [*packages, *BINUTILS_LIBRARIES],
+            what="qemu's user-mode emulator and cross binutils", only=only,
+        )  # fmt: skip
+        if missing := [path for path in needed if not (root / path).resolve().is_file()]:
+            session.error(f"fetched, but not there: {', '.join(missing)}")
     _install_for_tests(session)
-    libraries = [str(folder) for folder in lib_dir.glob("*-linux-gnu*") if folder.is_dir()]
+    libraries = [str(folder) for folder in root.glob("usr/lib/*-linux-gnu") if folder.is_dir()]
     env = {
-        "PATH": os.pathsep.join([str(bin_dir), os.environ.get("PATH", "")]),
-        "LD_LIBRARY_PATH": os.pathsep.join(libraries),
+        "PATH": os.pathsep.join([str(root / "usr" / "bin"), os.environ.get("PATH", "")]),
+        "LD_LIBRARY_PATH": os.pathsep.join(
+            [*libraries, *filter(None, [os.environ.get("LD_LIBRARY_PATH")])]
+        ),
         "TRIO_PROCTREE_EXPECT_EMULATED_JOINERS": "1",
     }
     session.run("pytest", "-n", "2", "tests/test_joiner.py", *session.posargs, env=env)
 
 
-def _apt_download(session: nox.Session, cache: Path, packages: list[str]) -> None:
-    """Fetch Debian 12's ``packages`` (.deb files, not installed) into ``cache``, or skip."""
-    if not (shutil.which("apt-get") and shutil.which("dpkg-deb")):
-        session.skip("skipped: fetching Debian's packages needs apt-get and dpkg-deb")
-    cache.mkdir(parents=True, exist_ok=True)
+def _fetch_debian(
+    session: nox.Session,
+    cache: Path,
+    source: str,
+    packages: list[str],
+    *,
+    what: str,
+    only: dict[str, list[str]] | None = None,
+) -> None:
+    """Fetch ``packages`` from the Debian ``source`` given (an apt line: its mirror, suite
+    and components) and unpack them into ``cache / "root"``, replacing what was there
+    (``only``: the paths to take of a package, by its name; else all of it). Skips the
+    session, saying why, where they cannot be fetched."""
+    if not (
+        shutil.which("apt-get") and shutil.which("dpkg-deb") and os.path.exists(DEBIAN_KEYRING)
+    ):
+        session.skip(f"skipped: fetching {what} needs apt-get, dpkg-deb and Debian's keyring")
+    (cache / "lists" / "partial").mkdir(parents=True, exist_ok=True)
+    sources = cache / "sources.list"
+    sources.write_text(f"deb [signed-by={DEBIAN_KEYRING}] {source}\n")
+    # APT::Sandbox::User=root: as root, apt verifies signatures as the _apt user, in a
+    # temporary file in /tmp, which fails where /tmp is not world-writable (seen).
+    apt = [
+        "apt-get", "-q", "-o", "APT::Sandbox::User=root",
+        "-o", f"Dir::Etc::SourceList={sources}", "-o", "Dir::Etc::SourceParts=-",
+        "-o", f"Dir::State::Lists={cache / 'lists'}", "-o", f"Dir::Cache={cache / 'apt'}",
+    ]  # fmt: skip
+    debs = cache / "debs"
+    shutil.rmtree(debs, ignore_errors=True)
+    debs.mkdir()
     try:
-        subprocess.run(
-            ["apt-get", "-q", "-o", "APT::Sandbox::User=root", "download", *packages],
-            check=True, capture_output=True, cwd=cache,
-        )  # fmt: skip
+        subprocess.run([*apt, "update"], check=True, capture_output=True)
+        subprocess.run([*apt, "download", *packages], check=True, capture_output=True, cwd=debs)
     except subprocess.CalledProcessError as exc:
-        session.skip(f"skipped: cannot fetch {' '.join(packages)}: {exc.stderr[-300:]!r}")
+        session.skip(f"skipped: cannot fetch {what}: {exc} {(exc.stderr or b'')[-300:]!r}")
+    # Unpacked beside, then put in place whole: an unpacking cut short leaves no half.
+    unpacking = cache / "unpacking"
+    shutil.rmtree(unpacking, ignore_errors=True)
+    unpacking.mkdir()
+    for deb in sorted(debs.glob("*.deb")):
+        paths = (only or {}).get(deb.name.split("_")[0], [])
+        tar = 'dpkg-deb --fsys-tarfile "$0" | tar -x -C "$1" "${@:2}"'
+        unpacked = subprocess.run(
+            ["bash", "-o", "pipefail", "-c", tar, deb, unpacking, *paths],
+            capture_output=True, check=False,
+        )  # fmt: skip
+        if unpacked.returncode != 0:
+            session.error(f"cannot unpack {deb.name}: {unpacked.stderr[-300:]!r}")
+    shutil.rmtree(cache / "root", ignore_errors=True)
+    unpacking.rename(cache / "root")
+    shutil.rmtree(debs)
 
 
 @nox.session(python="3.11")

@@ -27,7 +27,7 @@ import attrs
 
 from ._orphans import children
 from ._procfs import ProcStat, command_line, is_alive, on_one_line, read_file, read_stat
-from ._said import complain, say
+from ._said import say, say_on_stderr
 
 
 @attrs.frozen
@@ -106,7 +106,7 @@ def run(match: str | None, as_json: bool, reapers: Sequence[int] = ()) -> int:
     2 if a reaper named does not exist (its children could not be looked at: a check with a
     wrong pid must not say all is well)."""
     if missing := [pid for pid in reapers if read_stat(pid) is None]:
-        complain(f"orphans: no process {missing[0]} to list children of")
+        say_on_stderr(f"trio-proctree orphans: no process {missing[0]} to list children of\n")
         return 2
     pattern = re.compile(match) if match is not None else None
     orphans = find_orphans(pattern, reapers)

@@ -2651,7 +2651,7 @@ MUTANTS = [
     (
         "cli orphans: a missing reaper's message a write that can fail",
         "_cmd_orphans.py",
-        '        complain(f"orphans: no process {missing[0]} to list children of")\n',
+        '        say_on_stderr(f"trio-proctree orphans: no process {missing[0]} to list children of\\n")\n',
         '        print(f"no process {missing[0]}", file=__import__("sys").stderr)\n',
         "missing_reaper_that_cannot",
     ),

@@ -10,9 +10,9 @@
 // argument ends them. Exit status 125 and a message if the cgroup cannot be joined; 127
 // if no candidate was there, 126 if one was but none could be run (sh's statuses).
 //
-// No C library, no loader. Built by tests/test_joiner.py's commands (as, ld, with the
-// aarch64-linux-gnu- prefix off Arm), which also check that the committed file is this
-// source's, and run it under qemu-aarch64 where that is installed.
+// No C library, no loader. Built by tests/test_joiner.py's commands (as, ld, strip, with
+// the aarch64-linux-gnu- prefix off Arm), which also check that the committed file is
+// this source's, and run it under qemu-aarch64 where that is installed (nox -s joiners).
 
         .text
 // The messages first, so that their lengths are known where they are used.
