@@ -110,26 +110,36 @@ def test_an_interrupted_demo_leaves_nothing_running(tracked: Tracked, sig: int) 
     assert tracked.survivors() == []
 
 
-@pytest.mark.parametrize("stderr", ["2>&-", "2>/dev/full"])
+@pytest.mark.parametrize("stderr", ["2>&-", "2>/dev/full", "a reader that left"])
 def test_an_interrupted_demo_that_cannot_say_so_still_ends_by_the_signal(
     tracked: Tracked, cli_env: dict[str, str], stderr: str
 ) -> None:
     # Red before: its "demo interrupted" was a bare write to stderr, which raised (full:
     # OSError; closed: None, AttributeError), and the demo exited 1 instead of ending by
-    # the Ctrl-C, a status a shell loop running it does not stop on.
-    with procs.killed_on_failure(subprocess.Popen(
-        ["sh", "-c", f'exec "$@" {stderr}', "sh", sys.executable, "-m", "trio_proctree", "demo"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env,
-    )) as demo:  # fmt: skip
-        deadline = time.monotonic() + 10
-        # Until a strategy's tree runs: its signal receiver is in place by then.
-        while time.monotonic() < deadline and not any(
-            procs.command_name(pid) == "sleep" for pid in tracked.survivors()
-        ):
-            time.sleep(0.005)
-        demo.send_signal(signal.SIGINT)  # our own child (the shell exec'd it), by pid
-        said = demo.communicate(timeout=30)
-    assert (demo.returncode, said) == (-signal.SIGINT, (b"", b""))
+    # the Ctrl-C, a status a shell loop running it does not stop on. And to a reader that
+    # left (`demo 2>&1 | head`, the Ctrl-C ending head too), 141: the signal wins.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    if stderr == "a reader that left":
+        command, errors = [sys.executable, "-m", "trio_proctree", "demo"], write_end
+    else:
+        command = ["sh", "-c", f'exec "$@" {stderr}', "sh", sys.executable, "-m", "trio_proctree"]
+        command, errors = [*command, "demo"], subprocess.PIPE
+    try:
+        with procs.killed_on_failure(subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=errors, env=cli_env,
+        )) as demo:  # fmt: skip
+            deadline = time.monotonic() + 10
+            # Until a strategy's tree runs: its signal receiver is in place by then.
+            while time.monotonic() < deadline and not any(
+                procs.command_name(pid) == "sleep" for pid in tracked.survivors()
+            ):
+                time.sleep(0.005)
+            demo.send_signal(signal.SIGINT)  # our own child (the shell exec'd it), by pid
+            said = demo.communicate(timeout=30)
+    finally:
+        os.close(write_end)
+    assert (demo.returncode, said[0], said[1] or b"") == (-signal.SIGINT, b"", b"")
     assert tracked.survivors() == []
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import math
 import re
@@ -300,8 +301,10 @@ def _main(argv: Sequence[str] | None) -> int:
         try:
             rows = trio.run(compare)
         except Interrupted as stopped:
-            # (Unsaid where stderr is full or closed: raised, the write made the status 1.)
-            complain("demo interrupted; nothing it started still runs")
+            # (Unsaid where stderr is full or closed: raised, the write made the status 1.
+            # Nor to a reader that left: a Ctrl-C that ended `head` too ends us as well.)
+            with contextlib.suppress(BrokenPipeError):
+                complain("demo interrupted; nothing it started still runs")
             # Ended by the signal, as an uncaught one would have ended it: a shell loop
             # running the demo stops at a Ctrl-C only if its command died of SIGINT.
             return end_by(stopped.signal)

@@ -151,7 +151,7 @@ def end_by(sig: int) -> int:
     # What a normal exit does first: the watchdog told we are done and waited for, the
     # output flushed. (A signal's end runs no atexit hook.)
     atexit._run_exitfuncs()
-    flush_said()
+    flush_said(ending_by_signal=True)
     with contextlib.suppress(OSError, ValueError):
         # A command's SIGSEGV or SIGABRT is not this tool's to dump core for.
         resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))

@@ -56,15 +56,18 @@ def say_on_stderr(text: str) -> None:
         pass  # (what stays in the buffer is dropped by `flush_said`)
 
 
-def flush_said() -> None:
+def flush_said(*, ending_by_signal: bool = False) -> None:
     """Flush stdout and stderr now. A reader that left raises `BrokenPipeError` (the caller
-    ends as by SIGPIPE); what cannot be said otherwise (a full disk, a closed stream) is
-    dropped: the exit status still says what happened."""
+    ends as by SIGPIPE), unless the tool is ``ending_by_signal`` anyway (a Ctrl-C that
+    ended the reader too: the signal wins); what cannot be said otherwise (a full disk,
+    a closed stream) is dropped: the exit status still says what happened."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()  # (None, a closed stream: AttributeError, ValueError)
         except BrokenPipeError:
-            raise
+            if not ending_by_signal:
+                raise
+            drop_said(stream)
         except (AttributeError, OSError, ValueError):
             drop_said(stream)
 

@@ -2649,6 +2649,20 @@ MUTANTS = [
         "interrupted_demo_that_cannot",
     ),
     (
+        "cli: an interrupted demo's message to a reader that left ends it by SIGPIPE",
+        "_cli.py",
+        "            with contextlib.suppress(BrokenPipeError):\n                complain(",
+        "            with contextlib.suppress(ZeroDivisionError):\n                complain(",
+        "interrupted_demo_that_cannot",
+    ),
+    (
+        "cli: a stop request's end by its signal turned to SIGPIPE's by a reader that left",
+        "_cmd_run.py",
+        "    flush_said(ending_by_signal=True)\n",
+        "    flush_said()\n",
+        "interrupted_demo_that_cannot",
+    ),
+    (
         "cli orphans: a missing reaper's message a write that can fail",
         "_cmd_orphans.py",
         '        say_on_stderr(f"trio-proctree orphans: no process {missing[0]} to list children of\\n")\n',
