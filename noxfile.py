@@ -178,7 +178,7 @@ def joiners(session: nox.Session) -> None:
     needed = [
         f"usr/bin/{tool}"
         for m in others
-        for tool in (f"qemu-{m}-static", f"{m}-linux-gnu-as", f"{m}-linux-gnu-ld")
+        for tool in (f"qemu-{m}-static", *(f"{m}-linux-gnu-{t}" for t in ("as", "ld", "strip")))
     ]
     if not all((root / path).resolve().is_file() for path in needed):
         packages = ["qemu-user-static", *(CROSS_BINUTILS[m] for m in others)]

@@ -555,6 +555,18 @@ def cgroup_in_ours(
             )
 
 
+@contextlib.contextmanager
+def pipe_whose_reader_left() -> Iterator[int]:
+    """The write end of a pipe whose read end is closed already (a ``| head -1`` that
+    exited): every write to it fails with EPIPE. Closed after the block."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        yield write_end
+    finally:
+        os.close(write_end)
+
+
 def members_named(cgroup: str) -> list[str]:
     """Every process in ``cgroup`` and the cgroups inside it, as "PID: command line"
     (or "nobody listed", if the kernel counts a member it no longer lists)."""

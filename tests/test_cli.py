@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import signal
@@ -118,14 +117,12 @@ def test_an_interrupted_demo_that_cannot_say_so_still_ends_by_the_signal(
     # OSError; closed: None, AttributeError), and the demo exited 1 instead of ending by
     # the Ctrl-C, a status a shell loop running it does not stop on. And to a reader that
     # left (`demo 2>&1 | head`, the Ctrl-C ending head too), 141: the signal wins.
-    read_end, write_end = os.pipe()
-    os.close(read_end)
-    if stderr == "a reader that left":
-        command, errors = [sys.executable, "-m", "trio_proctree", "demo"], write_end
-    else:
-        command = ["sh", "-c", f'exec "$@" {stderr}', "sh", sys.executable, "-m", "trio_proctree"]
-        command, errors = [*command, "demo"], subprocess.PIPE
-    try:
+    with procs.pipe_whose_reader_left() as write_end:
+        if stderr == "a reader that left":
+            command, errors = [sys.executable, "-m", "trio_proctree", "demo"], write_end
+        else:
+            command = ["sh", "-c", f'exec "$@" {stderr}', "sh", sys.executable, "-m"]
+            command, errors = [*command, "trio_proctree", "demo"], subprocess.PIPE
         with procs.killed_on_failure(subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=errors, env=cli_env,
         )) as demo:  # fmt: skip
@@ -137,8 +134,6 @@ def test_an_interrupted_demo_that_cannot_say_so_still_ends_by_the_signal(
                 time.sleep(0.005)
             demo.send_signal(signal.SIGINT)  # our own child (the shell exec'd it), by pid
             said = demo.communicate(timeout=30)
-    finally:
-        os.close(write_end)
     assert (demo.returncode, said[0], said[1] or b"") == (-signal.SIGINT, b"", b"")
     assert tracked.survivors() == []
 
@@ -149,16 +144,12 @@ def test_a_demo_whose_reader_left_ends_as_by_sigpipe_and_leaves_nothing(
     # Red before (helper-61: `trio-proctree demo | head -1`): a BrokenPipeError traceback.
     # And with its output buffered (no PYTHONUNBUFFERED), the write failed only in
     # Python's flush at exit: "Exception ignored", status 120.
-    read_end, write_end = os.pipe()
-    os.close(read_end)  # (the reader gone before the first line: every write fails)
-    try:
+    with procs.pipe_whose_reader_left() as write_end:  # (gone before the first line)
         demo = subprocess.run(
             [sys.executable, "-m", "trio_proctree", "demo"],
             stdout=write_end, stderr=subprocess.PIPE, text=True, env=cli_env,
             timeout=60, check=False,
         )  # fmt: skip
-    finally:
-        os.close(write_end)
     assert (demo.returncode, demo.stderr) == (128 + signal.SIGPIPE, "")
     assert tracked.survivors() == []
 
@@ -184,16 +175,12 @@ def test_help_to_a_reader_that_left_ends_as_by_sigpipe(
 ) -> None:
     # Red before: argparse (3.11 on) drops its own write errors, so unbuffered the tool
     # exited 0, buffered 141 (the flush was ours); on 3.10 a traceback, status 1.
-    read_end, write_end = os.pipe()
-    os.close(read_end)
-    try:
+    with procs.pipe_whose_reader_left() as write_end:
         result = subprocess.run(
             [sys.executable, "-m", "trio_proctree", *asked],
             stdout=write_end, stderr=subprocess.PIPE, text=True, env=cli_env,
             timeout=60, check=False,
         )  # fmt: skip
-    finally:
-        os.close(write_end)
     assert (result.returncode, result.stderr) == (128 + signal.SIGPIPE, "")
 
 

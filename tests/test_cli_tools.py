@@ -196,16 +196,12 @@ def test_run_whose_stderr_reader_left_and_stdout_is_closed_ends_as_by_sigpipe(
 ) -> None:
     # Red before (helper-62): the handler of the broken pipe failed on the closed stdout,
     # and the tool ended with status 1, a failed command's.
-    read_end, write_end = os.pipe()
-    os.close(read_end)
     command = shlex.join([*tool(), "run", "--", "no-such-command-xyz"])
-    try:
+    with procs.pipe_whose_reader_left() as write_end:
         result = subprocess.run(
             ["sh", "-c", f"exec >&-; exec {command}"],
             stderr=write_end, env=cli_env, timeout=60, check=False,
         )  # fmt: skip
-    finally:
-        os.close(write_end)
     assert result.returncode == 128 + signal.SIGPIPE
     assert tracked.survivors() == []
 
@@ -615,17 +611,13 @@ def test_orphans_finds_a_real_reparented_process_and_then_none(tracked: Tracked)
 
 def test_orphans_whose_reader_left_ends_as_by_sigpipe(cli_env: dict[str, str]) -> None:
     # Red before, buffered (no PYTHONUNBUFFERED): the write failed only in Python's flush
-    # at exit, which said "Exception ignored ... BrokenPipeError" and exited 120. (Not
-    # --help: argparse drops its own write's error, and exits 0.)
-    read_end, write_end = os.pipe()
-    os.close(read_end)
-    try:
+    # at exit, which said "Exception ignored ... BrokenPipeError" and exited 120. (--help
+    # alike: tests/test_cli.py.)
+    with procs.pipe_whose_reader_left() as write_end:
         result = subprocess.run(
             [*tool(), "orphans", "--match", "^$"],
             stdout=write_end, stderr=subprocess.PIPE, env=cli_env, timeout=60, check=False,
         )  # fmt: skip
-    finally:
-        os.close(write_end)
     assert (result.returncode, result.stderr) == (128 + signal.SIGPIPE, b"")
 
 

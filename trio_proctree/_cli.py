@@ -86,42 +86,36 @@ class _Parser(argparse.ArgumentParser):
     the usage on stdout, where a pipeline would read it as the tool's output."""
 
     def print_help(self, file: SupportsWrite[str] | None = None) -> None:
-        self._print_message(self.format_help(), _REPORT if file is None else file)
+        if file is None:
+            say(self.format_help())
+        else:
+            super().print_help(file)
 
     def print_usage(self, file: SupportsWrite[str] | None = None) -> None:
-        self._print_message(self.format_usage(), _REPORT if file is None else file)
+        if file is None:
+            say(self.format_usage())
+        else:
+            super().print_usage(file)
 
     def error(self, message: str) -> NoReturn:
-        self._print_message(self.format_usage(), None)
+        say_on_stderr(self.format_usage())
         self.exit(2, f"{self.prog}: error: {message}\n")
 
-    def _print_message(self, message: str, file: object = None) -> None:
-        if not message:
-            return
-        # argparse passes sys.stdout for the version and sys.stderr for errors, each None
-        # where closed: only the report's None is told apart (`_REPORT`).
-        if file is _REPORT or (file is not None and file is sys.stdout):
-            say(message)
-        elif file is None or file is sys.stderr:
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        if message:
             say_on_stderr(message)
-        else:  # (a file a caller chose)
-            super()._print_message(message, file)  # type: ignore[arg-type]  # (not _REPORT)
+        sys.exit(status)
 
 
 class _Version(argparse.Action):
-    """``--version``: a report, as `_Parser` says help (argparse's own passes a closed
-    stdout on as None, which reads as a closed stderr there)."""
+    """``--version``: a report, as `_Parser` says help (argparse's own writes it with
+    argparse's own error handling)."""
 
     def __call__(
         self, parser: argparse.ArgumentParser, *args: object, **kwargs: object
     ) -> NoReturn:
-        parser._print_message(f"{parser.prog} {__version__}\n", _REPORT)  # type: ignore[arg-type]
+        say(f"{parser.prog} {__version__}\n")
         parser.exit()
-
-
-#: What `_Parser` passes for "stdout, even if closed" (argparse's None for it reads as
-#: a closed stderr in `_Parser._print_message`).
-_REPORT = object()
 
 
 def _build_parser() -> argparse.ArgumentParser:

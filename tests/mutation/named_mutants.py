@@ -2623,22 +2623,22 @@ MUTANTS = [
     (
         "cli: a usage error printed on stdout where stderr is closed",
         "_cli.py",
-        "        self._print_message(self.format_usage(), None)\n",
-        "        self._print_message(self.format_usage(), sys.stdout)\n",
+        "        say_on_stderr(self.format_usage())\n",
+        "        argparse.ArgumentParser.print_usage(self)\n",
         "usage_error_that_cannot",
     ),
     (
         "cli: help's write errors left to argparse",
         "_cli.py",
-        "            say(message)\n",
-        "            super()._print_message(message, sys.stdout)\n",
+        "            say(self.format_help())\n",
+        "            super().print_help()\n",
         "help_to_a_reader or help_that_cannot",
     ),
     (
         "cli: the version said as argparse says it",
         "_cli.py",
-        '        parser._print_message(f"{parser.prog} {__version__}\\n", _REPORT)',
-        '        parser._print_message(f"{parser.prog} {__version__}\\n", sys.stdout)',
+        '        say(f"{parser.prog} {__version__}\\n")',
+        '        argparse.ArgumentParser._print_message(parser, f"{__version__}\\n", sys.stdout)',
         "help_that_cannot",
     ),
     (
