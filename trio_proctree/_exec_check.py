@@ -73,9 +73,13 @@ def refusal(path: str, name: str, cwd: Any, *, _depth: int = 0) -> OSError | Non
     left to the exec.
     """
     try:
-        with open(path, "rb") as program:
-            head = program.read(256)  # (the kernel reads no more of a #! line either)
-            loader = _elf_interpreter(program.fileno(), head)
+        # (No buffered file object: its layers cost more than the reads, on every spawn.)
+        program = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            head = os.read(program, 256)  # (the kernel reads no more of a #! line)
+            loader = _elf_interpreter(program, head)
+        finally:
+            os.close(program)
     except OSError:
         return None  # not ours to read: the exec will say what it says
     if head.startswith(_ELF_MAGIC):

@@ -561,8 +561,8 @@ def resolve_executable(
     ):
         # Still there: Popen's own search finds it (or one earlier on PATH). One stat and
         # one look at it, not one per PATH entry before it (~0.3 ms a spawn with a long
-        # PATH, on this VM).
-        return attrs.evolve(known, remembered=True)
+        # PATH, on this VM). (Kept as remembered: no copy made at each spawn.)
+        return known
     candidates: list[str] = []
     for entry in search:
         folder = os.fsdecode(entry) or "."
@@ -586,7 +586,7 @@ def resolve_executable(
     if resolved.path is not None:
         if len(_found_before) >= 256:  # (bounded: commands and PATHs are few)
             _found_before.clear()
-        _found_before[key] = resolved
+        _found_before[key] = attrs.evolve(resolved, remembered=True)
     return resolved
 
 

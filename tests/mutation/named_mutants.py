@@ -1621,6 +1621,13 @@ MUTANTS = [
         "settings_a_member_changed",
     ),
     (
+        "cgroup: a kept cgroup that a member froze serves again",
+        "_cgroupfs.py",
+        'not frozen and as_new(folder)',
+        'as_new(folder)',
+        "settings_a_member_changed",
+    ),
+    (
         "cleanup: a cleanup error made the cause of an exception with a context in view",
         "_outcome.py",
         "    if exc.__cause__ is None and (exc.__context__ is None or exc.__suppress_context__):",
