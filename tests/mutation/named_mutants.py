@@ -1623,8 +1623,8 @@ MUTANTS = [
     (
         "cgroup: a kept cgroup that a member froze serves again",
         "_cgroupfs.py",
-        'not frozen and as_new(folder)',
-        'as_new(folder)',
+        "not frozen and as_new(folder)",
+        "as_new(folder)",
         "settings_a_member_changed",
     ),
     (
